@@ -1,0 +1,14 @@
+# kvrt_add_plugin(<name> SOURCES ...): one plugin = one shared library named <name>.so,
+# exporting only kvrt_plugin_query. Used in-tree and, through find_package(kvrt), out of tree.
+function(kvrt_add_plugin name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
+  add_library(${name} MODULE ${ARG_SOURCES})
+  set_target_properties(${name} PROPERTIES PREFIX "" CXX_VISIBILITY_PRESET hidden
+                                           VISIBILITY_INLINES_HIDDEN ON)
+  if(TARGET kvrt::sdk)
+    target_link_libraries(${name} PRIVATE kvrt::sdk ${ARG_LIBRARIES})
+  else()
+    target_link_libraries(${name} PRIVATE kvrt_sdk ${ARG_LIBRARIES})
+  endif()
+  target_link_options(${name} PRIVATE -Wl,--no-undefined)
+endfunction()

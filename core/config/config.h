@@ -1,0 +1,128 @@
+// The configuration: one TOML file (sections [model] [device] [tp] [kv] [attention] [scheduler]
+// [server] [plugins]) plus `--set section.key=value` overrides, validated up front so that a bad
+// value is reported once, as one line naming file:line:col, the dotted key, what was expected and
+// what was found -- before any memory is reserved or plugin loaded.
+#pragma once
+
+#include <toml++/toml.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/util/status.h"
+
+namespace kvrt::config {
+
+// The effective configuration. A default-constructed Config holds the defaults in its typed
+// fields (the member initializers below are the single source of truth for them) and an empty
+// table(); load_file / load_string / defaults() also fill table().
+struct Config {
+  struct Model {
+    std::string preset = "synth-76m";  // built-in model shape
+    std::string path;                  // weights; "" = use the preset
+    std::string dtype = "auto";        // "bf16" | "f32" | "auto"
+  };
+  struct Device {
+    std::string kind = "cpu";  // "cpu" | "cuda"
+    int ordinal = 0;
+    // The memory budget as written ("2GiB", "1.5GB", or a count of bytes) and its value. On CPU
+    // it stands in for device memory so capacity arithmetic and admission behave the same.
+    std::string memory = "2GiB";
+    uint64_t memory_bytes = uint64_t{2} << 30;
+  };
+  struct Tp {
+    int size = 1;  // 1..8
+  };
+  struct Kv {
+    std::string store = "kv_bf16_paged";  // plugin name; its options live in [kv.<name>]
+  };
+  struct Attention {
+    std::string backend = "attn_cpu";  // plugin name; its options live in [attention.<name>]
+  };
+  // SGLang's meanings and defaults, so operators can carry their tuning over.
+  struct Scheduler {
+    double mem_fraction_static = 0.88;    // (0, 1): share of device memory for weights + KV
+    int page_size = 16;                   // tokens per KV page, power of two in 1..1024
+    int64_t chunked_prefill_size = 2048;  // tokens per prefill chunk; -1 = no chunking
+    int max_running_requests = 256;
+    int64_t max_prefill_tokens = 16384;  // tokens admitted per prefill batch
+    int num_continuous_decode_steps = 1;
+    double new_token_ratio = 0.7;          // (0, 1]: reservation for running requests' output
+    double new_token_ratio_decay = 0.001;  // (0, 1]: per step
+    double min_new_token_ratio = 0.1;      // (0, 1], <= new_token_ratio
+    int64_t max_new_tokens_clip = 4096;    // cap on max_new_tokens when reserving at admission
+    std::string schedule_policy = "fcfs";  // "fcfs" | "lpm" (longest prefix match)
+    int log_interval = 40;                 // decode steps between log lines
+  };
+  struct Server {
+    std::string host = "127.0.0.1";
+    int port = 30000;
+  };
+
+  std::string source = "<defaults>";  // the file path, the source name, or "<defaults>"
+  Model model;
+  Device device;
+  Tp tp;
+  Kv kv;
+  Attention attention;
+  Scheduler scheduler;
+  Server server;
+  std::vector<std::string> plugin_paths;  // [plugins] path: extra plugin directories
+
+  // The merged effective table: file, then overrides, then defaults for what neither set. Nodes
+  // from the file or an override keep their source position, so plugin option errors found
+  // later (validate_keys) still name file:line:col. It is shared between copies because
+  // toml++ drops positions when it copies a node.
+  const toml::table& table() const;
+  // [<section>.<plugin>] (e.g. [kv.kv_fp8_e4m3]) or nullptr when the file has none.
+  const toml::table* plugin_table(std::string_view section, std::string_view plugin) const;
+
+ private:
+  friend struct ConfigAccess;
+  std::shared_ptr<const toml::table> table_;
+};
+
+// Loads a file; `overrides` are "section.key=value" strings as given to --set, applied after the
+// file and validated like file keys. The value is read as a TOML value (0.9, 16, true, "x",
+// ["a"]); text that is not TOML is taken as a bare string (kv.store=kv_fp8_e4m3).
+Result<Config> load_file(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from text; `source_name` stands for the file in messages.
+Result<Config> load_string(std::string_view toml_text, std::string_view source_name,
+                           const std::vector<std::string>& overrides = {});
+// Every key at its default.
+Result<Config> defaults();
+
+// The effective configuration as TOML, in section order, every key written out; load_string
+// accepts it back and gives the same values.
+std::string to_toml(const Config& config);
+
+// "512MiB", "2GiB", "1.5GB", "800M", "4096" -> bytes; nullopt when it is not a size. Units are
+// case-insensitive: KiB/MiB/GiB/TiB and the bare K/M/G/T are powers of 1024 (as in llama.cpp
+// and docker's -m), KB/MB/GB/TB are powers of 1000, B or no unit is bytes. Fractions round
+// down to a whole byte.
+std::optional<uint64_t> parse_size(std::string_view text);
+
+// One key a table may hold; used for plugin option tables ([kv.<plugin>]).
+struct KeySpec {
+  enum class Type { kString, kInt, kFloat, kBool, kTable, kStringArray };
+  std::string name;
+  Type type;
+  std::string help;
+};
+
+// Checks every key of `table` against `keys`: an unknown key is an error with a did-you-mean,
+// a value of the wrong type is an error (an integer is accepted for kFloat). Reports the first
+// problem in file order, as "<file>:<line>:<col>: <table_path>.<key>: ..."; `source` names the
+// file when a node carries no position.
+Status validate_keys(const toml::table& table, const std::vector<KeySpec>& keys,
+                     std::string_view source, std::string_view table_path);
+
+// The entry of `known` closest to `unknown` (case-insensitive edit distance, a transposition
+// counting one), or "" when none is within 2 edits (1 for names of up to 3 characters).
+std::string suggest(std::string_view unknown, const std::vector<std::string>& known);
+
+}  // namespace kvrt::config

@@ -1,0 +1,230 @@
+#include "core/plugin/host.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+namespace kvrt::plugin {
+namespace {
+
+thread_local std::string t_last_error;
+
+const PluginHost& self(const kvrt_host_api* host) {
+  return *static_cast<const PluginHost*>(host->ctx);
+}
+
+void host_log(const kvrt_host_api* host, kvrt_log_level level, const char* message) {
+  const std::string& name = self(host).plugin_name();
+  const char* text = message != nullptr ? message : "";
+  switch (level) {
+    case KVRT_LOG_DEBUG: spdlog::debug("[{}] {}", name, text); break;
+    case KVRT_LOG_INFO: spdlog::info("[{}] {}", name, text); break;
+    case KVRT_LOG_WARN: spdlog::warn("[{}] {}", name, text); break;
+    default: spdlog::error("[{}] {}", name, text); break;
+  }
+}
+
+void host_set_error(const kvrt_host_api*, kvrt_status, const char* message) {
+  t_last_error = message != nullptr ? message : "";
+}
+
+// Looks up a dotted key; records a message naming the key when the type is wrong.
+template <class Check>
+kvrt_status lookup(const kvrt_host_api* host, const kvrt_config* config, const char* key,
+                   const char* expected, Check&& check) {
+  if (key == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  const toml::table* table = as_table(config);
+  if (table == nullptr) return KVRT_ERR_NOT_FOUND;
+  toml::node_view<const toml::node> node = table->at_path(key);
+  if (!node) return KVRT_ERR_NOT_FOUND;
+  if (!check(node)) {
+    t_last_error = "plugin " + self(host).plugin_name() + ": config key '" + key +
+                   "': expected " + expected;
+    return KVRT_ERR_CONFIG;
+  }
+  return KVRT_OK;
+}
+
+kvrt_status host_config_string(const kvrt_host_api* host, const kvrt_config* config,
+                               const char* key, const char** out) {
+  if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  return lookup(host, config, key, "a string", [&](auto node) {
+    if (!node.is_string()) return false;
+    *out = node.as_string()->get().c_str();
+    return true;
+  });
+}
+
+kvrt_status host_config_int(const kvrt_host_api* host, const kvrt_config* config, const char* key,
+                            int64_t* out) {
+  if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  return lookup(host, config, key, "an integer", [&](auto node) {
+    if (!node.is_integer()) return false;
+    *out = node.as_integer()->get();
+    return true;
+  });
+}
+
+kvrt_status host_config_float(const kvrt_host_api* host, const kvrt_config* config,
+                              const char* key, double* out) {
+  if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  return lookup(host, config, key, "a number", [&](auto node) {
+    if (node.is_integer()) {
+      *out = static_cast<double>(node.as_integer()->get());
+      return true;
+    }
+    if (!node.is_floating_point()) return false;
+    *out = node.as_floating_point()->get();
+    return true;
+  });
+}
+
+kvrt_status host_config_bool(const kvrt_host_api* host, const kvrt_config* config,
+                             const char* key, int32_t* out) {
+  if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  return lookup(host, config, key, "a boolean", [&](auto node) {
+    if (!node.is_boolean()) return false;
+    *out = node.as_boolean()->get() ? 1 : 0;
+    return true;
+  });
+}
+
+kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
+                       uint64_t alignment, void** out) {
+  if (out == nullptr || (kind != KVRT_MEMORY_DEVICE && kind != KVRT_MEMORY_HOST)) {
+    return KVRT_ERR_INVALID_ARGUMENT;
+  }
+  if (alignment == 0) alignment = 64;
+  if ((alignment & (alignment - 1)) != 0) {
+    t_last_error = "alloc: alignment " + std::to_string(alignment) + " is not a power of two";
+    return KVRT_ERR_INVALID_ARGUMENT;
+  }
+  MemoryAccount& memory = *self(host).context()->memory;
+  if (!memory.reserve(kind, bytes)) {
+    t_last_error = "device memory budget exceeded: " + std::to_string(bytes) +
+                   " bytes requested, " + std::to_string(memory.device_used()) + " of " +
+                   std::to_string(memory.device_budget()) + " in use";
+    return KVRT_ERR_NO_MEMORY;
+  }
+  uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  if (p == nullptr) {
+    memory.release(kind, bytes);
+    t_last_error = "out of memory allocating " + std::to_string(bytes) + " bytes";
+    return KVRT_ERR_NO_MEMORY;
+  }
+  *out = p;
+  return KVRT_OK;
+}
+
+void host_free(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr, uint64_t bytes) {
+  if (ptr == nullptr) return;
+  std::free(ptr);
+  self(host).context()->memory->release(kind, bytes);
+}
+
+kvrt_status host_copy(const kvrt_host_api*, void* dst, kvrt_memory_kind, const void* src,
+                      kvrt_memory_kind, uint64_t bytes) {
+  if (bytes > 0 && (dst == nullptr || src == nullptr)) return KVRT_ERR_INVALID_ARGUMENT;
+  if (bytes > 0) std::memcpy(dst, src, bytes);  // CPU: both kinds are host RAM
+  return KVRT_OK;
+}
+
+kvrt_status host_open_kv_store(const kvrt_host_api* host, const char* name,
+                               const kvrt_kv_store_api** api, const kvrt_host_api** store_host,
+                               const kvrt_config** config) {
+  if (name == nullptr || api == nullptr || store_host == nullptr || config == nullptr) {
+    return KVRT_ERR_INVALID_ARGUMENT;
+  }
+  const KvStoreOpener& open = self(host).context()->open_kv_store;
+  if (!open) {
+    t_last_error = "this host cannot open other KV stores";
+    return KVRT_ERR_UNSUPPORTED;
+  }
+  const toml::table* table = nullptr;
+  Status s = open(name, api, store_host, &table);
+  if (!s.ok()) {
+    t_last_error = s.message();
+    return KVRT_ERR_NOT_FOUND;
+  }
+  *config = as_config(table);
+  return KVRT_OK;
+}
+
+}  // namespace
+
+bool MemoryAccount::reserve(kvrt_memory_kind kind, uint64_t bytes) {
+  if (kind == KVRT_MEMORY_HOST) {
+    host_used_ += bytes;
+    return true;
+  }
+  uint64_t used = device_used_.load();
+  do {
+    if (bytes > device_budget_ - used || used > device_budget_) return false;
+  } while (!device_used_.compare_exchange_weak(used, used + bytes));
+  uint64_t peak = device_peak_.load();
+  while (used + bytes > peak && !device_peak_.compare_exchange_weak(peak, used + bytes)) {
+  }
+  return true;
+}
+
+void MemoryAccount::release(kvrt_memory_kind kind, uint64_t bytes) {
+  (kind == KVRT_MEMORY_HOST ? host_used_ : device_used_) -= bytes;
+}
+
+PluginHost::PluginHost(std::string plugin_name, HostContext* context)
+    : name_(std::move(plugin_name)), context_(context) {
+  api_.struct_size = sizeof(kvrt_host_api);
+  api_.abi_major = KVRT_ABI_MAJOR;
+  api_.abi_minor = KVRT_ABI_MINOR;
+  api_.ctx = this;
+  api_.log = host_log;
+  api_.set_error = host_set_error;
+  api_.config_string = host_config_string;
+  api_.config_int = host_config_int;
+  api_.config_float = host_config_float;
+  api_.config_bool = host_config_bool;
+  api_.alloc = host_alloc;
+  api_.free = host_free;
+  api_.copy = host_copy;
+  api_.open_kv_store = host_open_kv_store;
+}
+
+std::string take_last_error() {
+  std::string message = std::move(t_last_error);
+  t_last_error.clear();
+  return message;
+}
+
+void clear_last_error() { t_last_error.clear(); }
+
+const char* status_name(kvrt_status status) {
+  switch (status) {
+    case KVRT_OK: return "OK";
+    case KVRT_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case KVRT_ERR_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case KVRT_ERR_UNSUPPORTED: return "UNSUPPORTED";
+    case KVRT_ERR_NO_MEMORY: return "NO_MEMORY";
+    case KVRT_ERR_NOT_FOUND: return "NOT_FOUND";
+    case KVRT_ERR_ABI_MISMATCH: return "ABI_MISMATCH";
+    case KVRT_ERR_CONFIG: return "CONFIG";
+    case KVRT_ERR_INTERNAL: return "INTERNAL";
+    default: return "UNKNOWN_STATUS";
+  }
+}
+
+Status plugin_failure(const std::string& plugin, const std::string& what, kvrt_status status) {
+  std::string message = take_last_error();
+  std::string text = "plugin " + plugin + ": " + what + " failed (" + status_name(status) + ")";
+  if (!message.empty()) text += ": " + message;
+  switch (status) {
+    case KVRT_ERR_NO_MEMORY: return Status::NoMemory(text);
+    case KVRT_ERR_UNSUPPORTED: return Status::Unsupported(text);
+    case KVRT_ERR_OUT_OF_RANGE: return Status::OutOfRange(text);
+    case KVRT_ERR_CONFIG: return Status::ConfigError(text);
+    default: return Status::PluginError(text);
+  }
+}
+
+}  // namespace kvrt::plugin

@@ -1,0 +1,86 @@
+// The services the core passes in to plugins (kvrt_host_api): logging, last-error reporting,
+// config lookup, accounted memory, copies and access to other KV stores.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <toml++/toml.h>
+
+#include "kvrt/abi.h"
+#include "kvrt/kv_store.h"
+#include "core/util/status.h"
+
+namespace kvrt::plugin {
+
+// Memory the plugins took through host->alloc, per kind. Device memory is checked against a
+// budget ([device] memory on CPU) so the KV pool cannot silently exceed what was planned.
+class MemoryAccount {
+ public:
+  explicit MemoryAccount(uint64_t device_budget = UINT64_MAX) : device_budget_(device_budget) {}
+  uint64_t device_budget() const { return device_budget_; }
+  void set_device_budget(uint64_t bytes) { device_budget_ = bytes; }
+  uint64_t device_used() const { return device_used_.load(); }
+  uint64_t host_used() const { return host_used_.load(); }
+  uint64_t device_peak() const { return device_peak_.load(); }
+
+  // Reserves bytes; false (nothing reserved) when a device reservation exceeds the budget.
+  bool reserve(kvrt_memory_kind kind, uint64_t bytes);
+  void release(kvrt_memory_kind kind, uint64_t bytes);
+
+ private:
+  uint64_t device_budget_;
+  std::atomic<uint64_t> device_used_{0};
+  std::atomic<uint64_t> device_peak_{0};
+  std::atomic<uint64_t> host_used_{0};
+};
+
+// A plugin's config table as the ABI's opaque handle, and back.
+inline const kvrt_config* as_config(const toml::table* table) {
+  return reinterpret_cast<const kvrt_config*>(table);
+}
+inline const toml::table* as_table(const kvrt_config* config) {
+  return reinterpret_cast<const toml::table*>(config);
+}
+
+// Resolves another KV store by name for kvrt_host_api::open_kv_store.
+using KvStoreOpener =
+    std::function<Status(const std::string& name, const kvrt_kv_store_api** api,
+                         const kvrt_host_api** store_host, const toml::table** config)>;
+
+// Shared state behind every plugin's kvrt_host_api instance.
+struct HostContext {
+  MemoryAccount* memory = nullptr;
+  KvStoreOpener open_kv_store;
+};
+
+// One kvrt_host_api per plugin, so log lines and errors name it. Never moved once built (the
+// plugin keeps the pointer).
+class PluginHost {
+ public:
+  PluginHost(std::string plugin_name, HostContext* context);
+  PluginHost(const PluginHost&) = delete;
+  PluginHost& operator=(const PluginHost&) = delete;
+
+  const kvrt_host_api* api() const { return &api_; }
+  const std::string& plugin_name() const { return name_; }
+  HostContext* context() const { return context_; }
+
+ private:
+  std::string name_;
+  HostContext* context_;
+  kvrt_host_api api_{};
+};
+
+// The message the last failing plugin callback on this thread recorded through set_error,
+// then cleared. Empty if it recorded none.
+std::string take_last_error();
+void clear_last_error();
+
+// "<what> failed (<status name>): <message>" for a non-OK status from a plugin callback.
+Status plugin_failure(const std::string& plugin, const std::string& what, kvrt_status status);
+const char* status_name(kvrt_status status);
+
+}  // namespace kvrt::plugin

@@ -1,0 +1,77 @@
+#include "core/plugin/plugin_config.h"
+
+#include <spdlog/spdlog.h>
+
+namespace kvrt::plugin {
+namespace {
+
+config::KeySpec::Type option_type(kvrt_option_type type) {
+  switch (type) {
+    case KVRT_OPTION_INT: return config::KeySpec::Type::kInt;
+    case KVRT_OPTION_FLOAT: return config::KeySpec::Type::kFloat;
+    case KVRT_OPTION_BOOL: return config::KeySpec::Type::kBool;
+    case KVRT_OPTION_TABLE: return config::KeySpec::Type::kTable;
+    default: return config::KeySpec::Type::kString;
+  }
+}
+
+Status check_section(Registry& registry, const config::Config& cfg, const char* section,
+                     const char* chooser_key) {
+  const toml::table* tables = cfg.table()[section].as_table();
+  if (tables == nullptr) return Status::Ok();
+  for (const auto& [key, node] : *tables) {
+    const std::string name(key.str());
+    if (name == chooser_key || !node.is_table()) continue;
+    Result<const LoadedPlugin*> plugin = registry.load(name);
+    const std::string where = cfg.source + ": [" + section + "." + name + "]";
+    if (!plugin.ok()) return Status::ConfigError(where + ": " + plugin.status().message());
+    std::vector<config::KeySpec> keys;
+    for (const kvrt_option_desc& o : (*plugin)->options) {
+      keys.push_back({o.name, option_type(o.type), o.help ? o.help : ""});
+    }
+    Status s = config::validate_keys(*node.as_table(), keys, cfg.source,
+                                     std::string(section) + "." + name);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
+  Result<const LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
+  if (!store.ok()) {
+    return Status::ConfigError(cfg.source + ": kv.store = \"" + cfg.kv.store +
+                               "\": " + store.status().message());
+  }
+  if (Status s = check_section(registry, cfg, "kv", "store"); !s.ok()) return s;
+  if (Status s = check_section(registry, cfg, "attention", "backend"); !s.ok()) return s;
+
+  // The store's own value checks (scale modes, policies, an inner store) run in page_bytes.
+  kvrt_kv_geometry g{};
+  g.struct_size = sizeof(g);
+  g.num_layers = 1;
+  g.num_kv_heads = g.total_kv_heads = 1;
+  g.k_head_dim = g.v_head_dim = 64;
+  g.page_size = static_cast<uint32_t>(cfg.scheduler.page_size);
+  g.input_dtype = KVRT_DTYPE_BF16;
+  g.tp_size = 1;
+  g.device = registry.device();
+  uint64_t bytes = 0;
+  clear_last_error();
+  kvrt_status st = (*store)->kv.page_bytes((*store)->host_api(), &g,
+                                           as_config(cfg.plugin_table("kv", cfg.kv.store)), &bytes);
+  if (st != KVRT_OK) {
+    return plugin_failure(cfg.kv.store, "checking [kv." + cfg.kv.store + "] (page_bytes)", st)
+        .WithContext(cfg.source);
+  }
+  Result<const LoadedPlugin*> attention = registry.load(cfg.attention.backend);
+  if (!attention.ok()) {
+    // Attention plugins arrive with model execution; until then a missing one is a warning.
+    spdlog::warn("attention.backend = \"{}\": {}", cfg.attention.backend,
+                 attention.status().message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvrt::plugin

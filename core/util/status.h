@@ -1,0 +1,74 @@
+// One small Status / Result type for the core: free when OK, built by factories, tested by
+// predicates. Messages are one line a user can act on: they name the file, key, plugin or field.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+
+namespace kvrt {
+
+class Status {
+ public:
+  enum class Code { kOk, kInvalidArgument, kNotFound, kUnsupported, kOutOfRange, kNoMemory,
+                    kConfig, kPlugin, kInternal };
+
+  Status() = default;  // OK
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) { return Status(Code::kInvalidArgument, m); }
+  static Status NotFound(std::string m) { return Status(Code::kNotFound, std::move(m)); }
+  static Status Unsupported(std::string m) { return Status(Code::kUnsupported, std::move(m)); }
+  static Status OutOfRange(std::string m) { return Status(Code::kOutOfRange, std::move(m)); }
+  static Status NoMemory(std::string m) { return Status(Code::kNoMemory, std::move(m)); }
+  static Status ConfigError(std::string m) { return Status(Code::kConfig, std::move(m)); }
+  static Status PluginError(std::string m) { return Status(Code::kPlugin, std::move(m)); }
+  static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+
+  bool ok() const { return state_ == nullptr; }
+  Code code() const { return ok() ? Code::kOk : state_->code; }
+  bool IsNotFound() const { return code() == Code::kNotFound; }
+  bool IsNoMemory() const { return code() == Code::kNoMemory; }
+  bool IsConfigError() const { return code() == Code::kConfig; }
+  const std::string& message() const {
+    static const std::string kEmpty;
+    return ok() ? kEmpty : state_->message;
+  }
+  // Same code, with context in front: "loading config.toml: <message>".
+  Status WithContext(const std::string& context) const {
+    return ok() ? *this : Status(state_->code, context + ": " + state_->message);
+  }
+
+ private:
+  struct State {
+    Code code;
+    std::string message;
+  };
+  Status(Code code, std::string message)
+      : state_(std::make_shared<const State>(State{code, std::move(message)})) {}
+  std::shared_ptr<const State> state_;
+};
+
+// A value or the Status saying why there is none.
+template <class T>
+class Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}                 // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}          // NOLINT
+  bool ok() const { return std::holds_alternative<T>(v_); }
+  const Status& status() const {
+    static const Status kOk;
+    return ok() ? kOk : std::get<Status>(v_);
+  }
+  T& value() & { return std::get<T>(v_); }
+  const T& value() const& { return std::get<T>(v_); }
+  T&& value() && { return std::get<T>(std::move(v_)); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() { return value(); }
+
+ private:
+  std::variant<T, Status> v_;
+};
+
+}  // namespace kvrt

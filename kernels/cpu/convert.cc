@@ -1,0 +1,307 @@
+// Highway SIMD conversion kernels. foreach_target.h re-includes this file once per target the build
+// enables (HWY_TARGET_INCLUDE); the HWY_ONCE section at the end defines the public functions,
+// which dispatch at run time to the best target the CPU supports.
+//
+// All kernels work on f32 lanes (bf16 and E4M3 are widened on load and narrowed on store) and use
+// no per-element branches. Tails go through the same vector code on a zero-padded copy, so every
+// element of any length is produced by identical arithmetic and matches the scalar reference.
+#include "kernels/cpu/convert.h"
+
+#include <cfloat>
+#include <cstring>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/convert.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvrt::kernels {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using DI = hn::RebindToSigned<DF>;
+using DU = hn::RebindToUnsigned<DF>;
+using D16 = hn::Rebind<uint16_t, DF>;
+using D8 = hn::Rebind<uint8_t, DF>;
+using VF = hn::Vec<DF>;
+using VI = hn::Vec<DI>;
+using VU = hn::Vec<DU>;
+
+constexpr size_t kMaxLanes = hn::MaxLanes(DF());
+
+// f32 bit patterns used by the E4M3 encoder.
+constexpr int32_t kF32AbsMask = 0x7FFFFFFF;
+constexpr int32_t kF32Inf = 0x7F800000;
+constexpr int32_t kF32E4M3Max = 0x43E00000;        // 448.0f
+constexpr int32_t kF32E4M3MinNormal = 0x3C800000;  // 2^-6
+
+HWY_INLINE VF LoadAsF32(DF df, const float* p) { return hn::LoadU(df, p); }
+
+HWY_INLINE VF LoadAsF32(DF df, const uint16_t* p) {
+  // bf16 is the upper half of an f32.
+  const DU du;
+  const D16 d16;
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
+}
+
+// Runs body(in + i, out + i) for each whole vector, then once on zero-padded copies of the
+// remaining n % N elements, so tails neither read nor write out of bounds.
+template <typename TIn, typename TOut, class Body>
+HWY_INLINE void ForEachVector(const TIn* in, TOut* out, size_t n, const Body& body) {
+  const size_t lanes = hn::Lanes(DF());
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) body(in + i, out + i);
+  if (i == n) return;
+  TIn in_tail[kMaxLanes] = {};
+  TOut out_tail[kMaxLanes] = {};
+  std::memcpy(in_tail, in + i, (n - i) * sizeof(TIn));
+  body(in_tail, out_tail);
+  std::memcpy(out + i, out_tail, (n - i) * sizeof(TOut));
+}
+
+// One E4M3 code (0..255) per i32 lane: nearest-even, saturating at 448, NaN -> 0x7F | sign.
+//
+// Let a = min(|x|, 448) and E = max(floor(log2 a), -6) (-6: the E4M3 subnormals share the step of
+// the smallest binade). E4M3 values in [2^E, 2^(E+1)) are multiples of 2^(E-3). Adding c =
+// 2^(E+20), whose f32 ulp is 2^(E-3), makes the FPU round a to that step with
+// round-to-nearest-even, and k = bits(a + c) - bits(c) counts the steps (0..16). The code is then
+// (E + 6) * 8 + k: this is exponent:mantissa for normals, m for subnormals (E = -6), and k = 16
+// carries into the next binade. Even k gives an even code, so ties go to the even code as required.
+HWY_INLINE VI EncodeE4M3(VF x) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const VI bits = hn::BitCast(di, x);
+  const VI abs_bits = hn::And(bits, hn::Set(di, kF32AbsMask));
+  // Non-negative f32 bit patterns order like their values, so an integer min saturates every
+  // magnitude above 448 (inf and NaN included) to 448 exactly.
+  const VI a = hn::Min(abs_bits, hn::Set(di, kF32E4M3Max));
+  const VI exponent = hn::Max(hn::And(a, hn::Set(di, kF32Inf)), hn::Set(di, kF32E4M3MinNormal));
+  const VI c = hn::Add(exponent, hn::Set(di, 20 << 23));
+  const VI steps = hn::Sub(hn::BitCast(di, hn::Add(hn::BitCast(df, a), hn::BitCast(df, c))), c);
+  // (E + 6) * 8 = ((E + 147) << 3) - 1128, and bits(c) >> 20 = (E + 147) << 3.
+  const VI code = hn::Add(steps, hn::Sub(hn::ShiftRight<20>(c), hn::Set(di, 1128)));
+  // NaN: 0x7E | 0x7F = 0x7F. The sign goes to bit 7.
+  const VI nan_bits =
+      hn::And(hn::VecFromMask(di, hn::Gt(abs_bits, hn::Set(di, kF32Inf))), hn::Set(di, 0x7F));
+  const VI sign =
+      hn::BitCast(di, hn::And(hn::ShiftRight<24>(hn::BitCast(du, x)), hn::Set(du, 0x80)));
+  return hn::Or(code, hn::Or(nan_bits, sign));
+}
+
+HWY_INLINE void StoreCodes(VI codes, uint8_t* p) {
+  hn::StoreU(hn::U8FromU32(hn::BitCast(DU(), codes)), D8(), p);
+}
+
+// Exact f32 value of each E4M3 code (NaN for 0x7F / 0xFF).
+HWY_INLINE VF DecodeE4M3(const uint8_t* p) {
+  const DF df;
+  const DI di;
+  const DU du;
+  const VU code = hn::PromoteTo(du, hn::LoadU(D8(), p));
+  const VU sign = hn::ShiftLeft<24>(hn::And(code, hn::Set(du, 0x80)));
+  const VI em = hn::BitCast(di, hn::And(code, hn::Set(du, 0x7F)));  // exponent:mantissa
+  // Normal: the f32 with exponent e + 127 - 7 and mantissa m << 20.
+  const VI normal = hn::Add(hn::ShiftLeft<20>(em), hn::Set(di, (127 - 7) << 23));
+  // Subnormal: m * 2^-9, exact in f32.
+  const VI subnormal = hn::BitCast(di, hn::Mul(hn::ConvertTo(df, em), hn::Set(df, 1.0f / 512)));
+  VI value = hn::IfThenElse(hn::Lt(em, hn::Set(di, 8)), subnormal, normal);
+  value = hn::IfThenElse(hn::Eq(em, hn::Set(di, 0x7F)), hn::Set(di, 0x7FC00000), value);
+  return hn::BitCast(df, hn::Or(value, hn::BitCast(di, sign)));
+}
+
+// |x| as f32 bits plus 0x7FFFFF, an i32 that orders like |x| for non-NaN x (0 maps to 0x7FFFFF,
+// inf to 0x7FFFFFFF) while every NaN wraps to a negative number, which a max starting from the
+// encoding of 0 never picks. This ignores NaN without a compare and select.
+constexpr int32_t kAbsMaxBias = 0x7FFFFF;
+
+HWY_INLINE VI AbsMaxKey(VF x) {
+  const DI di;
+  return hn::Add(hn::And(hn::BitCast(di, x), hn::Set(di, kF32AbsMask)), hn::Set(di, kAbsMaxBias));
+}
+
+template <typename TIn>
+HWY_INLINE float AbsMax(const TIn* in, size_t n) {
+  const DF df;
+  const DI di;
+  const size_t lanes = hn::Lanes(df);
+  // Two independent accumulators hide the latency of the max chain.
+  VI acc0 = hn::Set(di, kAbsMaxBias);
+  VI acc1 = acc0;
+  size_t i = 0;
+  for (; i + 2 * lanes <= n; i += 2 * lanes) {
+    acc0 = hn::Max(acc0, AbsMaxKey(LoadAsF32(df, in + i)));
+    acc1 = hn::Max(acc1, AbsMaxKey(LoadAsF32(df, in + i + lanes)));
+  }
+  for (; i + lanes <= n; i += lanes) acc0 = hn::Max(acc0, AbsMaxKey(LoadAsF32(df, in + i)));
+  if (i < n) {
+    TIn tail[kMaxLanes] = {};  // zero padding cannot raise the max
+    std::memcpy(tail, in + i, (n - i) * sizeof(TIn));
+    acc1 = hn::Max(acc1, AbsMaxKey(LoadAsF32(df, tail)));
+  }
+  const int32_t max_bits = hn::GetLane(hn::MaxOfLanes(di, hn::Max(acc0, acc1))) - kAbsMaxBias;
+  float amax;
+  std::memcpy(&amax, &max_bits, sizeof(amax));
+  return amax;
+}
+
+template <typename TIn>
+HWY_INLINE void EncodeRow(const TIn* in, uint8_t* out, size_t n, float inv_scale) {
+  const DF df;
+  const VF vinv = hn::Set(df, inv_scale);
+  ForEachVector(in, out, n, [&](const TIn* p, uint8_t* q) HWY_ATTR {
+    StoreCodes(EncodeE4M3(hn::Mul(LoadAsF32(df, p), vinv)), q);
+  });
+}
+
+// The row scale rule documented in convert.h.
+float RowScale(float amax) {
+  if (amax == 0.0f) return 1.0f;
+  if (amax > FLT_MAX) return FLT_MAX / 448.0f;  // inf
+  const float scale = amax / 448.0f;
+  return scale < FLT_MIN ? FLT_MIN : scale;
+}
+
+template <typename TIn>
+HWY_INLINE void QuantizeRows(const TIn* in, int64_t in_row_stride, size_t rows, size_t dim,
+                             uint8_t* out, int64_t out_row_stride, float* scales,
+                             int64_t scale_stride) {
+  // Per row, the amax pass pulls the row into L1 and the encode pass re-reads it there. The amax
+  // of row r + 1 is computed before row r is encoded, so that the latency of the reduction and of
+  // the two divisions for row r overlaps with independent work.
+  if (rows == 0) return;
+  float next_amax = AbsMax(in, dim);
+  for (size_t r = 0; r < rows; ++r) {
+    const int64_t ri = static_cast<int64_t>(r);
+    const float scale = RowScale(next_amax);
+    const float inv_scale = 1.0f / scale;
+    if (r + 1 < rows) next_amax = AbsMax(in + (ri + 1) * in_row_stride, dim);
+    EncodeRow(in + ri * in_row_stride, out + ri * out_row_stride, dim, inv_scale);
+    scales[ri * scale_stride] = scale;
+  }
+}
+
+}  // namespace
+
+// Per-target entry points, exported to the dispatch tables below.
+
+void F32ToBf16(const float* in, uint16_t* out, size_t n) {
+  const DF df;
+  const DI di;
+  const DU du;
+  ForEachVector(in, out, n, [&](const float* p, uint16_t* q) HWY_ATTR {
+    const VF x = hn::LoadU(df, p);
+    const VU bits = hn::BitCast(du, x);
+    // Round to nearest even on bit 16: add just under half a unit plus the kept LSB. Finite
+    // values near FLT_MAX correctly carry into the exponent and become inf.
+    const VU kept_lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1));
+    const VU rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFF), kept_lsb)));
+    const VU quiet_nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40));
+    const VU result = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
+    // Every lane is <= 0xFFFF, so the saturating i32 -> u16 demotion is exact.
+    hn::StoreU(hn::DemoteTo(D16(), hn::BitCast(di, result)), D16(), q);
+  });
+}
+
+void Bf16ToF32(const uint16_t* in, float* out, size_t n) {
+  const DF df;
+  ForEachVector(in, out, n,
+                [&](const uint16_t* p, float* q) HWY_ATTR { hn::StoreU(LoadAsF32(df, p), df, q); });
+}
+
+void F32ToE4M3(const float* in, uint8_t* out, size_t n, float inv_scale) {
+  EncodeRow(in, out, n, inv_scale);
+}
+
+void Bf16ToE4M3(const uint16_t* in, uint8_t* out, size_t n, float inv_scale) {
+  EncodeRow(in, out, n, inv_scale);
+}
+
+void E4M3ToF32(const uint8_t* in, float* out, size_t n, float scale) {
+  const DF df;
+  const VF vscale = hn::Set(df, scale);
+  ForEachVector(in, out, n, [&](const uint8_t* p, float* q) HWY_ATTR {
+    hn::StoreU(hn::Mul(DecodeE4M3(p), vscale), df, q);
+  });
+}
+
+float AbsMaxF32(const float* in, size_t n) { return AbsMax(in, n); }
+
+float AbsMaxBf16(const uint16_t* in, size_t n) { return AbsMax(in, n); }
+
+void QuantizeRowsF32(const float* in, int64_t in_row_stride, size_t rows, size_t dim, uint8_t* out,
+                     int64_t out_row_stride, float* scales, int64_t scale_stride) {
+  QuantizeRows(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
+}
+
+void QuantizeRowsBf16(const uint16_t* in, int64_t in_row_stride, size_t rows, size_t dim,
+                      uint8_t* out, int64_t out_row_stride, float* scales, int64_t scale_stride) {
+  QuantizeRows(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
+}
+
+const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvrt::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvrt::kernels {
+
+HWY_EXPORT(F32ToBf16);
+HWY_EXPORT(Bf16ToF32);
+HWY_EXPORT(F32ToE4M3);
+HWY_EXPORT(Bf16ToE4M3);
+HWY_EXPORT(E4M3ToF32);
+HWY_EXPORT(AbsMaxF32);
+HWY_EXPORT(AbsMaxBf16);
+HWY_EXPORT(QuantizeRowsF32);
+HWY_EXPORT(QuantizeRowsBf16);
+HWY_EXPORT(SimdTargetName);
+
+void f32_to_bf16(const float* in, uint16_t* out, size_t n) {
+  HWY_DYNAMIC_DISPATCH(F32ToBf16)(in, out, n);
+}
+
+void bf16_to_f32(const uint16_t* in, float* out, size_t n) {
+  HWY_DYNAMIC_DISPATCH(Bf16ToF32)(in, out, n);
+}
+
+void f32_to_e4m3(const float* in, uint8_t* out, size_t n, float inv_scale) {
+  HWY_DYNAMIC_DISPATCH(F32ToE4M3)(in, out, n, inv_scale);
+}
+
+void bf16_to_e4m3(const uint16_t* in, uint8_t* out, size_t n, float inv_scale) {
+  HWY_DYNAMIC_DISPATCH(Bf16ToE4M3)(in, out, n, inv_scale);
+}
+
+void e4m3_to_f32(const uint8_t* in, float* out, size_t n, float scale) {
+  HWY_DYNAMIC_DISPATCH(E4M3ToF32)(in, out, n, scale);
+}
+
+float abs_max_f32(const float* in, size_t n) { return HWY_DYNAMIC_DISPATCH(AbsMaxF32)(in, n); }
+
+float abs_max_bf16(const uint16_t* in, size_t n) { return HWY_DYNAMIC_DISPATCH(AbsMaxBf16)(in, n); }
+
+void quantize_rows_e4m3_f32(const float* in, int64_t in_row_stride, size_t rows, size_t dim,
+                            uint8_t* out, int64_t out_row_stride, float* scales,
+                            int64_t scale_stride) {
+  const auto quantize = HWY_DYNAMIC_DISPATCH(QuantizeRowsF32);
+  quantize(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
+}
+
+void quantize_rows_e4m3_bf16(const uint16_t* in, int64_t in_row_stride, size_t rows, size_t dim,
+                             uint8_t* out, int64_t out_row_stride, float* scales,
+                             int64_t scale_stride) {
+  const auto quantize = HWY_DYNAMIC_DISPATCH(QuantizeRowsBf16);
+  quantize(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
+}
+
+const char* simd_target() { return HWY_DYNAMIC_DISPATCH(SimdTargetName)(); }
+
+}  // namespace kvrt::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,114 @@
+// The page pool the shipped stores share: one host->alloc'd block holding, per layer, K then V
+// then (per-token-head scales only) K scales and V scales, each page-major:
+//   K [num_pages][page_size][num_kv_heads][k_head_dim]   (V likewise, absent when it shares K)
+//   K scales [num_pages][page_size][num_kv_heads] float  (V scales likewise)
+// so a slot's token row is contiguous and one page of one layer is a contiguous block per part.
+#pragma once
+
+#include <cstdint>
+
+#include "kvrt/plugin.hpp"
+
+namespace kvrt::plugins {
+
+class PagedPool {
+ public:
+  // elem_bytes: bytes per stored element; token_head_scales: one float per (token, head) for K
+  // and V each.
+  PagedPool(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
+            uint32_t elem_bytes, bool token_head_scales)
+      : g_(g), num_pages_(num_pages), elem_bytes_(elem_bytes), scales_(token_head_scales) {
+    check_geometry(g);
+    block_ = sdk::HostBuffer(host, KVRT_MEMORY_DEVICE, num_pages * page_bytes(g, elem_bytes,
+                                                                             token_head_scales),
+                             "the KV page pool");
+  }
+
+  // Bytes of one page over all layers; what page_bytes() of the store returns.
+  static uint64_t page_bytes(const kvrt_kv_geometry& g, uint32_t elem_bytes,
+                             bool token_head_scales) {
+    check_geometry(g);
+    uint64_t per_token = uint64_t{g.num_kv_heads} * (g.k_head_dim + g.v_head_dim) * elem_bytes;
+    if (token_head_scales) per_token += uint64_t{g.num_kv_heads} * (g.v_head_dim ? 2 : 1) * 4;
+    return per_token * g.page_size * g.num_layers;
+  }
+
+  static void check_geometry(const kvrt_kv_geometry& g) {
+    if (g.struct_size < sizeof(kvrt_kv_geometry)) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "kvrt_kv_geometry.struct_size too small");
+    }
+    const char* zero = g.num_layers == 0     ? "num_layers"
+                       : g.num_kv_heads == 0 ? "num_kv_heads"
+                       : g.k_head_dim == 0   ? "k_head_dim"
+                       : g.page_size == 0    ? "page_size"
+                                             : nullptr;
+    if (zero != nullptr) sdk::fail(KVRT_ERR_UNSUPPORTED, std::string("geometry ") + zero + " is 0");
+    if (g.device.kind != KVRT_DEVICE_CPU) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED, "only CPU memory is supported by this store");
+    }
+  }
+
+  // Bytes of each part of one page of one layer.
+  uint64_t k_page_bytes() const { return uint64_t{g_.page_size} * k_token_bytes(); }
+  uint64_t v_page_bytes() const { return uint64_t{g_.page_size} * v_token_bytes(); }
+  uint64_t scale_page_bytes() const { return scales_ ? uint64_t{g_.page_size} * g_.num_kv_heads * 4 : 0; }
+  uint64_t k_token_bytes() const { return uint64_t{g_.num_kv_heads} * g_.k_head_dim * elem_bytes_; }
+  uint64_t v_token_bytes() const { return uint64_t{g_.num_kv_heads} * g_.v_head_dim * elem_bytes_; }
+
+  uint8_t* k(uint32_t layer) const { return block_.data() + layer * layer_bytes(); }
+  uint8_t* v(uint32_t layer) const { return k(layer) + num_pages_ * k_page_bytes(); }
+  float* k_scales(uint32_t layer) const {
+    return reinterpret_cast<float*>(v(layer) + num_pages_ * v_page_bytes());
+  }
+  float* v_scales(uint32_t layer) const {
+    return g_.v_head_dim == 0 ? nullptr
+                              : k_scales(layer) + num_pages_ * g_.page_size * g_.num_kv_heads;
+  }
+
+  // The layout with this pool's pointers and strides; the caller sets dtypes and scale mode
+  // (and scale pointers for per-tensor scales).
+  kvrt_kv_layout layout(uint32_t layer) const {
+    kvrt_kv_layout l{};
+    l.struct_size = sizeof(kvrt_kv_layout);
+    l.num_kv_heads = g_.num_kv_heads;
+    l.k_head_dim = g_.k_head_dim;
+    l.v_head_dim = g_.v_head_dim;
+    l.page_size = g_.page_size;
+    l.num_pages = num_pages_;
+    l.k_base = k(layer);
+    l.k_page_stride = static_cast<int64_t>(k_page_bytes());
+    l.k_token_stride = static_cast<int64_t>(k_token_bytes());
+    l.k_head_stride = static_cast<int64_t>(g_.k_head_dim) * elem_bytes_;
+    const bool shared = g_.v_head_dim == 0;
+    l.v_base = shared ? l.k_base : v(layer);
+    l.v_page_stride = shared ? l.k_page_stride : static_cast<int64_t>(v_page_bytes());
+    l.v_token_stride = shared ? l.k_token_stride : static_cast<int64_t>(v_token_bytes());
+    l.v_head_stride = shared ? l.k_head_stride : static_cast<int64_t>(g_.v_head_dim) * elem_bytes_;
+    if (scales_) {
+      l.k_scale = k_scales(layer);
+      l.v_scale = shared ? l.k_scale : v_scales(layer);
+      l.scale_head_stride = 4;
+      l.scale_token_stride = 4 * static_cast<int64_t>(g_.num_kv_heads);
+      l.scale_page_stride = l.scale_token_stride * g_.page_size;
+    }
+    return l;
+  }
+
+  const kvrt_kv_geometry& geometry() const { return g_; }
+  uint64_t num_pages() const { return num_pages_; }
+  uint64_t bytes_per_page() const { return page_bytes(g_, elem_bytes_, scales_); }
+
+ private:
+  uint64_t layer_bytes() const {
+    return num_pages_ * (k_page_bytes() + v_page_bytes() +
+                         scale_page_bytes() * (g_.v_head_dim ? 2 : 1));
+  }
+
+  kvrt_kv_geometry g_;
+  uint64_t num_pages_;
+  uint32_t elem_bytes_;
+  bool scales_;
+  sdk::HostBuffer block_;
+};
+
+}  // namespace kvrt::plugins

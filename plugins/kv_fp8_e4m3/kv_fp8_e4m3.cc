@@ -1,0 +1,178 @@
+// kv_fp8_e4m3: pages of OCP FP8 E4M3 K and V (max 448, no infinities). Two scale modes:
+//  - per_token_head (default): a float scale per token and KV head, amax / 448, computed on
+//    write, so no calibration is needed and nothing saturates;
+//  - per_tensor: one static K scale and one V scale (from config, as SGLang and vLLM take them
+//    from a checkpoint), default 1.0 with a warning; values beyond 448 * scale saturate.
+// Stored value = code * scale. Finite input never becomes NaN.
+#include <cmath>
+#include <string>
+
+#include "kernels/cpu/convert.h"
+#include "kvrt/plugin.hpp"
+#include "plugins/common/paged_pool.h"
+
+namespace kvrt::plugins {
+namespace {
+
+constexpr uint32_t kInputDtypes = KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16);
+
+struct Fp8Options {
+  bool per_tensor = false;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
+  bool scales_given = false;
+
+  explicit Fp8Options(const sdk::ConfigView& config) {
+    const std::string mode = config.string("scale_mode", "per_token_head");
+    if (mode == "per_tensor") {
+      per_tensor = true;
+    } else if (mode != "per_token_head") {
+      sdk::fail(KVRT_ERR_CONFIG, "scale_mode: expected \"per_token_head\" or \"per_tensor\", found \"" +
+                                     mode + "\"");
+    }
+    scales_given = config.has("k_scale") || config.has("v_scale");
+    k_scale = static_cast<float>(config.real("k_scale", 1.0));
+    v_scale = static_cast<float>(config.real("v_scale", 1.0));
+    for (auto [name, value] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
+      if (!(value > 0) || !std::isfinite(value)) {
+        sdk::fail(KVRT_ERR_CONFIG, std::string(name) + ": expected a positive finite number, found " +
+                                       std::to_string(value));
+      }
+    }
+  }
+};
+
+class Fp8Store : public sdk::StoreBase {
+ public:
+  Fp8Store(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
+           sdk::ConfigView config)
+      : StoreBase(host, g, num_pages),
+        options_(config),
+        pool_(host, g, num_pages, 1, !options_.per_tensor),
+        tensor_scales_(host, KVRT_MEMORY_DEVICE, 2 * sizeof(float), "per-tensor scales") {
+    float* scales = reinterpret_cast<float*>(tensor_scales_.data());
+    scales[0] = options_.k_scale;
+    scales[1] = options_.v_scale;
+    if (options_.per_tensor && !options_.scales_given) {
+      sdk::log(host, KVRT_LOG_WARN,
+               "scale_mode = per_tensor without k_scale/v_scale: using 1.0; K/V beyond +-448 "
+               "saturate");
+    }
+  }
+
+  static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry& g,
+                             sdk::ConfigView config) {
+    return PagedPool::page_bytes(g, 1, !Fp8Options(config).per_tensor);
+  }
+
+  kvrt_kv_info info() const {
+    kvrt_kv_info info{};
+    info.struct_size = sizeof(info);
+    info.k_dtype = info.v_dtype = KVRT_DTYPE_FP8_E4M3;
+    info.scale_mode = scale_mode();
+    info.bytes_per_page = pool_.bytes_per_page();
+    info.bytes_per_token = info.bytes_per_page / geometry().page_size;
+    info.num_pages = num_pages();
+    return info;
+  }
+
+  kvrt_kv_layout layout(uint32_t layer) const {
+    kvrt_kv_layout l = pool_.layout(layer);
+    l.k_dtype = l.v_dtype = KVRT_DTYPE_FP8_E4M3;
+    l.scale_mode = scale_mode();
+    if (options_.per_tensor) {
+      l.k_scale = reinterpret_cast<float*>(tensor_scales_.data());
+      l.v_scale = geometry().v_head_dim == 0 ? l.k_scale : l.k_scale + 1;
+    }
+    return l;
+  }
+
+  void write(const kvrt_kv_write* w) {
+    check_write(w, kInputDtypes);
+    const kvrt_kv_geometry& g = geometry();
+    quantize(*w, w->k, w->k_token_stride, g.k_head_dim, pool_.k(w->layer),
+             pool_.k_scales(w->layer), options_.k_scale);
+    if (g.v_head_dim != 0) {
+      quantize(*w, w->v, w->v_token_stride, g.v_head_dim, pool_.v(w->layer),
+               pool_.v_scales(w->layer), options_.v_scale);
+    }
+  }
+
+  void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {
+    const kvrt_kv_geometry& g = geometry();
+    dequantize(pool_.k(layer), pool_.k_scales(layer), options_.k_scale, g.k_head_dim, n, slots, k);
+    if (g.v_head_dim != 0) {
+      dequantize(pool_.v(layer), pool_.v_scales(layer), options_.v_scale, g.v_head_dim, n, slots, v);
+    }
+  }
+
+ private:
+  kvrt_scale_mode scale_mode() const {
+    return options_.per_tensor ? KVRT_SCALE_PER_TENSOR : KVRT_SCALE_PER_TOKEN_HEAD;
+  }
+
+  void quantize(const kvrt_kv_write& w, const void* src, int64_t stride, uint32_t dim,
+                uint8_t* codes, float* scales, float tensor_scale) const {
+    const uint32_t heads = geometry().num_kv_heads;
+    const size_t row = size_t{heads} * dim;
+    if (stride == 0) stride = static_cast<int64_t>(row);
+    const float inv_scale = 1.0f / tensor_scale;
+    for (uint32_t i = 0; i < w.num_tokens; ++i) {
+      const int64_t slot = w.slots[i];
+      uint8_t* out = codes + slot * row;
+      if (w.dtype == KVRT_DTYPE_F32) {
+        const float* in = static_cast<const float*>(src) + i * stride;
+        if (options_.per_tensor) {
+          kernels::f32_to_e4m3(in, out, row, inv_scale);
+        } else {
+          kernels::quantize_rows_e4m3_f32(in, dim, heads, dim, out, dim, scales + slot * heads, 1);
+        }
+      } else {
+        const uint16_t* in = static_cast<const uint16_t*>(src) + i * stride;
+        if (options_.per_tensor) {
+          kernels::bf16_to_e4m3(in, out, row, inv_scale);
+        } else {
+          kernels::quantize_rows_e4m3_bf16(in, dim, heads, dim, out, dim, scales + slot * heads, 1);
+        }
+      }
+    }
+  }
+
+  void dequantize(const uint8_t* codes, const float* scales, float tensor_scale, uint32_t dim,
+                  uint32_t n, const int64_t* slots, float* out) const {
+    const uint32_t heads = geometry().num_kv_heads;
+    const size_t row = size_t{heads} * dim;
+    for (uint32_t i = 0; i < n; ++i) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        const float scale = options_.per_tensor ? tensor_scale : scales[slots[i] * heads + h];
+        kernels::e4m3_to_f32(codes + slots[i] * row + h * dim, out + i * row + h * dim, dim, scale);
+      }
+    }
+  }
+
+  Fp8Options options_;
+  PagedPool pool_;
+  sdk::HostBuffer tensor_scales_;
+};
+
+const kvrt_option_desc kOptions[] = {
+    {sizeof(kvrt_option_desc), KVRT_OPTION_STRING, "scale_mode", "per_token_head",
+     "per_token_head (dynamic, a scale per token and KV head) or per_tensor (static)"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "k_scale", "1.0",
+     "per_tensor only: the K scale (stored = code * k_scale)"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "v_scale", "1.0",
+     "per_tensor only: the V scale"},
+};
+
+const kvrt_plugin_desc& describe(const kvrt_host_api*) {
+  static const kvrt_plugin_desc desc = {
+      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
+      "kv_fp8_e4m3", "0.1.0", "paged FP8 E4M3 K/V with per-token-head or per-tensor scales",
+      &sdk::kv_store_table<Fp8Store>(), kOptions, 3, kInputDtypes, nullptr};
+  return desc;
+}
+
+}  // namespace
+}  // namespace kvrt::plugins
+
+KVRT_PLUGIN_ENTRY(kvrt::plugins::describe)

@@ -1,0 +1,402 @@
+// kv_host_tiered: wraps an inner device store (named in its table) and adds a host RAM pool of
+// pages keyed by chained page hashes. The device side is the inner store unchanged, so this
+// adds no decode capacity; the host pool keeps prefixes the device evicts, for reuse.
+//
+// Policies (when a page reported through tier_save is copied to the host):
+//   write_through            on INSERTED (and on HIT when the host lost it)
+//   write_through_selective  once INSERTED + HIT reports for its hash reach
+//                            write_through_threshold
+//   write_back               on EVICTING
+// Copies run on one copy thread, in call order; tickets complete in order. The host pool
+// evicts its least-recently-used page when full; pages with a copy in flight are pinned.
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kvrt/plugin.hpp"
+
+namespace kvrt::plugins {
+namespace {
+
+enum class Policy { kWriteThrough, kWriteThroughSelective, kWriteBack };
+
+struct TierOptions {
+  std::string inner;
+  double host_pool_gib = 0;
+  double host_pool_ratio = 2.0;
+  Policy policy = Policy::kWriteThrough;
+  int64_t threshold = 2;
+
+  explicit TierOptions(const sdk::ConfigView& config) {
+    inner = config.string("inner", "kv_bf16_paged");
+    if (inner == "kv_host_tiered") sdk::fail(KVRT_ERR_CONFIG, "inner: cannot wrap itself");
+    host_pool_gib = config.real("host_pool_gib", 0.0);
+    host_pool_ratio = config.real("host_pool_ratio", 2.0);
+    threshold = config.integer("write_through_threshold", 2);
+    const std::string p = config.string("policy", "write_through");
+    if (p == "write_through") {
+      policy = Policy::kWriteThrough;
+    } else if (p == "write_through_selective") {
+      policy = Policy::kWriteThroughSelective;
+    } else if (p == "write_back") {
+      policy = Policy::kWriteBack;
+    } else {
+      sdk::fail(KVRT_ERR_CONFIG, "policy: expected write_through, write_through_selective or "
+                                 "write_back, found \"" + p + "\"");
+    }
+    if (host_pool_gib < 0 || host_pool_ratio < 0) {
+      sdk::fail(KVRT_ERR_CONFIG, "host_pool_gib and host_pool_ratio must be >= 0");
+    }
+    if (threshold < 1) sdk::fail(KVRT_ERR_CONFIG, "write_through_threshold must be >= 1");
+  }
+};
+
+// The inner store as opened through the host.
+struct Inner {
+  const kvrt_kv_store_api* api = nullptr;
+  const kvrt_host_api* host = nullptr;
+  const kvrt_config* config = nullptr;
+
+  Inner(const kvrt_host_api* host_api, const std::string& name) {
+    kvrt_status s = host_api->open_kv_store(host_api, name.c_str(), &api, &host, &config);
+    if (s != KVRT_OK) sdk::fail(s, "inner store '" + name + "' cannot be opened");
+  }
+  void check(kvrt_status s, const char* what) const {
+    // The inner store recorded its message with the host; keep it as ours.
+    if (s != KVRT_OK) sdk::fail(s, std::string("inner store ") + what + " failed");
+  }
+};
+
+class TieredStore : public sdk::StoreBase {
+ public:
+  TieredStore(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
+              sdk::ConfigView config)
+      : StoreBase(host, g, num_pages), options_(config), inner_(host, options_.inner) {
+    inner_.check(inner_.api->create(inner_.host, &g, num_pages, inner_.config, &store_), "create");
+    try {
+      plan_segments();
+      capacity_ = options_.host_pool_gib > 0
+                      ? static_cast<uint64_t>(options_.host_pool_gib * (1ull << 30)) / page_bytes_
+                      : static_cast<uint64_t>(options_.host_pool_ratio * num_pages);
+      pool_ = sdk::HostBuffer(host, KVRT_MEMORY_HOST, capacity_ * page_bytes_, "the host tier");
+      slots_.resize(capacity_);
+      for (uint64_t i = 0; i < capacity_; ++i) free_.push_back(i);
+      copier_ = std::thread([this] { copy_loop(); });
+    } catch (...) {
+      inner_.api->destroy(store_);
+      throw;
+    }
+  }
+
+  ~TieredStore() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    work_ready_.notify_all();
+    if (copier_.joinable()) copier_.join();
+    inner_.api->destroy(store_);
+  }
+
+  static uint64_t page_bytes(const kvrt_host_api* host, const kvrt_kv_geometry& g,
+                             sdk::ConfigView config) {
+    Inner inner(host, TierOptions(config).inner);
+    uint64_t bytes = 0;
+    inner.check(inner.api->page_bytes(inner.host, &g, inner.config, &bytes), "page_bytes");
+    return bytes;
+  }
+
+  kvrt_kv_info info() const {
+    kvrt_kv_info info = inner_info();
+    info.host_tier_pages = capacity_;  // device tokens stay the inner store's
+    return info;
+  }
+
+  kvrt_kv_layout layout(uint32_t layer) const {
+    kvrt_kv_layout l{};
+    l.struct_size = sizeof(l);
+    inner_.check(inner_.api->layout(store_, layer, &l), "layout");
+    return l;
+  }
+
+  void write(const kvrt_kv_write* w) { inner_.check(inner_.api->write(store_, w), "write"); }
+
+  void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {
+    if (inner_.api->gather == nullptr) sdk::fail(KVRT_ERR_UNSUPPORTED, "inner store has no gather");
+    inner_.check(inner_.api->gather(store_, layer, n, slots, k, v), "gather");
+  }
+
+  // ---- tier ----
+
+  kvrt_tier_info tier_info() const {
+    std::lock_guard lock(mutex_);
+    kvrt_tier_info info = stats_;
+    info.struct_size = sizeof(info);
+    info.capacity_pages = capacity_;
+    info.used_pages = capacity_ - free_.size();
+    return info;
+  }
+
+  uint32_t tier_lookup(uint32_t n, const uint64_t* hashes) {
+    std::lock_guard lock(mutex_);
+    uint32_t hits = 0;
+    for (; hits < n; ++hits) {
+      auto it = index_.find(hashes[hits]);
+      if (it == index_.end()) break;
+      touch(it->second);
+    }
+    return hits;
+  }
+
+  uint64_t tier_save(uint32_t n, const uint64_t* hashes, const int64_t* pages,
+                     kvrt_tier_reason reason) {
+    std::unique_lock lock(mutex_);
+    Job job;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!should_copy(hashes[i], reason)) continue;
+      if (auto it = index_.find(hashes[i]); it != index_.end()) {
+        touch(it->second);
+        continue;
+      }
+      uint64_t slot = 0;
+      if (!take_slot(&slot)) break;  // every host page is pinned by a copy: best effort
+      slots_[slot].hash = hashes[i];
+      index_[hashes[i]] = slot;
+      queue_copy(&job, slot, pages[i], true);
+      ++stats_.saved_pages;
+    }
+    return submit(std::move(job));
+  }
+
+  uint64_t tier_load(uint32_t n, const uint64_t* hashes, const int64_t* pages, uint8_t* loaded) {
+    std::unique_lock lock(mutex_);
+    Job job;
+    for (uint32_t i = 0; i < n; ++i) {
+      auto it = index_.find(hashes[i]);
+      loaded[i] = it != index_.end();
+      if (!loaded[i]) continue;
+      touch(it->second);
+      queue_copy(&job, it->second, pages[i], false);
+      ++stats_.loaded_pages;
+    }
+    return submit(std::move(job));
+  }
+
+  void tier_wait(uint64_t ticket) {
+    std::unique_lock lock(mutex_);
+    if (ticket > issued_) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "ticket " + std::to_string(ticket) +
+                                               " was never issued (last is " +
+                                               std::to_string(issued_) + ")");
+    }
+    done_.wait(lock, [&] { return completed_ >= ticket; });
+    if (!copy_error_.empty()) sdk::fail(KVRT_ERR_INTERNAL, copy_error_);
+  }
+
+ private:
+  // One contiguous run of a device page's bytes in one layer (K, V or their scales).
+  struct Segment {
+    uint8_t* base;
+    int64_t page_stride;
+    uint64_t bytes;
+  };
+  struct Copy {
+    uint64_t slot;
+    int64_t device_page;
+    bool to_host;
+  };
+  struct Job {
+    uint64_t ticket = 0;
+    std::vector<Copy> copies;
+  };
+  struct HostSlot {
+    uint64_t hash = 0;
+    uint32_t pins = 0;  // copies in flight; a pinned page is never evicted
+    std::list<uint64_t>::iterator lru;
+    bool in_lru = false;
+  };
+
+  kvrt_kv_info inner_info() const {
+    kvrt_kv_info info{};
+    info.struct_size = sizeof(info);
+    inner_.check(inner_.api->info(store_, &info), "info");
+    return info;
+  }
+
+  // A device page is, per layer, its K block, V block and scale blocks; a host page is their
+  // concatenation, exactly page_bytes long.
+  void plan_segments() {
+    const kvrt_kv_geometry& g = geometry();
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      kvrt_kv_layout l = layout(layer);
+      segments_.push_back({static_cast<uint8_t*>(l.k_base), l.k_page_stride,
+                           static_cast<uint64_t>(l.k_page_stride)});
+      if (l.v_base != l.k_base) {
+        segments_.push_back({static_cast<uint8_t*>(l.v_base), l.v_page_stride,
+                             static_cast<uint64_t>(l.v_page_stride)});
+      }
+      if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+        segments_.push_back({reinterpret_cast<uint8_t*>(l.k_scale), l.scale_page_stride,
+                             static_cast<uint64_t>(l.scale_page_stride)});
+        if (l.v_scale != l.k_scale) {
+          segments_.push_back({reinterpret_cast<uint8_t*>(l.v_scale), l.scale_page_stride,
+                               static_cast<uint64_t>(l.scale_page_stride)});
+        }
+      }
+    }
+    page_bytes_ = 0;
+    for (const Segment& s : segments_) page_bytes_ += s.bytes;
+    const uint64_t expected = inner_info().bytes_per_page;
+    if (page_bytes_ != expected) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED,
+                "inner store '" + options_.inner + "' has a layout whose page blocks (" +
+                    std::to_string(page_bytes_) + " bytes) are not its page size (" +
+                    std::to_string(expected) + " bytes); it cannot be tiered");
+    }
+  }
+
+  bool should_copy(uint64_t hash, kvrt_tier_reason reason) {
+    switch (options_.policy) {
+      case Policy::kWriteThrough: return reason != KVRT_TIER_EVICTING;
+      case Policy::kWriteBack: return reason == KVRT_TIER_EVICTING;
+      case Policy::kWriteThroughSelective: {
+        if (reason == KVRT_TIER_EVICTING) return false;
+        // Bounded: a flood of one-off pages resets the counts rather than growing forever.
+        if (hit_counts_.size() > 4 * capacity_ + 1024) hit_counts_.clear();
+        return ++hit_counts_[hash] >= options_.threshold;
+      }
+    }
+    return false;
+  }
+
+  void touch(uint64_t slot) {
+    HostSlot& s = slots_[slot];
+    if (s.in_lru) lru_.erase(s.lru);
+    s.lru = lru_.insert(lru_.end(), slot);
+    s.in_lru = true;
+  }
+
+  void queue_copy(Job* job, uint64_t slot, int64_t device_page, bool to_host) {
+    ++slots_[slot].pins;  // released by the copy thread once this copy is done
+    job->copies.push_back({slot, device_page, to_host});
+  }
+
+  // A free host page, evicting the least recently used unpinned one if needed.
+  bool take_slot(uint64_t* out) {
+    if (!free_.empty()) {
+      *out = free_.back();
+      free_.pop_back();
+    } else {
+      auto victim = lru_.begin();
+      while (victim != lru_.end() && slots_[*victim].pins > 0) ++victim;
+      if (victim == lru_.end()) return false;
+      *out = *victim;
+      HostSlot& s = slots_[*out];
+      index_.erase(s.hash);
+      lru_.erase(victim);
+      s.in_lru = false;
+      ++stats_.evicted_pages;
+    }
+    touch(*out);
+    return true;
+  }
+
+  // Queues the call's copies; returns its ticket. A call with nothing to copy still gets one,
+  // so waiting on it also waits for everything queued before.
+  uint64_t submit(Job job) {
+    job.ticket = ++issued_;
+    jobs_.push_back(std::move(job));
+    work_ready_.notify_one();
+    return issued_;
+  }
+
+  void copy_loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and everything queued is done
+      Job job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      std::string error;
+      for (const Copy& c : job.copies) {
+        if (!copy_page(c)) error = "copy of device page " + std::to_string(c.device_page) + " failed";
+      }
+      lock.lock();
+      for (const Copy& c : job.copies) --slots_[c.slot].pins;
+      if (!error.empty()) copy_error_ = error;
+      completed_ = job.ticket;
+      done_.notify_all();
+    }
+  }
+
+  bool copy_page(const Copy& c) {
+    const kvrt_host_api* h = host();
+    uint8_t* host_page = pool_.data() + c.slot * page_bytes_;
+    for (const Segment& s : segments_) {
+      uint8_t* device = s.base + c.device_page * s.page_stride;
+      kvrt_status st = c.to_host ? h->copy(h, host_page, KVRT_MEMORY_HOST, device,
+                                           KVRT_MEMORY_DEVICE, s.bytes)
+                                 : h->copy(h, device, KVRT_MEMORY_DEVICE, host_page,
+                                           KVRT_MEMORY_HOST, s.bytes);
+      if (st != KVRT_OK) return false;
+      host_page += s.bytes;
+    }
+    return true;
+  }
+
+  TierOptions options_;
+  Inner inner_;
+  kvrt_kv_store* store_ = nullptr;
+  std::vector<Segment> segments_;
+  uint64_t page_bytes_ = 0;
+  uint64_t capacity_ = 0;
+  sdk::HostBuffer pool_;
+
+  mutable std::mutex mutex_;  // guards everything below
+  std::vector<HostSlot> slots_;
+  std::vector<uint64_t> free_;
+  std::list<uint64_t> lru_;  // front = least recently used
+  std::unordered_map<uint64_t, uint64_t> index_;
+  std::unordered_map<uint64_t, int64_t> hit_counts_;
+  std::deque<Job> jobs_;
+  uint64_t issued_ = 0, completed_ = 0;
+  std::string copy_error_;
+  bool stopping_ = false;
+  kvrt_tier_info stats_{};
+  std::condition_variable work_ready_, done_;
+  std::thread copier_;
+};
+
+const kvrt_option_desc kOptions[] = {
+    {sizeof(kvrt_option_desc), KVRT_OPTION_STRING, "inner", "kv_bf16_paged",
+     "the device store to wrap (its own table is [kv.<inner>])"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "host_pool_gib", "0",
+     "host pool size in GiB; 0 = use host_pool_ratio"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "host_pool_ratio", "2.0",
+     "host pool size as a multiple of the device pool's pages"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_STRING, "policy", "write_through",
+     "write_through | write_through_selective | write_back"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_INT, "write_through_threshold", "2",
+     "write_through_selective: reports (insert + hits) before a page is copied"},
+};
+
+const kvrt_plugin_desc& describe(const kvrt_host_api*) {
+  static const kvrt_plugin_desc desc = {
+      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
+      "kv_host_tiered", "0.1.0",
+      "an inner device store plus a host RAM tier of prefix pages (adds no decode capacity)",
+      &sdk::kv_store_table<TieredStore>(), kOptions, 5,
+      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16), nullptr};
+  return desc;
+}
+
+}  // namespace
+}  // namespace kvrt::plugins
+
+KVRT_PLUGIN_ENTRY(kvrt::plugins::describe)

@@ -1,0 +1,924 @@
+#include "sdk/conformance/kv_conformance.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+namespace kvrt::conformance {
+namespace {
+
+using plugin::LoadedPlugin;
+using plugin::status_name;
+using plugin::take_last_error;
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct Skip : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define KVRT_REQUIRE(cond, message)                     \
+  do {                                                  \
+    if (!(cond)) throw Failure(std::string(message));   \
+  } while (0)
+
+// ---- the suite's own reading of stored formats (independent of the stores' kernels) ---------
+
+bool known_dtype(kvrt_dtype d) {
+  return d == KVRT_DTYPE_F32 || d == KVRT_DTYPE_BF16 || d == KVRT_DTYPE_F16 ||
+         d == KVRT_DTYPE_FP8_E4M3 || d == KVRT_DTYPE_INT8;
+}
+
+size_t dtype_bytes(kvrt_dtype d) {
+  return d == KVRT_DTYPE_F32 ? 4 : (d == KVRT_DTYPE_BF16 || d == KVRT_DTYPE_F16) ? 2 : 1;
+}
+
+float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float decode_element(kvrt_dtype d, const uint8_t* p) {
+  switch (d) {
+    case KVRT_DTYPE_F32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case KVRT_DTYPE_BF16: {
+      uint16_t b;
+      std::memcpy(&b, p, 2);
+      return bits_to_float(uint32_t{b} << 16);
+    }
+    case KVRT_DTYPE_F16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      int exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+      float v = exp == 0    ? std::ldexp(static_cast<float>(mant), -24)
+                : exp == 31 ? (mant ? NAN : INFINITY)
+                            : std::ldexp(static_cast<float>(mant | 0x400), exp - 25);
+      return (h & 0x8000) ? -v : v;
+    }
+    case KVRT_DTYPE_FP8_E4M3: {
+      uint8_t c = *p;
+      int exp = (c >> 3) & 0xF, mant = c & 7;
+      float v = (exp == 15 && mant == 7) ? NAN
+                : exp == 0               ? std::ldexp(static_cast<float>(mant), -9)
+                                         : std::ldexp(static_cast<float>(8 + mant), exp - 10);
+      return (c & 0x80) ? -v : v;
+    }
+    case KVRT_DTYPE_INT8: return static_cast<float>(static_cast<int8_t>(*p));
+    default: return NAN;
+  }
+}
+
+// The largest error a correct store of this format may make on x, given the scale it chose.
+double element_bound(kvrt_dtype d, double x, double scale) {
+  const double slack = 1e-6 * std::fabs(x) + 1e-30;  // f32 arithmetic around the scale
+  switch (d) {
+    case KVRT_DTYPE_F32: return 0;
+    // Half an ulp: with p significand bits, |x| = m * 2^e (1 <= m < 2) rounds by at most
+    // 2^(e - p) <= 2^-p * |x|. bf16 has p = 8, f16 p = 11, e4m3 p = 4.
+    case KVRT_DTYPE_BF16: return std::ldexp(std::fabs(x), -8) + slack;
+    case KVRT_DTYPE_F16: return std::ldexp(std::fabs(x), -11) + std::ldexp(1.0, -25) + slack;
+    // e4m3 subnormals are 2^-9 apart (in units of the scale): half a step is 2^-10.
+    case KVRT_DTYPE_FP8_E4M3: return std::ldexp(std::fabs(x), -4) + std::ldexp(scale, -10) + slack;
+    case KVRT_DTYPE_INT8: return scale / 2 + slack;
+    default: return INFINITY;
+  }
+}
+
+// One token's row for one head, read through the layout: stored values (unscaled) and scale.
+struct HeadRow {
+  std::vector<float> stored;
+  float scale = 1;
+  std::vector<float> values() const {
+    std::vector<float> v(stored);
+    for (float& x : v) x *= scale;
+    return v;
+  }
+};
+
+HeadRow read_head(const kvrt_kv_layout& l, bool v_part, int64_t slot, uint32_t head) {
+  const int64_t page = slot / l.page_size, token = slot % l.page_size;
+  const bool shared = l.v_head_dim == 0;
+  const kvrt_dtype dtype = v_part ? l.v_dtype : l.k_dtype;
+  const uint32_t dim = (v_part && !shared) ? l.v_head_dim : l.k_head_dim;
+  const uint8_t* base = static_cast<const uint8_t*>(v_part ? l.v_base : l.k_base);
+  const int64_t ps = v_part ? l.v_page_stride : l.k_page_stride;
+  const int64_t ts = v_part ? l.v_token_stride : l.k_token_stride;
+  const int64_t hs = v_part ? l.v_head_stride : l.k_head_stride;
+  HeadRow row;
+  row.stored.resize(dim);
+  const uint8_t* p = base + page * ps + token * ts + head * hs;
+  for (uint32_t d = 0; d < dim; ++d) row.stored[d] = decode_element(dtype, p + d * dtype_bytes(dtype));
+  const float* scales = v_part ? l.v_scale : l.k_scale;
+  if (l.scale_mode == KVRT_SCALE_PER_TENSOR) {
+    row.scale = *scales;
+  } else if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+    const uint8_t* s = reinterpret_cast<const uint8_t*>(scales) + page * l.scale_page_stride +
+                       token * l.scale_token_stride + head * l.scale_head_stride;
+    std::memcpy(&row.scale, s, 4);
+  }
+  return row;
+}
+
+uint16_t to_bf16(float f) {  // round to nearest even; inputs here are finite
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// ---- the suite ----------------------------------------------------------------------------
+
+struct StoreDeleter {
+  const kvrt_kv_store_api* api;
+  void operator()(kvrt_kv_store* s) const { api->destroy(s); }
+};
+using StorePtr = std::unique_ptr<kvrt_kv_store, StoreDeleter>;
+
+// Tokens to write: f32 values [n][heads][dim] for K and V, and their slots.
+struct Batch {
+  std::vector<int64_t> slots;
+  std::vector<float> k, v;
+};
+
+class Suite {
+ public:
+  Suite(plugin::Registry& registry, const LoadedPlugin& p, const Options& options)
+      : registry_(registry),
+        plugin_(p),
+        api_(p.kv),
+        host_(p.host_api()),
+        config_(plugin::as_config(registry.plugin_config(p.name))),
+        options_(options),
+        rng_(options.seed) {}
+
+  void geometry_and_info();
+  void write_gather_round_trip();
+  void layout_agrees_with_gather();
+  void attention_error();
+  void page_boundaries();
+  void concurrent_writes();
+  void tier_round_trip();
+  void tier_under_pressure();
+  void bad_arguments();
+
+ private:
+  static kvrt_kv_geometry geometry(uint32_t layers, uint32_t heads, uint32_t k_dim, uint32_t v_dim,
+                                   uint32_t page_size) {
+    kvrt_kv_geometry g{};
+    g.struct_size = sizeof(g);
+    g.num_layers = layers;
+    g.num_kv_heads = heads;
+    g.total_kv_heads = heads;
+    g.k_head_dim = k_dim;
+    g.v_head_dim = v_dim;
+    g.page_size = page_size;
+    g.input_dtype = KVRT_DTYPE_F32;
+    g.tp_size = 1;
+    g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+    return g;
+  }
+  static std::string describe(const kvrt_kv_geometry& g) {
+    return "geometry(layers " + std::to_string(g.num_layers) + ", heads " +
+           std::to_string(g.num_kv_heads) + ", k " + std::to_string(g.k_head_dim) + ", v " +
+           std::to_string(g.v_head_dim) + ", page " + std::to_string(g.page_size) + ")";
+  }
+
+  void ok(kvrt_status s, const std::string& what) const {
+    if (s != KVRT_OK) {
+      std::string message = take_last_error();
+      throw Failure(what + " returned " + status_name(s) + (message.empty() ? "" : ": " + message));
+    }
+  }
+
+  StorePtr create(const kvrt_kv_geometry& g, uint64_t pages) {
+    kvrt_kv_store* s = nullptr;
+    ok(api_.create(host_, &g, pages, config_, &s), "create " + describe(g));
+    KVRT_REQUIRE(s != nullptr, "create returned OK but no store");
+    return StorePtr(s, StoreDeleter{&api_});
+  }
+
+  kvrt_kv_layout layout(const kvrt_kv_store* s, uint32_t layer) const {
+    kvrt_kv_layout l{};
+    l.struct_size = sizeof(l);
+    ok(api_.layout(s, layer, &l), "layout(" + std::to_string(layer) + ")");
+    return l;
+  }
+
+  bool accepts(kvrt_dtype d) const { return (plugin_.desc->input_dtypes & KVRT_DTYPE_BIT(d)) != 0; }
+
+  Batch random_batch(const kvrt_kv_geometry& g, std::vector<int64_t> slots) {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    Batch b;
+    b.slots = std::move(slots);
+    b.k.resize(b.slots.size() * g.num_kv_heads * g.k_head_dim);
+    b.v.resize(b.slots.size() * g.num_kv_heads * g.v_head_dim);
+    // Vary magnitudes across tokens so per-token scales matter.
+    for (size_t i = 0; i < b.slots.size(); ++i) {
+      float magnitude = std::ldexp(1.0f, static_cast<int>(rng_() % 9) - 4);
+      size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
+      for (size_t j = 0; j < kr; ++j) b.k[i * kr + j] = normal(rng_) * magnitude;
+      for (size_t j = 0; j < vr; ++j) b.v[i * vr + j] = normal(rng_) * magnitude;
+    }
+    return b;
+  }
+
+  void write(kvrt_kv_store* s, const kvrt_kv_geometry& g, uint32_t layer, const Batch& b,
+             kvrt_dtype dtype, std::vector<float>* stored_k = nullptr,
+             std::vector<float>* stored_v = nullptr) {
+    kvrt_kv_write w{};
+    w.struct_size = sizeof(w);
+    w.layer = layer;
+    w.dtype = dtype;
+    w.num_tokens = static_cast<uint32_t>(b.slots.size());
+    w.slots = b.slots.data();
+    std::vector<uint16_t> k16, v16;
+    if (dtype == KVRT_DTYPE_BF16) {
+      for (float x : b.k) k16.push_back(to_bf16(x));
+      for (float x : b.v) v16.push_back(to_bf16(x));
+      w.k = k16.data();
+      w.v = g.v_head_dim ? v16.data() : nullptr;
+    } else {
+      w.k = b.k.data();
+      w.v = g.v_head_dim ? b.v.data() : nullptr;
+    }
+    ok(api_.write(s, &w), "write(layer " + std::to_string(layer) + ", " +
+                              std::to_string(w.num_tokens) + " tokens)");
+    // What the store was actually given, as f32.
+    if (stored_k != nullptr) {
+      stored_k->clear();
+      for (size_t i = 0; i < b.k.size(); ++i) {
+        stored_k->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{k16[i]} << 16) : b.k[i]);
+      }
+    }
+    if (stored_v != nullptr) {
+      stored_v->clear();
+      for (size_t i = 0; i < b.v.size(); ++i) {
+        stored_v->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{v16[i]} << 16) : b.v[i]);
+      }
+    }
+  }
+
+  // K and V of `slots` as f32 through gather when the store has it, else through the layout.
+  void read_back(const kvrt_kv_store* s, const kvrt_kv_geometry& g, uint32_t layer,
+                 const std::vector<int64_t>& slots, std::vector<float>* k, std::vector<float>* v,
+                 bool use_gather) {
+    k->assign(slots.size() * g.num_kv_heads * g.k_head_dim, NAN);
+    v->assign(slots.size() * g.num_kv_heads * g.v_head_dim, NAN);
+    if (use_gather) {
+      ok(api_.gather(s, layer, static_cast<uint32_t>(slots.size()), slots.data(), k->data(),
+                     g.v_head_dim ? v->data() : nullptr),
+         "gather");
+      return;
+    }
+    kvrt_kv_layout l = layout(s, layer);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
+        std::vector<float> kr = read_head(l, false, slots[i], h).values();
+        std::copy(kr.begin(), kr.end(), k->begin() + (i * g.num_kv_heads + h) * g.k_head_dim);
+        if (g.v_head_dim) {
+          std::vector<float> vr = read_head(l, true, slots[i], h).values();
+          std::copy(vr.begin(), vr.end(), v->begin() + (i * g.num_kv_heads + h) * g.v_head_dim);
+        }
+      }
+    }
+  }
+
+  // Checks read-back values against what was written, element by element, under the format's
+  // bound (exact when the stored dtype holds the input exactly).
+  void check_values(const kvrt_kv_store* s, const kvrt_kv_geometry& g, uint32_t layer,
+                    const std::vector<int64_t>& slots, const std::vector<float>& want_k,
+                    const std::vector<float>& want_v, const std::vector<float>& got_k,
+                    const std::vector<float>& got_v, const std::string& context) {
+    kvrt_kv_layout l = layout(s, layer);
+    for (int part = 0; part < (g.v_head_dim ? 2 : 1); ++part) {
+      const bool is_v = part == 1;
+      const uint32_t dim = is_v ? g.v_head_dim : g.k_head_dim;
+      const std::vector<float>& want = is_v ? want_v : want_k;
+      const std::vector<float>& got = is_v ? got_v : got_k;
+      const kvrt_dtype dtype = is_v ? l.v_dtype : l.k_dtype;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
+          const float scale = read_head(l, is_v, slots[i], h).scale;
+          for (uint32_t d = 0; d < dim; ++d) {
+            size_t at = (i * g.num_kv_heads + h) * dim + d;
+            double err = std::fabs(double{got[at]} - double{want[at]});
+            double bound = element_bound(dtype, want[at], scale);
+            if (!(err <= bound)) {
+              throw Failure(context + ": layer " + std::to_string(layer) + " slot " +
+                            std::to_string(slots[i]) + " head " + std::to_string(h) + " " +
+                            (is_v ? "V" : "K") + "[" + std::to_string(d) + "] = " +
+                            std::to_string(got[at]) + ", wrote " + std::to_string(want[at]) +
+                            " (error " + std::to_string(err) + " > bound " +
+                            std::to_string(bound) + " for " + plugin::dtype_name(dtype) + ")");
+            }
+          }
+        }
+      }
+    }
+  }
+
+  std::vector<int64_t> shuffled_slots(uint64_t total, size_t n) {
+    std::vector<int64_t> all(total);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng_);
+    all.resize(std::min<size_t>(n, total));
+    return all;
+  }
+
+  void require_known_layout(const kvrt_kv_store* s) const {
+    kvrt_kv_layout l = layout(s, 0);
+    if (!known_dtype(l.k_dtype) || !known_dtype(l.v_dtype)) {
+      throw Skip("the suite has no reference decoder for the store's dtype");
+    }
+  }
+
+  // Every element and scale of one device page (all layers), decoded, for bit-exact compares.
+  std::vector<float> page_snapshot(const kvrt_kv_store* s, const kvrt_kv_geometry& g,
+                                   int64_t page) {
+    std::vector<float> out;
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      kvrt_kv_layout l = layout(s, layer);
+      for (uint32_t t = 0; t < g.page_size; ++t) {
+        for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
+          for (int part = 0; part < (g.v_head_dim ? 2 : 1); ++part) {
+            HeadRow row = read_head(l, part == 1, page * g.page_size + t, h);
+            out.insert(out.end(), row.stored.begin(), row.stored.end());
+            out.push_back(row.scale);
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  void fill_page(kvrt_kv_store* s, const kvrt_kv_geometry& g, int64_t page) {
+    std::vector<int64_t> slots(g.page_size);
+    std::iota(slots.begin(), slots.end(), page * g.page_size);
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      write(s, g, layer, random_batch(g, slots), KVRT_DTYPE_F32);
+    }
+  }
+
+  uint64_t save(kvrt_kv_store* s, const std::vector<uint64_t>& hashes,
+                const std::vector<int64_t>& pages) {
+    // Report the pages the way the core would over their life, so every write policy
+    // (write-through, selective after N hits, write-back on eviction) copies them.
+    uint64_t ticket = 0;
+    const uint32_t n = static_cast<uint32_t>(hashes.size());
+    ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_INSERTED, &ticket), "tier_save");
+    for (int hit = 0; hit < 16; ++hit) {
+      ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_HIT, &ticket), "tier_save");
+    }
+    ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_EVICTING, &ticket), "tier_save");
+    return ticket;
+  }
+
+  kvrt_tier_info tier_info(const kvrt_kv_store* s) const {
+    kvrt_tier_info info{};
+    info.struct_size = sizeof(info);
+    ok(api_.tier_info(s, &info), "tier_info");
+    return info;
+  }
+
+  void require_tier() const {
+    if (api_.tier_info == nullptr) throw Skip("the store has no tier callbacks");
+  }
+
+  plugin::Registry& registry_;
+  const LoadedPlugin& plugin_;
+  const kvrt_kv_store_api& api_;
+  const kvrt_host_api* host_;
+  const kvrt_config* config_;
+  Options options_;
+  std::mt19937_64 rng_;
+};
+
+const std::vector<kvrt_kv_geometry>& many_geometries() {
+  static const std::vector<kvrt_kv_geometry> all = [] {
+    std::vector<kvrt_kv_geometry> g;
+    const uint32_t shapes[][5] = {{1, 1, 8, 8, 1},     {2, 2, 16, 16, 4},   {3, 4, 64, 64, 16},
+                                  {2, 8, 128, 128, 16}, {1, 2, 256, 256, 64}, {2, 1, 576, 0, 1},
+                                  {1, 3, 40, 24, 128},  {4, 2, 32, 32, 2}};
+    for (const auto& s : shapes) {
+      kvrt_kv_geometry x{};
+      x.struct_size = sizeof(x);
+      x.num_layers = s[0];
+      x.num_kv_heads = x.total_kv_heads = s[1];
+      x.k_head_dim = s[2];
+      x.v_head_dim = s[3];
+      x.page_size = s[4];
+      x.input_dtype = KVRT_DTYPE_F32;
+      x.tp_size = 1;
+      x.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+      g.push_back(x);
+    }
+    return g;
+  }();
+  return all;
+}
+
+void Suite::geometry_and_info() {
+  for (const kvrt_kv_geometry& g : many_geometries()) {
+    uint64_t bytes = 0;
+    ok(api_.page_bytes(host_, &g, config_, &bytes), "page_bytes " + describe(g));
+    KVRT_REQUIRE(bytes > 0, "page_bytes is 0 for " + describe(g));
+    const uint64_t before = registry_.memory().device_used();
+    {
+      const uint64_t pages = 5;
+      StorePtr s = create(g, pages);
+      kvrt_kv_info info{};
+      info.struct_size = sizeof(info);
+      ok(api_.info(s.get(), &info), "info");
+      KVRT_REQUIRE(info.bytes_per_page == bytes,
+                   "info.bytes_per_page " + std::to_string(info.bytes_per_page) +
+                       " differs from page_bytes " + std::to_string(bytes) + " for " + describe(g));
+      KVRT_REQUIRE(info.bytes_per_token * g.page_size == info.bytes_per_page,
+                   "info.bytes_per_token * page_size != bytes_per_page for " + describe(g));
+      KVRT_REQUIRE(info.num_pages == pages, "info.num_pages " + std::to_string(info.num_pages) +
+                                                ", created with " + std::to_string(pages));
+      const uint64_t used = registry_.memory().device_used() - before;
+      KVRT_REQUIRE(used >= pages * bytes,
+                   "the store holds " + std::to_string(pages * bytes) +
+                       " bytes of pages but took only " + std::to_string(used) +
+                       " bytes of device memory through host->alloc");
+      for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+        kvrt_kv_layout l = layout(s.get(), layer);
+        KVRT_REQUIRE(l.num_pages == pages && l.page_size == g.page_size &&
+                         l.num_kv_heads == g.num_kv_heads && l.k_head_dim == g.k_head_dim &&
+                         l.v_head_dim == g.v_head_dim,
+                     "layout(" + std::to_string(layer) + ") does not echo " + describe(g));
+        KVRT_REQUIRE(l.k_dtype == info.k_dtype && l.v_dtype == info.v_dtype &&
+                         l.scale_mode == info.scale_mode,
+                     "layout dtypes or scale mode differ from info");
+      }
+    }
+    KVRT_REQUIRE(registry_.memory().device_used() == before,
+                 "destroy did not return all device memory for " + describe(g));
+  }
+}
+
+void Suite::write_gather_round_trip() {
+  for (const kvrt_kv_geometry& g : many_geometries()) {
+    const uint64_t pages = 6;
+    StorePtr s = create(g, pages);
+    require_known_layout(s.get());
+    for (kvrt_dtype dtype : {KVRT_DTYPE_F32, KVRT_DTYPE_BF16}) {
+      if (!accepts(dtype)) continue;
+      for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+        Batch b = random_batch(g, shuffled_slots(pages * g.page_size, 3 * g.page_size + 1));
+        std::vector<float> want_k, want_v, got_k, got_v;
+        write(s.get(), g, layer, b, dtype, &want_k, &want_v);
+        read_back(s.get(), g, layer, b.slots, &got_k, &got_v, api_.gather != nullptr);
+        check_values(s.get(), g, layer, b.slots, want_k, want_v, got_k, got_v,
+                     std::string(plugin::dtype_name(dtype)) + " input, " + describe(g));
+        kvrt_kv_layout l = layout(s.get(), layer);
+        if (dtype == l.k_dtype && dtype == l.v_dtype && l.scale_mode == KVRT_SCALE_NONE) {
+          KVRT_REQUIRE(got_k == want_k && got_v == want_v,
+                       std::string(plugin::dtype_name(dtype)) +
+                           " input into a store of the same dtype is not bit-exact, " +
+                           describe(g));
+        }
+      }
+    }
+  }
+}
+
+void Suite::layout_agrees_with_gather() {
+  if (api_.gather == nullptr) throw Skip("the store has no gather");
+  for (const kvrt_kv_geometry& g : many_geometries()) {
+    const uint64_t pages = 4;
+    StorePtr s = create(g, pages);
+    require_known_layout(s.get());
+    std::vector<int64_t> all(pages * g.page_size);
+    std::iota(all.begin(), all.end(), 0);
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      write(s.get(), g, layer, random_batch(g, all), KVRT_DTYPE_F32);
+    }
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      std::vector<float> gk, gv, lk, lv;
+      read_back(s.get(), g, layer, all, &gk, &gv, true);
+      read_back(s.get(), g, layer, all, &lk, &lv, false);
+      for (size_t i = 0; i < gk.size() + gv.size(); ++i) {
+        const bool is_v = i >= gk.size();
+        float a = is_v ? lv[i - gk.size()] : lk[i];
+        float b = is_v ? gv[i - gk.size()] : gk[i];
+        if (std::memcmp(&a, &b, 4) != 0) {
+          size_t j = is_v ? i - gk.size() : i;
+          size_t row = size_t{g.num_kv_heads} * (is_v ? g.v_head_dim : g.k_head_dim);
+          throw Failure("layer " + std::to_string(layer) + " slot " + std::to_string(j / row) +
+                        " " + (is_v ? "V" : "K") + " element " + std::to_string(j % row) +
+                        ": the layout reads " + std::to_string(a) + ", gather gives " +
+                        std::to_string(b) + ", " + describe(g));
+        }
+      }
+    }
+  }
+}
+
+void Suite::attention_error() {
+  // One query per head against every written token: softmax(q.k * scale) v from the original
+  // f32 K/V and from what the store gives back. With per-element errors |dk| <= bk and
+  // |dv| <= bv (the format's bounds), each score moves by at most D = scale * sum|q||bk|, so
+  // every softmax weight moves by a factor within exp(+-2D) and
+  //   |o - o'| <= (exp(2 max D) - 1) * max|v| + max bv.
+  const kvrt_kv_geometry g = geometry(1, 2, 64, 64, 16);
+  const uint64_t pages = 8;
+  StorePtr s = create(g, pages);
+  require_known_layout(s.get());
+  std::vector<int64_t> slots = shuffled_slots(pages * g.page_size, 100);
+  Batch b = random_batch(g, slots);
+  write(s.get(), g, 0, b, KVRT_DTYPE_F32);
+  std::vector<float> k, v;
+  read_back(s.get(), g, 0, slots, &k, &v, api_.gather != nullptr);
+  kvrt_kv_layout l = layout(s.get(), 0);
+  const double softmax_scale = 1.0 / std::sqrt(static_cast<double>(g.k_head_dim));
+  std::normal_distribution<double> normal(0, 1);
+  for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
+    std::vector<double> q(g.k_head_dim);
+    for (double& x : q) x = normal(rng_);
+    const size_t n = slots.size();
+    std::vector<double> s_ref(n), s_got(n);
+    double max_d = 0, max_v = 0, max_bv = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t row = (i * g.num_kv_heads + h) * g.k_head_dim;
+      const float k_scale = read_head(l, false, slots[i], h).scale;
+      const float v_scale = read_head(l, true, slots[i], h).scale;
+      double d = 0;
+      for (uint32_t j = 0; j < g.k_head_dim; ++j) {
+        s_ref[i] += q[j] * b.k[row + j] * softmax_scale;
+        s_got[i] += q[j] * k[row + j] * softmax_scale;
+        d += std::fabs(q[j]) * element_bound(l.k_dtype, b.k[row + j], k_scale) * softmax_scale;
+        max_v = std::max(max_v, std::fabs(double{b.v[row + j]}));
+        max_bv = std::max(max_bv, element_bound(l.v_dtype, b.v[row + j], v_scale));
+      }
+      max_d = std::max(max_d, d);
+    }
+    auto attend = [&](const std::vector<double>& scores, const std::vector<float>& values) {
+      double m = *std::max_element(scores.begin(), scores.end()), sum = 0;
+      std::vector<double> out(g.v_head_dim, 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        double p = std::exp(scores[i] - m);
+        sum += p;
+        for (uint32_t j = 0; j < g.v_head_dim; ++j) {
+          out[j] += p * values[(i * g.num_kv_heads + h) * g.v_head_dim + j];
+        }
+      }
+      for (double& x : out) x /= sum;
+      return out;
+    };
+    std::vector<double> o_ref = attend(s_ref, b.v), o_got = attend(s_got, v);
+    const double bound = (std::exp(2 * max_d) - 1) * max_v + max_bv + 1e-9;
+    for (uint32_t j = 0; j < g.v_head_dim; ++j) {
+      double err = std::fabs(o_ref[j] - o_got[j]);
+      KVRT_REQUIRE(err <= bound, "head " + std::to_string(h) + " output[" + std::to_string(j) +
+                                     "] error " + std::to_string(err) + " exceeds the bound " +
+                                     std::to_string(bound) + " the format allows");
+    }
+  }
+}
+
+void Suite::page_boundaries() {
+  for (uint32_t page_size : {1u, 2u, 16u, 64u}) {
+    const kvrt_kv_geometry g = geometry(2, 2, 16, 16, page_size);
+    const uint64_t pages = 5;
+    StorePtr s = create(g, pages);
+    require_known_layout(s.get());
+    std::vector<int64_t> all(pages * page_size);
+    std::iota(all.begin(), all.end(), 0);
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      Batch first = random_batch(g, all);
+      std::vector<float> want_k, want_v;
+      write(s.get(), g, layer, first, KVRT_DTYPE_F32, &want_k, &want_v);
+      // Rewrite the last slot of each page and the first of the next, one token per call.
+      std::vector<int64_t> edges;
+      for (uint64_t p = 1; p < pages; ++p) {
+        edges.push_back(static_cast<int64_t>(p * page_size) - 1);
+        edges.push_back(static_cast<int64_t>(p * page_size));
+      }
+      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
+      for (int64_t slot : edges) {
+        Batch one = random_batch(g, {slot});
+        std::vector<float> k1, v1;
+        write(s.get(), g, layer, one, KVRT_DTYPE_F32, &k1, &v1);
+        std::copy(k1.begin(), k1.end(), want_k.begin() + slot * kr);
+        std::copy(v1.begin(), v1.end(), want_v.begin() + slot * vr);
+      }
+      for (bool via_gather : {false, true}) {
+        if (via_gather && api_.gather == nullptr) continue;
+        std::vector<float> got_k, got_v;
+        read_back(s.get(), g, layer, all, &got_k, &got_v, via_gather);
+        check_values(s.get(), g, layer, all, want_k, want_v, got_k, got_v,
+                     std::string("after rewriting page edges, read through ") +
+                         (via_gather ? "gather" : "the layout") + ", page size " +
+                         std::to_string(page_size));
+      }
+    }
+  }
+}
+
+void Suite::concurrent_writes() {
+  const kvrt_kv_geometry g = geometry(2, 2, 32, 32, 4);
+  const uint32_t threads = std::max(2u, options_.threads);
+  const uint64_t pages_per_thread = 6, pages = pages_per_thread * threads;
+  StorePtr s = create(g, pages);
+  require_known_layout(s.get());
+  std::vector<Batch> batches(threads);
+  for (uint32_t t = 0; t < threads; ++t) {
+    std::vector<int64_t> slots(pages_per_thread * g.page_size);
+    std::iota(slots.begin(), slots.end(), static_cast<int64_t>(t * pages_per_thread * g.page_size));
+    batches[t] = random_batch(g, slots);
+  }
+  std::vector<std::string> errors(threads);
+  std::vector<std::thread> workers;
+  for (uint32_t t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      const Batch& b = batches[t];
+      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
+      for (int round = 0; round < 20 && errors[t].empty(); ++round) {
+        for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+          for (size_t i = 0; i < b.slots.size(); ++i) {  // one token per call: many calls race
+            kvrt_kv_write w{};
+            w.struct_size = sizeof(w);
+            w.layer = layer;
+            w.dtype = KVRT_DTYPE_F32;
+            w.num_tokens = 1;
+            w.slots = &b.slots[i];
+            w.k = &b.k[i * kr];
+            w.v = &b.v[i * vr];
+            kvrt_status st = api_.write(s.get(), &w);
+            if (st != KVRT_OK) {
+              errors[t] = std::string("write from thread ") + std::to_string(t) + " returned " +
+                          status_name(st) + ": " + take_last_error();
+              return;
+            }
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  for (const std::string& e : errors) KVRT_REQUIRE(e.empty(), e);
+  for (uint32_t t = 0; t < threads; ++t) {
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      std::vector<float> got_k, got_v;
+      read_back(s.get(), g, layer, batches[t].slots, &got_k, &got_v, false);
+      check_values(s.get(), g, layer, batches[t].slots, batches[t].k, batches[t].v, got_k, got_v,
+                   "after concurrent writes from " + std::to_string(threads) + " threads");
+    }
+  }
+}
+
+void Suite::tier_round_trip() {
+  require_tier();
+  const kvrt_kv_geometry g = geometry(2, 2, 16, 16, 4);
+  const uint64_t pages = 16;
+  StorePtr s = create(g, pages);
+  require_known_layout(s.get());
+  const uint64_t capacity = tier_info(s.get()).capacity_pages;
+  if (capacity == 0) throw Skip("the tier holds no pages with this configuration");
+  const int64_t n = static_cast<int64_t>(std::min<uint64_t>(4, capacity));
+  std::vector<uint64_t> hashes;
+  std::vector<int64_t> source, target;
+  std::vector<std::vector<float>> snapshots;
+  for (int64_t p = 0; p < n; ++p) {
+    fill_page(s.get(), g, p);
+    snapshots.push_back(page_snapshot(s.get(), g, p));
+    hashes.push_back(rng_());
+    source.push_back(p);
+    target.push_back(n + p);
+  }
+  ok(api_.tier_wait(s.get(), save(s.get(), hashes, source)), "tier_wait");
+  uint32_t hits = 0;
+  ok(api_.tier_lookup(s.get(), static_cast<uint32_t>(n), hashes.data(), &hits), "tier_lookup");
+  KVRT_REQUIRE(hits == n, "tier_lookup finds " + std::to_string(hits) + " of " +
+                              std::to_string(n) + " pages just saved (capacity " +
+                              std::to_string(capacity) + ")");
+  // Overwrite the source pages: the tier must hold copies, not pointers to device pages.
+  for (int64_t p = 0; p < n; ++p) fill_page(s.get(), g, p);
+  std::vector<uint8_t> loaded(n, 0);
+  uint64_t ticket = 0;
+  ok(api_.tier_load(s.get(), static_cast<uint32_t>(n), hashes.data(), target.data(),
+                    loaded.data(), &ticket),
+     "tier_load");
+  ok(api_.tier_wait(s.get(), ticket), "tier_wait");
+  for (int64_t i = 0; i < n; ++i) {
+    KVRT_REQUIRE(loaded[i] == 1, "tier_load reports page " + std::to_string(i) + " missing");
+    std::vector<float> got = page_snapshot(s.get(), g, target[i]);
+    KVRT_REQUIRE(got.size() == snapshots[i].size() &&
+                     std::memcmp(got.data(), snapshots[i].data(), got.size() * 4) == 0,
+                 "page saved from device page " + std::to_string(source[i]) +
+                     " and loaded into " + std::to_string(target[i]) + " is not bit-exact");
+  }
+  kvrt_tier_info info = tier_info(s.get());
+  KVRT_REQUIRE(info.used_pages <= info.capacity_pages, "tier_info.used_pages exceeds capacity");
+  KVRT_REQUIRE(info.loaded_pages >= static_cast<uint64_t>(n),
+               "tier_info.loaded_pages does not count the loads");
+}
+
+void Suite::tier_under_pressure() {
+  require_tier();
+  const kvrt_kv_geometry g = geometry(1, 1, 8, 8, 2);
+  const uint64_t pages = 8;
+  StorePtr s = create(g, pages);
+  require_known_layout(s.get());
+  const uint64_t capacity = tier_info(s.get()).capacity_pages;
+  if (capacity == 0) throw Skip("the tier holds no pages with this configuration");
+  if (capacity > 4096) throw Skip("the tier holds over 4096 pages; configure a smaller pool");
+  // Save capacity + extra distinct pages through one staging device page.
+  const uint64_t extra = std::max<uint64_t>(3, capacity / 2), total = capacity + extra;
+  std::vector<uint64_t> hashes(total);
+  std::vector<std::vector<float>> snapshots(total);
+  for (uint64_t i = 0; i < total; ++i) {
+    fill_page(s.get(), g, 0);
+    snapshots[i] = page_snapshot(s.get(), g, 0);
+    hashes[i] = rng_();
+    ok(api_.tier_wait(s.get(), save(s.get(), {hashes[i]}, {0})), "tier_wait");
+  }
+  kvrt_tier_info info = tier_info(s.get());
+  KVRT_REQUIRE(info.used_pages <= info.capacity_pages,
+               "tier holds " + std::to_string(info.used_pages) + " pages, capacity " +
+                   std::to_string(info.capacity_pages));
+  uint64_t present = 0, missing = 0;
+  for (uint64_t i = 0; i < total; ++i) {
+    uint8_t loaded = 0;
+    uint64_t ticket = 0;
+    const int64_t target = 1 + static_cast<int64_t>(i % (pages - 1));
+    ok(api_.tier_load(s.get(), 1, &hashes[i], &target, &loaded, &ticket), "tier_load");
+    ok(api_.tier_wait(s.get(), ticket), "tier_wait");
+    if (loaded == 0) {
+      ++missing;
+      continue;
+    }
+    ++present;
+    KVRT_REQUIRE(page_snapshot(s.get(), g, target) == snapshots[i],
+                 "under pressure, page " + std::to_string(i) + " of " + std::to_string(total) +
+                     " loads wrong contents (must be exact or reported missing)");
+  }
+  KVRT_REQUIRE(present <= capacity, "loaded " + std::to_string(present) +
+                                        " pages from a tier of capacity " +
+                                        std::to_string(capacity));
+  KVRT_REQUIRE(missing >= extra, "only " + std::to_string(missing) + " of " +
+                                     std::to_string(total) + " pages reported missing");
+  KVRT_REQUIRE(present > 0, "no page survived in the tier");
+}
+
+void Suite::bad_arguments() {
+  const kvrt_kv_geometry g = geometry(2, 2, 16, 16, 4);
+  const uint64_t pages = 4;
+  const int64_t limit = static_cast<int64_t>(pages * g.page_size);
+  StorePtr s = create(g, pages);
+  auto expect = [&](kvrt_status got, kvrt_status want, const std::string& call) {
+    std::string message = take_last_error();
+    KVRT_REQUIRE(got == want, call + " returned " + status_name(got) + ", expected " +
+                                  status_name(want));
+    KVRT_REQUIRE(!message.empty() || want == KVRT_ERR_INVALID_ARGUMENT,
+                 call + " returned " + status_name(got) + " without a message (set_error)");
+  };
+  Batch b = random_batch(g, {3});
+  auto attempt = [&](std::vector<int64_t> slots, uint32_t layer, kvrt_dtype dtype,
+                     bool null_slots, bool null_k) {
+    kvrt_kv_write w{};
+    w.struct_size = sizeof(w);
+    w.layer = layer;
+    w.dtype = dtype;
+    w.num_tokens = static_cast<uint32_t>(slots.size());
+    std::vector<float> k(slots.size() * 32, 1.f), v(slots.size() * 32, 1.f);
+    w.slots = null_slots ? nullptr : slots.data();
+    w.k = null_k ? nullptr : k.data();
+    w.v = v.data();
+    return api_.write(s.get(), &w);
+  };
+  expect(attempt({limit}, 0, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+         "write to slot " + std::to_string(limit) + " of " + std::to_string(limit));
+  expect(attempt({-1}, 0, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+         "write to slot -1");
+  expect(attempt({0}, g.num_layers, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+         "write to layer " + std::to_string(g.num_layers));
+  expect(attempt({0}, 0, KVRT_DTYPE_F32, true, false), KVRT_ERR_INVALID_ARGUMENT,
+         "write with NULL slots");
+  expect(attempt({0}, 0, KVRT_DTYPE_F32, false, true), KVRT_ERR_INVALID_ARGUMENT,
+         "write with NULL K");
+  expect(api_.write(s.get(), nullptr), KVRT_ERR_INVALID_ARGUMENT, "write(NULL)");
+  for (kvrt_dtype d : {KVRT_DTYPE_F16, KVRT_DTYPE_INT8, KVRT_DTYPE_FP8_E4M3, KVRT_DTYPE_INVALID}) {
+    if (!accepts(d)) {
+      expect(attempt({0}, 0, d, false, false), KVRT_ERR_UNSUPPORTED,
+             std::string("write with input dtype ") + plugin::dtype_name(d));
+      break;
+    }
+  }
+  kvrt_kv_layout l{};
+  l.struct_size = sizeof(l);
+  expect(api_.layout(s.get(), g.num_layers, &l), KVRT_ERR_OUT_OF_RANGE, "layout(num_layers)");
+  expect(api_.layout(s.get(), 0, nullptr), KVRT_ERR_INVALID_ARGUMENT, "layout(0, NULL)");
+  expect(api_.info(s.get(), nullptr), KVRT_ERR_INVALID_ARGUMENT, "info(NULL)");
+  kvrt_kv_store* never = nullptr;
+  expect(api_.create(host_, &g, pages, config_, nullptr), KVRT_ERR_INVALID_ARGUMENT,
+         "create(out = NULL)");
+  kvrt_kv_geometry empty = g;
+  empty.num_layers = 0;
+  uint64_t bytes = 0;
+  kvrt_status st = api_.page_bytes(host_, &empty, config_, &bytes);
+  take_last_error();
+  KVRT_REQUIRE(st != KVRT_OK, "page_bytes accepts a geometry with 0 layers");
+  st = api_.create(host_, &empty, pages, config_, &never);
+  take_last_error();
+  KVRT_REQUIRE(st != KVRT_OK && never == nullptr, "create accepts a geometry with 0 layers");
+  if (api_.gather != nullptr) {
+    std::vector<float> k(32), v(32);
+    const int64_t bad = limit;
+    expect(api_.gather(s.get(), 0, 1, &bad, k.data(), v.data()), KVRT_ERR_OUT_OF_RANGE,
+           "gather of slot " + std::to_string(limit));
+    expect(api_.gather(s.get(), g.num_layers, 1, &b.slots[0], k.data(), v.data()),
+           KVRT_ERR_OUT_OF_RANGE, "gather of layer num_layers");
+  }
+  if (api_.tier_info != nullptr) {
+    const uint64_t hash = 42;
+    const int64_t bad_page = static_cast<int64_t>(pages), negative = -1;
+    uint8_t loaded = 0;
+    uint64_t ticket = 0;
+    expect(api_.tier_load(s.get(), 1, &hash, &bad_page, &loaded, &ticket), KVRT_ERR_OUT_OF_RANGE,
+           "tier_load into page " + std::to_string(pages));
+    expect(api_.tier_save(s.get(), 1, &hash, &negative, KVRT_TIER_INSERTED, &ticket),
+           KVRT_ERR_OUT_OF_RANGE, "tier_save of page -1");
+  }
+  // A failed write writes nothing: every slot is checked first.
+  if (known_dtype(layout(s.get(), 0).k_dtype)) {
+    std::vector<float> before_k, before_v, after_k, after_v;
+    write(s.get(), g, 0, b, KVRT_DTYPE_F32);
+    read_back(s.get(), g, 0, {3}, &before_k, &before_v, false);
+    kvrt_status partial = attempt({3, limit}, 0, KVRT_DTYPE_F32, false, false);
+    take_last_error();
+    KVRT_REQUIRE(partial == KVRT_ERR_OUT_OF_RANGE, "write with one bad slot did not fail");
+    read_back(s.get(), g, 0, {3}, &after_k, &after_v, false);
+    KVRT_REQUIRE(before_k == after_k && before_v == after_v,
+                 "a write that failed on its second slot changed its first slot");
+  }
+}
+
+struct Property {
+  const char* name;
+  void (Suite::*run)();
+};
+
+const std::vector<Property>& properties() {
+  static const std::vector<Property> all = {
+      {"geometry_and_info", &Suite::geometry_and_info},
+      {"write_gather_round_trip", &Suite::write_gather_round_trip},
+      {"layout_agrees_with_gather", &Suite::layout_agrees_with_gather},
+      {"attention_error", &Suite::attention_error},
+      {"page_boundaries", &Suite::page_boundaries},
+      {"concurrent_writes", &Suite::concurrent_writes},
+      {"tier_round_trip", &Suite::tier_round_trip},
+      {"tier_under_pressure", &Suite::tier_under_pressure},
+      {"bad_arguments", &Suite::bad_arguments},
+  };
+  return all;
+}
+
+}  // namespace
+
+std::vector<std::string> kv_store_properties() {
+  std::vector<std::string> names;
+  for (const Property& p : properties()) names.emplace_back(p.name);
+  return names;
+}
+
+std::vector<PropertyResult> run_kv_store_suite(plugin::Registry& registry,
+                                               const plugin::LoadedPlugin& plugin,
+                                               const Options& options, std::ostream& log) {
+  std::vector<PropertyResult> results;
+  for (const Property& p : properties()) {
+    Suite suite(registry, plugin, options);
+    PropertyResult r{p.name, PropertyResult::Outcome::kPass, ""};
+    try {
+      (suite.*p.run)();
+    } catch (const Skip& e) {
+      r.outcome = PropertyResult::Outcome::kSkip;
+      r.detail = e.what();
+    } catch (const std::exception& e) {
+      r.outcome = PropertyResult::Outcome::kFail;
+      r.detail = e.what();
+    }
+    take_last_error();
+    const char* tag = r.outcome == PropertyResult::Outcome::kPass   ? "[ PASS ] "
+                      : r.outcome == PropertyResult::Outcome::kSkip ? "[ SKIP ] "
+                                                                    : "[ FAIL ] ";
+    log << tag << plugin.name << ": " << r.property << (r.detail.empty() ? "" : ": ") << r.detail
+        << std::endl;
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace kvrt::conformance

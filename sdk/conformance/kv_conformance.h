@@ -1,0 +1,34 @@
+// The KV store conformance suite: the properties every KV store plugin must have, run through
+// the C ABI exactly as the core uses it. `kvrt-conformance --plugin lib.so` runs it.
+#pragma once
+
+#include <functional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/plugin/registry.h"
+
+namespace kvrt::conformance {
+
+struct PropertyResult {
+  std::string property;
+  enum class Outcome { kPass, kFail, kSkip } outcome;
+  std::string detail;  // why it failed or was skipped; "" on pass
+};
+
+struct Options {
+  uint32_t seed = 1234;
+  uint32_t threads = 4;  // for the concurrent-write property
+};
+
+// Runs every property against `plugin` (a KV store loaded by `registry`, whose config source
+// gives the plugin's table). Each property runs even when an earlier one failed.
+std::vector<PropertyResult> run_kv_store_suite(plugin::Registry& registry,
+                                               const plugin::LoadedPlugin& plugin,
+                                               const Options& options, std::ostream& log);
+
+// The names of the properties, in the order they run.
+std::vector<std::string> kv_store_properties();
+
+}  // namespace kvrt::conformance

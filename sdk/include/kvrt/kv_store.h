@@ -1,0 +1,195 @@
+/*
+ * kvrt KV store table.
+ *
+ * The core owns the logical KV state (requests, page ids, page tables, free list); a store owns
+ * the physical state: the bytes, their format (dtype, scales), their placement (device pool,
+ * host tier) and copies between tiers. Attention plugins read the bytes through the layout a
+ * store publishes (kvrt_kv_layout), so that struct is the contract between the two.
+ *
+ * Slots: token slot s lives in page s / page_size at offset s % page_size. The same page id
+ * means the same token slots on every TP rank; each rank's store holds that rank's KV heads.
+ *
+ * Thread-safety: page_bytes is pure and may be called from any thread. For one store, write()
+ * may run concurrently from several threads when they write distinct slots; tier callbacks may
+ * run concurrently with write/gather on other pages; everything else is called from one thread
+ * at a time.
+ */
+#ifndef KVRT_KV_STORE_H
+#define KVRT_KV_STORE_H
+
+#include "kvrt/abi.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvrt_kv_store kvrt_kv_store; /* opaque, the plugin's */
+
+/* What the core asks a store to hold: this rank's share of the model's KV. */
+typedef struct kvrt_kv_geometry {
+  uint32_t struct_size;
+  uint32_t num_layers;
+  uint32_t num_kv_heads;   /* this rank's KV heads (>= 1; replicated when TP > KV heads) */
+  uint32_t total_kv_heads; /* the model's KV heads, for information */
+  uint32_t k_head_dim;
+  uint32_t v_head_dim;     /* 0: V shares K's storage (MLA latent) */
+  uint32_t page_size;      /* tokens per page, >= 1 */
+  kvrt_dtype input_dtype;  /* the dtype the core will usually write (F32 or BF16) */
+  uint32_t tp_rank;
+  uint32_t tp_size;
+  kvrt_device device;
+} kvrt_kv_geometry;
+
+typedef uint32_t kvrt_scale_mode;
+#define KVRT_SCALE_NONE 0u           /* values are stored as they are */
+#define KVRT_SCALE_PER_TENSOR 1u     /* one float per layer for K and one for V */
+#define KVRT_SCALE_PER_TOKEN_HEAD 2u /* one float per (token, KV head), for K and for V */
+
+/* Totals over all layers of this rank's store. */
+typedef struct kvrt_kv_info {
+  uint32_t struct_size;
+  kvrt_dtype k_dtype;
+  kvrt_dtype v_dtype;
+  kvrt_scale_mode scale_mode;
+  uint64_t bytes_per_token; /* device bytes one token occupies, scales included */
+  uint64_t bytes_per_page;  /* == what page_bytes() returned */
+  uint64_t num_pages;       /* device pages */
+  uint64_t host_tier_pages; /* pages a host tier can hold; 0 without one. Adds no decode room */
+} kvrt_kv_info;
+
+/* Where one layer's bytes are. Element (page p, token t, head h, dim d) of K is at
+ *   (char *)k_base + p * k_page_stride + t * k_token_stride + h * k_head_stride + d * sizeof(k)
+ * and its scale (per-token-head) at
+ *   (char *)k_scale + p * scale_page_stride + t * scale_token_stride + h * scale_head_stride.
+ * A dequantized value is stored_value * scale. Strides are in bytes. Pointers are device
+ * pointers for a CUDA device. Valid until the store is destroyed. */
+typedef struct kvrt_kv_layout {
+  uint32_t struct_size;
+  kvrt_dtype k_dtype;
+  kvrt_dtype v_dtype;
+  kvrt_scale_mode scale_mode;
+  uint32_t num_kv_heads;
+  uint32_t k_head_dim;
+  uint32_t v_head_dim; /* 0: V is the first v_dim... of K (MLA); v_base == k_base */
+  uint32_t page_size;
+  uint64_t num_pages;
+  void *k_base;
+  void *v_base;
+  int64_t k_page_stride;
+  int64_t k_token_stride;
+  int64_t k_head_stride;
+  int64_t v_page_stride;
+  int64_t v_token_stride;
+  int64_t v_head_stride;
+  float *k_scale; /* NULL for KVRT_SCALE_NONE; one float for per-tensor */
+  float *v_scale;
+  int64_t scale_page_stride; /* per-token-head only; bytes */
+  int64_t scale_token_stride;
+  int64_t scale_head_stride;
+} kvrt_kv_layout;
+
+/* New tokens for one layer. K rows are [num_kv_heads][k_head_dim] elements of `dtype`; row i
+ * starts at k + i * k_token_stride elements (0 = dense rows). Same for V. */
+typedef struct kvrt_kv_write {
+  uint32_t struct_size;
+  uint32_t layer;
+  kvrt_dtype dtype; /* F32 or BF16 for the shipped stores */
+  uint32_t num_tokens;
+  const int64_t *slots; /* [num_tokens] */
+  const void *k;
+  const void *v; /* NULL when v_head_dim == 0 */
+  int64_t k_token_stride;
+  int64_t v_token_stride;
+} kvrt_kv_write;
+
+/* Why the core reports a page to the tier (tier_save). The store's policy decides whether to
+ * copy. */
+typedef uint32_t kvrt_tier_reason;
+#define KVRT_TIER_INSERTED 0u /* the page just entered the prefix cache */
+#define KVRT_TIER_HIT 1u      /* a new request matched this cached page on the device */
+#define KVRT_TIER_EVICTING 2u /* the core is about to reuse this device page */
+
+typedef struct kvrt_tier_info {
+  uint32_t struct_size;
+  uint32_t reserved;
+  uint64_t capacity_pages; /* host pages the tier can hold */
+  uint64_t used_pages;
+  uint64_t saved_pages;   /* totals since create: pages copied device -> tier */
+  uint64_t loaded_pages;  /* pages copied tier -> device */
+  uint64_t evicted_pages; /* pages the tier dropped to make room */
+} kvrt_tier_info;
+
+typedef struct kvrt_kv_store_api {
+  uint32_t struct_size;
+  uint32_t reserved;
+
+  /* ===== required ===== */
+
+  /* Device bytes one page of `geometry` takes under `config`, scales included. Pure: no
+   * allocation, no state; lets the core plan capacity before creating anything.
+   * KVRT_ERR_UNSUPPORTED for a geometry the store cannot hold (message says which field). */
+  kvrt_status (*page_bytes)(const kvrt_host_api *host, const kvrt_kv_geometry *geometry,
+                            const kvrt_config *config, uint64_t *out_bytes);
+
+  /* Allocates num_pages pages (through host->alloc, so the core accounts them) and returns a
+   * new store in *out. Contents are unspecified until written. On failure *out is untouched
+   * and everything allocated is released. */
+  kvrt_status (*create)(const kvrt_host_api *host, const kvrt_kv_geometry *geometry,
+                        uint64_t num_pages, const kvrt_config *config, kvrt_kv_store **out);
+
+  /* Waits for in-flight copies, joins the store's threads, frees its memory. NULL is a no-op. */
+  void (*destroy)(kvrt_kv_store *store);
+
+  kvrt_status (*info)(const kvrt_kv_store *store, kvrt_kv_info *out);
+
+  /* Layout of one layer. KVRT_ERR_OUT_OF_RANGE for a layer >= num_layers. */
+  kvrt_status (*layout)(const kvrt_kv_store *store, uint32_t layer, kvrt_kv_layout *out);
+
+  /* Stores tokens, converting or quantizing as the format requires. Every slot is checked
+   * before anything is written: KVRT_ERR_OUT_OF_RANGE for a slot beyond num_pages * page_size
+   * or a bad layer, KVRT_ERR_UNSUPPORTED for a dtype it does not take,
+   * KVRT_ERR_INVALID_ARGUMENT for NULL pointers. */
+  kvrt_status (*write)(kvrt_kv_store *store, const kvrt_kv_write *w);
+
+  /* ===== optional ===== */
+
+  /* Dequantized copy of tokens as f32: k_out [n][num_kv_heads][k_head_dim], v_out likewise
+   * (NULL when v_head_dim == 0). The slow path for attention plugins that cannot read the
+   * layout natively. Same argument errors as write. */
+  kvrt_status (*gather)(const kvrt_kv_store *store, uint32_t layer, uint32_t n,
+                        const int64_t *slots, float *k_out, float *v_out);
+
+  /* ===== tier (optional, all five or none) =====
+   * Pages are keyed by chained page hashes (XXH3-64 of the parent's hash and the page's token
+   * ids) so a tier may outlive the process or be shared. Copies are asynchronous: save/load
+   * return a ticket; tier_wait(ticket) returns when that call's copies (and all earlier ones)
+   * are done. Until then the core must not write the device pages involved. */
+
+  kvrt_status (*tier_info)(const kvrt_kv_store *store, kvrt_tier_info *out);
+
+  /* How many leading pages of hashes[0..n) the tier holds now (a hint: a page may be evicted
+   * before a load; tier_load reports that per page). */
+  kvrt_status (*tier_lookup)(kvrt_kv_store *store, uint32_t n, const uint64_t *hashes,
+                             uint32_t *out_hits);
+
+  /* Reports n device pages with their hashes, for `reason`. The store's write policy decides
+   * which to copy; a page the tier already holds is not copied again. Best effort: a full
+   * tier of pinned pages skips the copy. */
+  kvrt_status (*tier_save)(kvrt_kv_store *store, uint32_t n, const uint64_t *hashes,
+                           const int64_t *device_pages, kvrt_tier_reason reason,
+                           uint64_t *out_ticket);
+
+  /* Copies the tier's pages into device_pages. out_loaded[i] = 1 if page i will be loaded,
+   * 0 if the tier no longer holds it (the core then recomputes it). Decided at call time. */
+  kvrt_status (*tier_load)(kvrt_kv_store *store, uint32_t n, const uint64_t *hashes,
+                           const int64_t *device_pages, uint8_t *out_loaded,
+                           uint64_t *out_ticket);
+
+  kvrt_status (*tier_wait)(kvrt_kv_store *store, uint64_t ticket);
+} kvrt_kv_store_api;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVRT_KV_STORE_H */

@@ -1,0 +1,366 @@
+// C++ helpers for plugin authors: exceptions become status codes at the boundary, config
+// lookups become typed calls, and a store written as a class becomes a kvrt_kv_store_api.
+//
+//   class MyStore : public kvrt::sdk::StoreBase { ... };          // see sdk/examples/
+//   const kvrt_plugin_desc& describe() { static kvrt_plugin_desc d = {...,
+//       &kvrt::sdk::kv_store_table<MyStore>(), ...}; return d; }
+//   KVRT_PLUGIN_ENTRY(describe)
+//
+// Build plugins with -fvisibility=hidden (the CMake function kvrt_add_plugin does) so only
+// kvrt_plugin_query is exported.
+#ifndef KVRT_PLUGIN_HPP
+#define KVRT_PLUGIN_HPP
+
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "kvrt/abi.h"
+#include "kvrt/attention.h"
+#include "kvrt/kv_store.h"
+
+namespace kvrt::sdk {
+
+// Thrown inside a plugin; the trampolines turn it into `status` plus host->set_error(message).
+class Error : public std::runtime_error {
+ public:
+  Error(kvrt_status status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  kvrt_status status() const { return status_; }
+
+ private:
+  kvrt_status status_;
+};
+
+[[noreturn]] inline void fail(kvrt_status status, const std::string& message) {
+  throw Error(status, message);
+}
+
+// Runs `body` and maps every exception to a status code, recording the message with the host.
+template <class Body>
+kvrt_status guard(const kvrt_host_api* host, Body&& body) noexcept {
+  auto report = [host](kvrt_status status, const char* message) {
+    if (host != nullptr && host->set_error != nullptr) host->set_error(host, status, message);
+    return status;
+  };
+  try {
+    body();
+    return KVRT_OK;
+  } catch (const Error& e) {
+    return report(e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return report(KVRT_ERR_NO_MEMORY, "out of host memory (std::bad_alloc)");
+  } catch (const std::exception& e) {
+    return report(KVRT_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return report(KVRT_ERR_INTERNAL, "unknown exception");
+  }
+}
+
+inline void log(const kvrt_host_api* host, kvrt_log_level level, const std::string& message) {
+  if (host != nullptr && host->log != nullptr) host->log(host, level, message.c_str());
+}
+
+// Typed reads of the plugin's config table. A missing key gives the default; a key of the
+// wrong type throws Error(KVRT_ERR_CONFIG) naming the key.
+class ConfigView {
+ public:
+  ConfigView(const kvrt_host_api* host, const kvrt_config* config) : host_(host), cfg_(config) {}
+
+  std::string string(const char* key, const std::string& fallback) const {
+    const char* value = nullptr;
+    return check(host_->config_string(host_, cfg_, key, &value), key, "a string")
+               ? std::string(value)
+               : fallback;
+  }
+  int64_t integer(const char* key, int64_t fallback) const {
+    int64_t value = 0;
+    return check(host_->config_int(host_, cfg_, key, &value), key, "an integer") ? value
+                                                                                   : fallback;
+  }
+  double real(const char* key, double fallback) const {
+    double value = 0;
+    return check(host_->config_float(host_, cfg_, key, &value), key, "a number") ? value
+                                                                                 : fallback;
+  }
+  bool boolean(const char* key, bool fallback) const {
+    int32_t value = 0;
+    return check(host_->config_bool(host_, cfg_, key, &value), key, "a boolean") ? value != 0
+                                                                                 : fallback;
+  }
+  bool has(const char* key) const {
+    const char* s = nullptr;
+    int64_t i = 0;
+    double d = 0;
+    int32_t b = 0;
+    return host_->config_string(host_, cfg_, key, &s) == KVRT_OK ||
+           host_->config_int(host_, cfg_, key, &i) == KVRT_OK ||
+           host_->config_float(host_, cfg_, key, &d) == KVRT_OK ||
+           host_->config_bool(host_, cfg_, key, &b) == KVRT_OK;
+  }
+  const kvrt_config* raw() const { return cfg_; }
+
+ private:
+  static bool check(kvrt_status status, const char* key, const char* expected) {
+    if (status == KVRT_OK) return true;
+    if (status == KVRT_ERR_NOT_FOUND) return false;
+    fail(KVRT_ERR_CONFIG, std::string("key '") + key + "': expected " + expected);
+  }
+  const kvrt_host_api* host_;
+  const kvrt_config* cfg_;
+};
+
+// Memory from the host, returned on destruction. Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
+             const char* what)
+      : host_(host), kind_(kind), bytes_(bytes) {
+    if (bytes == 0) return;
+    kvrt_status s = host->alloc(host, kind, bytes, 64, &ptr_);
+    if (s != KVRT_OK) {
+      fail(s, std::string("cannot allocate ") + std::to_string(bytes) + " bytes for " + what);
+    }
+  }
+  HostBuffer(HostBuffer&& o) noexcept { *this = static_cast<HostBuffer&&>(o); }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      host_ = o.host_, kind_ = o.kind_, bytes_ = o.bytes_, ptr_ = o.ptr_;
+      o.ptr_ = nullptr, o.bytes_ = 0;
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { release(); }
+
+  uint8_t* data() const { return static_cast<uint8_t*>(ptr_); }
+  uint64_t size() const { return bytes_; }
+
+ private:
+  void release() {
+    if (ptr_ != nullptr) host_->free(host_, kind_, ptr_, bytes_);
+    ptr_ = nullptr;
+  }
+  const kvrt_host_api* host_ = nullptr;
+  kvrt_memory_kind kind_ = KVRT_MEMORY_DEVICE;
+  uint64_t bytes_ = 0;
+  void* ptr_ = nullptr;
+};
+
+// Base of a store class: keeps the host for error reporting and the geometry.
+class StoreBase {
+ public:
+  StoreBase(const kvrt_host_api* host, const kvrt_kv_geometry& geometry, uint64_t num_pages)
+      : host_(host), geometry_(geometry), num_pages_(num_pages) {}
+  virtual ~StoreBase() = default;
+  const kvrt_host_api* host() const { return host_; }
+  const kvrt_kv_geometry& geometry() const { return geometry_; }
+  uint64_t num_pages() const { return num_pages_; }
+
+  // The argument checks every store owes the core (see kv_store.h, write and gather).
+  void check_layer(uint32_t layer) const {
+    if (layer >= geometry_.num_layers) {
+      fail(KVRT_ERR_OUT_OF_RANGE, "layer " + std::to_string(layer) + " out of range (store has " +
+                                      std::to_string(geometry_.num_layers) + " layers)");
+    }
+  }
+  void check_slots(uint32_t n, const int64_t* slots) const {
+    if (n > 0 && slots == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "slots is NULL");
+    const int64_t limit = static_cast<int64_t>(num_pages_) * geometry_.page_size;
+    for (uint32_t i = 0; i < n; ++i) {
+      if (slots[i] < 0 || slots[i] >= limit) {
+        fail(KVRT_ERR_OUT_OF_RANGE, "slot " + std::to_string(slots[i]) + " (index " +
+                                        std::to_string(i) + ") out of range [0, " +
+                                        std::to_string(limit) + ")");
+      }
+    }
+  }
+  void check_page(int64_t page) const {
+    if (page < 0 || static_cast<uint64_t>(page) >= num_pages_) {
+      fail(KVRT_ERR_OUT_OF_RANGE, "page " + std::to_string(page) + " out of range [0, " +
+                                      std::to_string(num_pages_) + ")");
+    }
+  }
+  void check_write(const kvrt_kv_write* w, uint32_t accepted_dtypes) const {
+    if (w == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "write descriptor is NULL");
+    if (w->struct_size < sizeof(kvrt_kv_write)) {
+      fail(KVRT_ERR_INVALID_ARGUMENT, "kvrt_kv_write.struct_size too small");
+    }
+    check_layer(w->layer);
+    if (w->dtype >= 32 || (KVRT_DTYPE_BIT(w->dtype) & accepted_dtypes) == 0) {
+      fail(KVRT_ERR_UNSUPPORTED, "input dtype " + std::to_string(w->dtype) + " not supported");
+    }
+    if (w->num_tokens > 0 && (w->k == nullptr || (geometry_.v_head_dim != 0 && w->v == nullptr))) {
+      fail(KVRT_ERR_INVALID_ARGUMENT, "K or V data is NULL");
+    }
+    check_slots(w->num_tokens, w->slots);
+  }
+
+ private:
+  const kvrt_host_api* host_;
+  kvrt_kv_geometry geometry_;
+  uint64_t num_pages_;
+};
+
+namespace detail {
+template <class S>
+S* self(kvrt_kv_store* s) {
+  return reinterpret_cast<S*>(s);
+}
+template <class S>
+const S* self(const kvrt_kv_store* s) {
+  return reinterpret_cast<const S*>(s);
+}
+inline kvrt_status null_store(const void* p) {
+  return p == nullptr ? KVRT_ERR_INVALID_ARGUMENT : KVRT_OK;
+}
+}  // namespace detail
+
+// A kvrt_kv_store_api whose callbacks forward to the class S (derived from StoreBase):
+//   static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry&, ConfigView);
+//   S(const kvrt_host_api*, const kvrt_kv_geometry&, uint64_t num_pages, ConfigView);
+//   kvrt_kv_info info() const;  kvrt_kv_layout layout(uint32_t layer) const;
+//   void write(const kvrt_kv_write*);
+// optional: void gather(uint32_t layer, uint32_t n, const int64_t*, float*, float*) const;
+// optional, all or none: kvrt_tier_info tier_info() const; uint32_t tier_lookup(n, hashes);
+//   uint64_t tier_save(n, hashes, pages, reason); uint64_t tier_load(n, hashes, pages, loaded);
+//   void tier_wait(uint64_t ticket);
+template <class S>
+const kvrt_kv_store_api& kv_store_table() {
+  using detail::self;
+  static const kvrt_kv_store_api table = [] {
+    kvrt_kv_store_api t{};
+    t.struct_size = sizeof(kvrt_kv_store_api);
+    t.page_bytes = [](const kvrt_host_api* host, const kvrt_kv_geometry* g,
+                      const kvrt_config* cfg, uint64_t* out) -> kvrt_status {
+      return guard(host, [&] {
+        if (g == nullptr || out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "NULL argument");
+        *out = S::page_bytes(host, *g, ConfigView(host, cfg));
+      });
+    };
+    t.create = [](const kvrt_host_api* host, const kvrt_kv_geometry* g, uint64_t num_pages,
+                  const kvrt_config* cfg, kvrt_kv_store** out) -> kvrt_status {
+      return guard(host, [&] {
+        if (g == nullptr || out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "NULL argument");
+        *out = reinterpret_cast<kvrt_kv_store*>(new S(host, *g, num_pages, ConfigView(host, cfg)));
+      });
+    };
+    t.destroy = [](kvrt_kv_store* s) { delete self<S>(s); };
+    t.info = [](const kvrt_kv_store* s, kvrt_kv_info* out) -> kvrt_status {
+      if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(self<S>(s)->host(), [&] { *out = self<S>(s)->info(); });
+    };
+    t.layout = [](const kvrt_kv_store* s, uint32_t layer, kvrt_kv_layout* out) -> kvrt_status {
+      if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(self<S>(s)->host(), [&] {
+        self<S>(s)->check_layer(layer);
+        *out = self<S>(s)->layout(layer);
+      });
+    };
+    t.write = [](kvrt_kv_store* s, const kvrt_kv_write* w) -> kvrt_status {
+      if (detail::null_store(s)) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(self<S>(s)->host(), [&] { self<S>(s)->write(w); });
+    };
+    if constexpr (requires(const S& c, float* f, const int64_t* p) { c.gather(0u, 0u, p, f, f); }) {
+      t.gather = [](const kvrt_kv_store* s, uint32_t layer, uint32_t n, const int64_t* slots,
+                    float* k, float* v) -> kvrt_status {
+        if (detail::null_store(s)) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(self<S>(s)->host(), [&] {
+          const S* store = self<S>(s);
+          store->check_layer(layer);
+          store->check_slots(n, slots);
+          if (n > 0 && (k == nullptr || (store->geometry().v_head_dim != 0 && v == nullptr))) {
+            fail(KVRT_ERR_INVALID_ARGUMENT, "output buffer is NULL");
+          }
+          store->gather(layer, n, slots, k, v);
+        });
+      };
+    }
+    if constexpr (requires(S& m, const S& c, const uint64_t* h, const int64_t* p, uint8_t* l) {
+                    c.tier_info();
+                    m.tier_lookup(0u, h);
+                    m.tier_save(0u, h, p, 0u);
+                    m.tier_load(0u, h, p, l);
+                    m.tier_wait(uint64_t{0});
+                  }) {
+      t.tier_info = [](const kvrt_kv_store* s, kvrt_tier_info* out) -> kvrt_status {
+        if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(self<S>(s)->host(), [&] { *out = self<S>(s)->tier_info(); });
+      };
+      t.tier_lookup = [](kvrt_kv_store* s, uint32_t n, const uint64_t* h,
+                         uint32_t* out) -> kvrt_status {
+        if (detail::null_store(s) || out == nullptr || (n > 0 && h == nullptr)) {
+          return KVRT_ERR_INVALID_ARGUMENT;
+        }
+        return guard(self<S>(s)->host(), [&] { *out = self<S>(s)->tier_lookup(n, h); });
+      };
+      t.tier_save = [](kvrt_kv_store* s, uint32_t n, const uint64_t* h, const int64_t* pages,
+                       kvrt_tier_reason reason, uint64_t* ticket) -> kvrt_status {
+        if (detail::null_store(s) || ticket == nullptr ||
+            (n > 0 && (h == nullptr || pages == nullptr))) {
+          return KVRT_ERR_INVALID_ARGUMENT;
+        }
+        return guard(self<S>(s)->host(), [&] {
+          for (uint32_t i = 0; i < n; ++i) self<S>(s)->check_page(pages[i]);
+          *ticket = self<S>(s)->tier_save(n, h, pages, reason);
+        });
+      };
+      t.tier_load = [](kvrt_kv_store* s, uint32_t n, const uint64_t* h, const int64_t* pages,
+                       uint8_t* loaded, uint64_t* ticket) -> kvrt_status {
+        if (detail::null_store(s) || ticket == nullptr ||
+            (n > 0 && (h == nullptr || pages == nullptr || loaded == nullptr))) {
+          return KVRT_ERR_INVALID_ARGUMENT;
+        }
+        return guard(self<S>(s)->host(), [&] {
+          for (uint32_t i = 0; i < n; ++i) self<S>(s)->check_page(pages[i]);
+          *ticket = self<S>(s)->tier_load(n, h, pages, loaded);
+        });
+      };
+      t.tier_wait = [](kvrt_kv_store* s, uint64_t ticket) -> kvrt_status {
+        if (detail::null_store(s)) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(self<S>(s)->host(), [&] { self<S>(s)->tier_wait(ticket); });
+      };
+    }
+    return t;
+  }();
+  return table;
+}
+
+// The body of kvrt_plugin_query: version check, then the plugin's describe() (which may throw;
+// its message reaches the user as the plugin's init error).
+inline kvrt_status query_entry(uint32_t host_major, uint32_t host_minor,
+                               const kvrt_host_api* host, const kvrt_plugin_desc** out,
+                               const kvrt_plugin_desc& (*describe)(const kvrt_host_api*)) {
+  (void)host_minor;
+  if (host_major != KVRT_ABI_MAJOR) {
+    if (host != nullptr && host->set_error != nullptr) {
+      host->set_error(host, KVRT_ERR_ABI_MISMATCH,
+                      ("plugin built for ABI major " + std::to_string(KVRT_ABI_MAJOR) +
+                       ", host is " + std::to_string(host_major))
+                          .c_str());
+    }
+    return KVRT_ERR_ABI_MISMATCH;
+  }
+  if (host == nullptr || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+  return guard(host, [&] { *out = &describe(host); });
+}
+
+}  // namespace kvrt::sdk
+
+// Defines the library's one exported symbol, kvrt_plugin_query, around
+// `const kvrt_plugin_desc& describe(const kvrt_host_api*)`.
+#define KVRT_PLUGIN_ENTRY(describe)                                                        \
+  extern "C" KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major,                \
+                                                       uint32_t host_minor,                \
+                                                       const kvrt_host_api* host,          \
+                                                       const kvrt_plugin_desc** out) {     \
+    return ::kvrt::sdk::query_entry(host_major, host_minor, host, out, describe);          \
+  }
+
+#endif  // KVRT_PLUGIN_HPP

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs this build into a staging prefix, builds the SDK example against it with
+# find_package(kvrt) from a separate build tree, and runs the installed conformance suite on it.
+set -euo pipefail
+build=$1 example=$2 cc=$3 cxx=$4
+stage=$build/example-stage
+rm -rf "$stage" "$build/example-build"
+cmake --install "$build" --prefix "$stage" >/dev/null
+cmake -S "$example" -B "$build/example-build" -DCMAKE_PREFIX_PATH="$stage" \
+      -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
+cmake --build "$build/example-build" -j 2
+plugin=$(find "$build/example-build" -name 'kv_int8.so' | head -n 1)
+# The installed tool finds the installed plugins (lib/kvrt) by itself.
+"$stage/bin/kvrt" plugins
+KVRT_PLUGIN_PATH="$(dirname "$plugin")" "$stage/bin/kvrt" plugins | grep -q '^kv_int8 '
+"$stage/bin/kvrt-conformance" --plugin "$plugin"
