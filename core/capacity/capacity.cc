@@ -4,6 +4,16 @@
 
 namespace kvrt::capacity {
 
+Result<uint32_t> kv_heads_per_rank(uint32_t total_kv_heads, uint32_t tp_size) {
+  if (total_kv_heads == 0 || tp_size == 0) {
+    return Status::InvalidArgument("KV heads and TP size must be positive");
+  }
+  if (total_kv_heads % tp_size == 0) return total_kv_heads / tp_size;
+  if (tp_size % total_kv_heads == 0) return 1u;
+  return Status::InvalidArgument(std::to_string(total_kv_heads) + " KV heads cannot be split over " +
+                                 std::to_string(tp_size) + " TP ranks (need one to divide the other)");
+}
+
 Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size) {
   if (page_bytes == 0 || page_size == 0) {
     return Status::InvalidArgument("page_bytes and page_size must be positive");

@@ -28,6 +28,10 @@ struct Plan {
   }
 };
 
+// KV heads each TP rank holds: an even split, or 1 (replicated) when TP exceeds the heads.
+// Other ratios (6 heads on 4 ranks) cannot be sharded and are refused, naming both numbers.
+Result<uint32_t> kv_heads_per_rank(uint32_t total_kv_heads, uint32_t tp_size);
+
 // kv_budget = (memory - weights) - memory * (1 - mem_fraction_static);
 // max_total_num_tokens = floor(kv_budget / page_bytes) * page_size. A budget that leaves no
 // room is refused with the shortfall in bytes.

@@ -91,7 +91,9 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   g.struct_size = sizeof(g);
   g.num_layers = shape.layers;
   g.total_kv_heads = shape.kv_heads;
-  g.num_kv_heads = std::max(1u, shape.kv_heads / tp);  // replicated when TP > KV heads
+  Result<uint32_t> heads = capacity::kv_heads_per_rank(shape.kv_heads, tp);
+  if (!heads.ok()) return fail(heads.status());
+  g.num_kv_heads = *heads;
   g.k_head_dim = shape.head_dim;
   g.v_head_dim = shape.v_head_dim;
   g.page_size = static_cast<uint32_t>(cfg->scheduler.page_size);

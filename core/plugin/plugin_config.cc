@@ -15,13 +15,19 @@ config::KeySpec::Type option_type(kvrt_option_type type) {
   }
 }
 
-Status check_section(Registry& registry, const config::Config& cfg, const char* section,
-                     const char* chooser_key) {
+// The key of [<section>] that chooses the plugin, as opposed to naming a plugin's table.
+const char* chooser_key(std::string_view section) {
+  return section == "kv" ? "store" : "backend";
+}
+
+}  // namespace
+
+Status check_plugin_section(Registry& registry, const config::Config& cfg, const char* section) {
   const toml::table* tables = cfg.table()[section].as_table();
   if (tables == nullptr) return Status::Ok();
   for (const auto& [key, node] : *tables) {
     const std::string name(key.str());
-    if (name == chooser_key || !node.is_table()) continue;
+    if (name == chooser_key(section) || !node.is_table()) continue;
     Result<const LoadedPlugin*> plugin = registry.load(name);
     const std::string where = cfg.source + ": [" + section + "." + name + "]";
     if (!plugin.ok()) return Status::ConfigError(where + ": " + plugin.status().message());
@@ -36,16 +42,14 @@ Status check_section(Registry& registry, const config::Config& cfg, const char* 
   return Status::Ok();
 }
 
-}  // namespace
-
 Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   Result<const LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
   if (!store.ok()) {
     return Status::ConfigError(cfg.source + ": kv.store = \"" + cfg.kv.store +
                                "\": " + store.status().message());
   }
-  if (Status s = check_section(registry, cfg, "kv", "store"); !s.ok()) return s;
-  if (Status s = check_section(registry, cfg, "attention", "backend"); !s.ok()) return s;
+  if (Status s = check_plugin_section(registry, cfg, "kv"); !s.ok()) return s;
+  if (Status s = check_plugin_section(registry, cfg, "attention"); !s.ok()) return s;
 
   // The store's own value checks (scale modes, policies, an inner store) run in page_bytes.
   kvrt_kv_geometry g{};

@@ -12,4 +12,7 @@ namespace kvrt::plugin {
 // on a sample geometry runs the plugin's own value checks). Errors name the file and key.
 Status check_plugin_tables(Registry& registry, const config::Config& cfg);
 
+// Just the [<section>.<name>] tables: each names a loadable plugin and uses only its keys.
+Status check_plugin_section(Registry& registry, const config::Config& cfg, const char* section);
+
 }  // namespace kvrt::plugin

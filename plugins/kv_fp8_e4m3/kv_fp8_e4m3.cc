@@ -5,6 +5,7 @@
 //    from a checkpoint), default 1.0 with a warning; values beyond 448 * scale saturate.
 // Stored value = code * scale. Finite input never becomes NaN.
 #include <cmath>
+#include <mutex>
 #include <string>
 
 #include "kernels/cpu/convert.h"
@@ -53,10 +54,13 @@ class Fp8Store : public sdk::StoreBase {
     float* scales = reinterpret_cast<float*>(tensor_scales_.data());
     scales[0] = options_.k_scale;
     scales[1] = options_.v_scale;
+    static std::once_flag warned;  // once per process, not once per TP rank
     if (options_.per_tensor && !options_.scales_given) {
-      sdk::log(host, KVRT_LOG_WARN,
-               "scale_mode = per_tensor without k_scale/v_scale: using 1.0; K/V beyond +-448 "
-               "saturate");
+      std::call_once(warned, [host] {
+        sdk::log(host, KVRT_LOG_WARN,
+                 "scale_mode = per_tensor without k_scale/v_scale: using 1.0; K/V beyond +-448 "
+                 "saturate");
+      });
     }
   }
 

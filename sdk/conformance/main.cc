@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/config/config.h"
+#include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 #include "sdk/conformance/kv_conformance.h"
 
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   kvrt::Result<const kvrt::plugin::LoadedPlugin*> plugin = registry.load_kv_store(plugin_path);
   if (!plugin.ok()) {
     std::cerr << "kvrt-conformance: " << plugin.status().message() << "\n";
+    return 2;
+  }
+  if (kvrt::Status s = kvrt::plugin::check_plugin_section(registry, *config, "kv"); !s.ok()) {
+    std::cerr << "kvrt-conformance: " << s.message() << "\n";
     return 2;
   }
   auto results = kvrt::conformance::run_kv_store_suite(registry, **plugin, options, std::cout);

@@ -4,6 +4,11 @@
 
 #include "kvrt/kv_store.h"
 
+#ifdef BROKEN_NO_ENTRY
+/* A shared library, but not a kvrt plugin: no kvrt_plugin_query. */
+int kvrt_not_a_plugin(void) { return 0; }
+#else
+
 static kvrt_status page_bytes(const kvrt_host_api *host, const kvrt_kv_geometry *g,
                               const kvrt_config *config, uint64_t *out) {
   (void)host, (void)g, (void)config;
@@ -41,7 +46,6 @@ static kvrt_status probe(const kvrt_host_api *host, const kvrt_device *device) {
 static kvrt_kv_store_api table;
 static kvrt_plugin_desc desc;
 
-#ifndef BROKEN_NO_ENTRY
 KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major, uint32_t host_minor,
                                           const kvrt_host_api *host,
                                           const kvrt_plugin_desc **out) {
@@ -81,6 +85,4 @@ KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major, uint32_t host_min
   *out = &desc;
   return KVRT_OK;
 }
-#else
-int kvrt_not_a_plugin(void) { return 0; }
 #endif
