@@ -69,7 +69,8 @@ int run_config_check(const std::string& path, const std::vector<std::string>& ov
   wire(registry, *cfg);
   Status s = plugin::check_plugin_tables(registry, *cfg);
   if (!s.ok()) return fail(s);
-  std::cout << "# effective configuration (" << cfg->source << ")\n" << config::to_toml(*cfg);
+  std::string text = config::to_toml(*cfg);
+  std::cout << text << (text.empty() || text.back() != '\n' ? "\n" : "");
   return 0;
 }
 

@@ -51,7 +51,15 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   if (Status s = check_plugin_section(registry, cfg, "kv"); !s.ok()) return s;
   if (Status s = check_plugin_section(registry, cfg, "attention"); !s.ok()) return s;
 
-  // The store's own value checks (scale modes, policies, an inner store) run in page_bytes.
+  // The stores' own value checks (scale modes, policies, an inner store) run in page_bytes:
+  // run them for the chosen store and every store that has a table.
+  std::vector<const LoadedPlugin*> stores = {*store};
+  if (const toml::table* kv = cfg.table()["kv"].as_table(); kv != nullptr) {
+    for (const auto& [key, node] : *kv) {
+      Result<const LoadedPlugin*> p = registry.load(std::string(key.str()));
+      if (node.is_table() && p.ok() && (*p)->kind() == KVRT_PLUGIN_KV_STORE) stores.push_back(*p);
+    }
+  }
   kvrt_kv_geometry g{};
   g.struct_size = sizeof(g);
   g.num_layers = 1;
@@ -61,13 +69,15 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   g.input_dtype = KVRT_DTYPE_BF16;
   g.tp_size = 1;
   g.device = registry.device();
-  uint64_t bytes = 0;
-  clear_last_error();
-  kvrt_status st = (*store)->kv.page_bytes((*store)->host_api(), &g,
-                                           as_config(cfg.plugin_table("kv", cfg.kv.store)), &bytes);
-  if (st != KVRT_OK) {
-    return plugin_failure(cfg.kv.store, "checking [kv." + cfg.kv.store + "] (page_bytes)", st)
-        .WithContext(cfg.source);
+  for (const LoadedPlugin* p : stores) {
+    uint64_t bytes = 0;
+    clear_last_error();
+    kvrt_status st = p->kv.page_bytes(p->host_api(), &g, as_config(cfg.plugin_table("kv", p->name)),
+                                      &bytes);
+    if (st != KVRT_OK) {
+      return plugin_failure(p->name, "checking [kv." + p->name + "] (page_bytes)", st)
+          .WithContext(cfg.source);
+    }
   }
   Result<const LoadedPlugin*> attention = registry.load(cfg.attention.backend);
   if (!attention.ok()) {

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/sched/page_hash.h"
+
 namespace kvrt::conformance {
 namespace {
 
@@ -688,13 +690,16 @@ void Suite::tier_round_trip() {
   const uint64_t capacity = tier_info(s.get()).capacity_pages;
   if (capacity == 0) throw Skip("the tier holds no pages with this configuration");
   const int64_t n = static_cast<int64_t>(std::min<uint64_t>(4, capacity));
-  std::vector<uint64_t> hashes;
+  // Keys as the core makes them: the chained hashes of a prompt's pages.
+  std::vector<int32_t> prompt(n * g.page_size);
+  for (int32_t& token : prompt) token = static_cast<int32_t>(rng_() % 32000);
+  const std::vector<uint64_t> hashes =
+      sched::page_hashes(sched::root_hash("kvrt-conformance"), prompt, g.page_size);
   std::vector<int64_t> source, target;
   std::vector<std::vector<float>> snapshots;
   for (int64_t p = 0; p < n; ++p) {
     fill_page(s.get(), g, p);
     snapshots.push_back(page_snapshot(s.get(), g, p));
-    hashes.push_back(rng_());
     source.push_back(p);
     target.push_back(n + p);
   }
@@ -742,7 +747,8 @@ void Suite::tier_under_pressure() {
   for (uint64_t i = 0; i < total; ++i) {
     fill_page(s.get(), g, 0);
     snapshots[i] = page_snapshot(s.get(), g, 0);
-    hashes[i] = rng_();
+    const int32_t tokens[2] = {static_cast<int32_t>(i), static_cast<int32_t>(rng_() % 32000)};
+    hashes[i] = sched::page_hash(sched::root_hash("kvrt-conformance"), tokens);
     ok(api_.tier_wait(s.get(), save(s.get(), {hashes[i]}, {0})), "tier_wait");
   }
   kvrt_tier_info info = tier_info(s.get());
