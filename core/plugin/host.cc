@@ -114,14 +114,17 @@ kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_
     t_last_error = "out of memory allocating " + std::to_string(bytes) + " bytes";
     return KVRT_ERR_NO_MEMORY;
   }
+  memory.track(p, bytes);
   *out = p;
   return KVRT_OK;
 }
 
 void host_free(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr, uint64_t bytes) {
   if (ptr == nullptr) return;
+  MemoryAccount& memory = *self(host).context()->memory;
+  memory.untrack(ptr);
   std::free(ptr);
-  self(host).context()->memory->release(kind, bytes);
+  memory.release(kind, bytes);
 }
 
 kvrt_status host_copy(const kvrt_host_api*, void* dst, kvrt_memory_kind, const void* src,
@@ -171,6 +174,25 @@ bool MemoryAccount::reserve(kvrt_memory_kind kind, uint64_t bytes) {
 
 void MemoryAccount::release(kvrt_memory_kind kind, uint64_t bytes) {
   (kind == KVRT_MEMORY_HOST ? host_used_ : device_used_) -= bytes;
+}
+
+void MemoryAccount::track(const void* ptr, uint64_t bytes) {
+  std::lock_guard lock(live_mutex_);
+  live_[reinterpret_cast<uintptr_t>(ptr)] = bytes;
+}
+
+void MemoryAccount::untrack(const void* ptr) {
+  std::lock_guard lock(live_mutex_);
+  live_.erase(reinterpret_cast<uintptr_t>(ptr));
+}
+
+bool MemoryAccount::covers(const void* ptr, uint64_t bytes) const {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard lock(live_mutex_);
+  auto it = live_.upper_bound(start);  // the first allocation starting after ptr
+  if (it == live_.begin()) return false;
+  --it;
+  return start + bytes >= start && start + bytes <= it->first + it->second;
 }
 
 PluginHost::PluginHost(std::string plugin_name, HostContext* context)

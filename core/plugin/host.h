@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include <toml++/toml.h>
@@ -30,7 +32,15 @@ class MemoryAccount {
   bool reserve(kvrt_memory_kind kind, uint64_t bytes);
   void release(kvrt_memory_kind kind, uint64_t bytes);
 
+  // Live allocations by address, so a test can check that what a plugin publishes (a layout's
+  // pointers and strides) stays inside memory it allocated.
+  void track(const void* ptr, uint64_t bytes);
+  void untrack(const void* ptr);
+  bool covers(const void* ptr, uint64_t bytes) const;
+
  private:
+  mutable std::mutex live_mutex_;
+  std::map<uintptr_t, uint64_t> live_;
   uint64_t device_budget_;
   std::atomic<uint64_t> device_used_{0};
   std::atomic<uint64_t> device_peak_{0};

@@ -63,12 +63,12 @@ struct Inner {
   const kvrt_config* config = nullptr;
 
   Inner(const kvrt_host_api* host_api, const std::string& name) {
+    // On failure the host (or the inner store) has recorded why; that message is passed on.
     kvrt_status s = host_api->open_kv_store(host_api, name.c_str(), &api, &host, &config);
-    if (s != KVRT_OK) sdk::fail(s, "inner store '" + name + "' cannot be opened");
+    if (s != KVRT_OK) throw sdk::Forwarded(s);
   }
-  void check(kvrt_status s, const char* what) const {
-    // The inner store recorded its message with the host; keep it as ours.
-    if (s != KVRT_OK) sdk::fail(s, std::string("inner store ") + what + " failed");
+  void check(kvrt_status s) const {
+    if (s != KVRT_OK) throw sdk::Forwarded(s);
   }
 };
 
@@ -77,7 +77,7 @@ class TieredStore : public sdk::StoreBase {
   TieredStore(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
               sdk::ConfigView config)
       : StoreBase(host, g, num_pages), options_(config), inner_(host, options_.inner) {
-    inner_.check(inner_.api->create(inner_.host, &g, num_pages, inner_.config, &store_), "create");
+    inner_.check(inner_.api->create(inner_.host, &g, num_pages, inner_.config, &store_));
     try {
       plan_segments();
       capacity_ = options_.host_pool_gib > 0
@@ -107,7 +107,7 @@ class TieredStore : public sdk::StoreBase {
                              sdk::ConfigView config) {
     Inner inner(host, TierOptions(config).inner);
     uint64_t bytes = 0;
-    inner.check(inner.api->page_bytes(inner.host, &g, inner.config, &bytes), "page_bytes");
+    inner.check(inner.api->page_bytes(inner.host, &g, inner.config, &bytes));
     return bytes;
   }
 
@@ -120,15 +120,15 @@ class TieredStore : public sdk::StoreBase {
   kvrt_kv_layout layout(uint32_t layer) const {
     kvrt_kv_layout l{};
     l.struct_size = sizeof(l);
-    inner_.check(inner_.api->layout(store_, layer, &l), "layout");
+    inner_.check(inner_.api->layout(store_, layer, &l));
     return l;
   }
 
-  void write(const kvrt_kv_write* w) { inner_.check(inner_.api->write(store_, w), "write"); }
+  void write(const kvrt_kv_write* w) { inner_.check(inner_.api->write(store_, w)); }
 
   void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {
     if (inner_.api->gather == nullptr) sdk::fail(KVRT_ERR_UNSUPPORTED, "inner store has no gather");
-    inner_.check(inner_.api->gather(store_, layer, n, slots, k, v), "gather");
+    inner_.check(inner_.api->gather(store_, layer, n, slots, k, v));
   }
 
   // ---- tier ----
@@ -224,7 +224,7 @@ class TieredStore : public sdk::StoreBase {
   kvrt_kv_info inner_info() const {
     kvrt_kv_info info{};
     info.struct_size = sizeof(info);
-    inner_.check(inner_.api->info(store_, &info), "info");
+    inner_.check(inner_.api->info(store_, &info));
     return info;
   }
 

@@ -214,7 +214,47 @@ class Suite {
     kvrt_kv_layout l{};
     l.struct_size = sizeof(l);
     ok(api_.layout(s, layer, &l), "layout(" + std::to_string(layer) + ")");
+    check_layout_bounds(l, layer);
     return l;
+  }
+
+  // Every byte the layout addresses must lie in memory the store allocated through the host;
+  // checked before the suite reads through it, so a wrong stride fails here instead of
+  // reading out of bounds.
+  void check_layout_bounds(const kvrt_kv_layout& l, uint32_t layer) const {
+    if (l.num_pages == 0 || l.page_size == 0 || !known_dtype(l.k_dtype) ||
+        !known_dtype(l.v_dtype)) {
+      return;
+    }
+    auto region = [&](const char* what, const void* base, int64_t page, int64_t token,
+                      int64_t head, uint64_t tail_bytes) {
+      if (base == nullptr) throw Failure(std::string("layout: ") + what + " pointer is NULL");
+      if (page < 0 || token < 0 || head < 0) {
+        throw Failure(std::string("layout: negative ") + what + " stride");
+      }
+      const uint64_t extent = static_cast<uint64_t>(page) * (l.num_pages - 1) +
+                              static_cast<uint64_t>(token) * (l.page_size - 1) +
+                              static_cast<uint64_t>(head) * (l.num_kv_heads - 1) + tail_bytes;
+      if (!registry_.memory().covers(base, extent)) {
+        throw Failure("layout(" + std::to_string(layer) + "): the " + what + " region (" +
+                      std::to_string(extent) + " bytes by its strides) is not inside memory " +
+                      "the store allocated through host->alloc");
+      }
+    };
+    const uint32_t v_dim = l.v_head_dim ? l.v_head_dim : l.k_head_dim;
+    region("K", l.k_base, l.k_page_stride, l.k_token_stride, l.k_head_stride,
+           l.k_head_dim * dtype_bytes(l.k_dtype));
+    region("V", l.v_base, l.v_page_stride, l.v_token_stride, l.v_head_stride,
+           v_dim * dtype_bytes(l.v_dtype));
+    if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+      region("K scale", l.k_scale, l.scale_page_stride, l.scale_token_stride,
+             l.scale_head_stride, 4);
+      region("V scale", l.v_scale, l.scale_page_stride, l.scale_token_stride,
+             l.scale_head_stride, 4);
+    } else if (l.scale_mode == KVRT_SCALE_PER_TENSOR) {
+      region("K scale", l.k_scale, 0, 0, 0, 4);
+      region("V scale", l.v_scale, 0, 0, 0, 4);
+    }
   }
 
   bool accepts(kvrt_dtype d) const { return (plugin_.desc->input_dtypes & KVRT_DTYPE_BIT(d)) != 0; }

@@ -39,6 +39,18 @@ class Error : public std::runtime_error {
   throw Error(status, message);
 }
 
+// Thrown when a host service or a wrapped plugin's callback failed and already recorded its
+// message with the host: the trampoline returns `status` and keeps that message.
+class Forwarded : public std::exception {
+ public:
+  explicit Forwarded(kvrt_status status) : status_(status) {}
+  kvrt_status status() const { return status_; }
+  const char* what() const noexcept override { return "error recorded by the callee"; }
+
+ private:
+  kvrt_status status_;
+};
+
 // Runs `body` and maps every exception to a status code, recording the message with the host.
 template <class Body>
 kvrt_status guard(const kvrt_host_api* host, Body&& body) noexcept {
@@ -49,6 +61,8 @@ kvrt_status guard(const kvrt_host_api* host, Body&& body) noexcept {
   try {
     body();
     return KVRT_OK;
+  } catch (const Forwarded& e) {
+    return e.status();
   } catch (const Error& e) {
     return report(e.status(), e.what());
   } catch (const std::bad_alloc&) {
