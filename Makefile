@@ -2,6 +2,7 @@
 # each installs what is missing with apt-get, configures, builds and runs.
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
@@ -10,7 +11,7 @@ PACKAGES = cmake g++ make pkg-config ccache libtomlplusplus-dev libboost-dev lib
            libfmt-dev libcli11-dev libhwy-dev libxxhash-dev libgtest-dev libgmock-dev \
            libbenchmark-dev
 
-.PHONY: deps configure build demo test test-asan bench install clean
+.PHONY: deps configure build demo test test-asan test-tsan bench install clean
 
 deps:
 	@missing=""; for p in $(PACKAGES); do \
@@ -43,6 +44,15 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
+# The threaded parts (the host tier's copy thread, concurrent writes) under ThreadSanitizer.
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVRT_SANITIZE=thread \
+	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
+	  kv_bf16_paged kv_fp8_e4m3 kv_host_tiered
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) \
+	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered)'
+
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true
 
@@ -50,4 +60,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

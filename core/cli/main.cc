@@ -40,13 +40,13 @@ int run_plugins(bool verbose) {
   std::printf("%-16s %-10s %-8s %-5s %-10s %-19s %s\n", "NAME", "KIND", "VERSION", "ABI",
               "DTYPES", "CAPABILITIES", "PATH");
   for (const plugin::LoadedPlugin* p : registry.loaded()) {
-    std::string abi = std::to_string(p->desc->abi_major) + "." + std::to_string(p->desc->abi_minor);
+    std::string abi = std::to_string(p->desc.abi_major) + "." + std::to_string(p->desc.abi_minor);
     std::printf("%-16s %-10s %-8s %-5s %-10s %-19s %s\n", p->name.c_str(),
-                plugin::kind_name(p->kind()), p->desc->version ? p->desc->version : "-",
+                plugin::kind_name(p->kind()), p->desc.version ? p->desc.version : "-",
                 abi.c_str(), p->input_dtype_names().c_str(), p->capabilities().c_str(),
                 p->path.c_str());
     if (verbose) {
-      std::printf("    %s\n", p->desc->description ? p->desc->description : "");
+      std::printf("    %s\n", p->desc.description ? p->desc.description : "");
       for (const kvrt_option_desc& o : p->options) {
         std::printf("    option %-24s default %-16s %s\n", o.name,
                     o.default_value ? o.default_value : "-", o.help ? o.help : "");

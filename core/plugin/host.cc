@@ -29,47 +29,43 @@ void host_set_error(const kvrt_host_api*, kvrt_status, const char* message) {
   t_last_error = message != nullptr ? message : "";
 }
 
-// Looks up a dotted key; records a message naming the key when the type is wrong.
+// Looks up a dotted key; `check` reads it when it has the wanted type. A type mismatch records
+// no message: plugins probe types (ConfigView::has) and word their own errors, naming the key.
 template <class Check>
-kvrt_status lookup(const kvrt_host_api* host, const kvrt_config* config, const char* key,
-                   const char* expected, Check&& check) {
+kvrt_status lookup(const kvrt_config* config, const char* key, Check&& check) {
   if (key == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
   const toml::table* table = as_table(config);
   if (table == nullptr) return KVRT_ERR_NOT_FOUND;
   toml::node_view<const toml::node> node = table->at_path(key);
   if (!node) return KVRT_ERR_NOT_FOUND;
-  if (!check(node)) {
-    t_last_error = "plugin " + self(host).plugin_name() + ": config key '" + key +
-                   "': expected " + expected;
-    return KVRT_ERR_CONFIG;
-  }
+  if (!check(node)) return KVRT_ERR_CONFIG;
   return KVRT_OK;
 }
 
-kvrt_status host_config_string(const kvrt_host_api* host, const kvrt_config* config,
+kvrt_status host_config_string(const kvrt_host_api*, const kvrt_config* config,
                                const char* key, const char** out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-  return lookup(host, config, key, "a string", [&](auto node) {
+  return lookup(config, key, [&](auto node) {
     if (!node.is_string()) return false;
     *out = node.as_string()->get().c_str();
     return true;
   });
 }
 
-kvrt_status host_config_int(const kvrt_host_api* host, const kvrt_config* config, const char* key,
+kvrt_status host_config_int(const kvrt_host_api*, const kvrt_config* config, const char* key,
                             int64_t* out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-  return lookup(host, config, key, "an integer", [&](auto node) {
+  return lookup(config, key, [&](auto node) {
     if (!node.is_integer()) return false;
     *out = node.as_integer()->get();
     return true;
   });
 }
 
-kvrt_status host_config_float(const kvrt_host_api* host, const kvrt_config* config,
+kvrt_status host_config_float(const kvrt_host_api*, const kvrt_config* config,
                               const char* key, double* out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-  return lookup(host, config, key, "a number", [&](auto node) {
+  return lookup(config, key, [&](auto node) {
     if (node.is_integer()) {
       *out = static_cast<double>(node.as_integer()->get());
       return true;
@@ -80,10 +76,10 @@ kvrt_status host_config_float(const kvrt_host_api* host, const kvrt_config* conf
   });
 }
 
-kvrt_status host_config_bool(const kvrt_host_api* host, const kvrt_config* config,
+kvrt_status host_config_bool(const kvrt_host_api*, const kvrt_config* config,
                              const char* key, int32_t* out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-  return lookup(host, config, key, "a boolean", [&](auto node) {
+  return lookup(config, key, [&](auto node) {
     if (!node.is_boolean()) return false;
     *out = node.as_boolean()->get() ? 1 : 0;
     return true;
@@ -105,6 +101,11 @@ kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_
     t_last_error = "device memory budget exceeded: " + std::to_string(bytes) +
                    " bytes requested, " + std::to_string(memory.device_used()) + " of " +
                    std::to_string(memory.device_budget()) + " in use";
+    return KVRT_ERR_NO_MEMORY;
+  }
+  if (bytes > UINT64_MAX - alignment) {
+    memory.release(kind, bytes);
+    t_last_error = "alloc: " + std::to_string(bytes) + " bytes cannot be allocated";
     return KVRT_ERR_NO_MEMORY;
   }
   uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <system_error>
 
 #include <boost/dll/shared_library.hpp>
@@ -155,7 +156,7 @@ std::string LoadedPlugin::capabilities() const {
 std::string LoadedPlugin::input_dtype_names() const {
   std::string text;
   for (kvrt_dtype d = 1; d < 32; ++d) {
-    if (desc->input_dtypes & KVRT_DTYPE_BIT(d)) text += (text.empty() ? "" : ",") + std::string(dtype_name(d));
+    if (desc.input_dtypes & KVRT_DTYPE_BIT(d)) text += (text.empty() ? "" : ",") + std::string(dtype_name(d));
   }
   return text.empty() ? "-" : text;
 }
@@ -256,6 +257,7 @@ Result<const LoadedPlugin*> Registry::load_path(const fs::path& given) {
   fs::path path = fs::canonical(given, ec);
   if (ec) path = fs::absolute(given);
   if (auto it = by_path_.find(path.string()); it != by_path_.end()) return it->second.get();
+  if (auto it = refused_.find(path.string()); it != refused_.end()) return it->second;
 
   boost::dll::shared_library library;
   try {
@@ -277,62 +279,77 @@ Result<const LoadedPlugin*> Registry::load_path(const fs::path& given) {
   clear_last_error();
   const kvrt_plugin_desc* desc = nullptr;
   kvrt_status status = query(KVRT_ABI_MAJOR, KVRT_ABI_MINOR, plugin->host_api(), &desc);
-  if (status == KVRT_ERR_ABI_MISMATCH) {
-    std::string message = take_last_error();
-    return fail("ABI major mismatch: host is " + std::to_string(KVRT_ABI_MAJOR) +
-                (message.empty() ? "" : "; plugin says: " + message));
-  }
   if (status != KVRT_OK) {
     std::string message = take_last_error();
-    return fail(std::string("plugin init failed (") + status_name(status) + ")" +
-                (message.empty() ? "" : ": " + message));
+    Status refusal =
+        status == KVRT_ERR_ABI_MISMATCH
+            ? fail("ABI major mismatch: host is " + std::to_string(KVRT_ABI_MAJOR) +
+                   (message.empty() ? "" : "; plugin says: " + message))
+            : fail(std::string("plugin init failed (") + status_name(status) + ")" +
+                   (message.empty() ? "" : ": " + message));
+    refused_hosts_.push_back(std::move(plugin->host));
+    refused_[path.string()] = refusal;
+    return refusal;
   }
-  if (desc == nullptr) return fail("kvrt_plugin_query returned no descriptor");
+  // From here on the plugin has our host: a refusal keeps it alive and is remembered.
+  Result<const LoadedPlugin*> accepted = accept(std::move(plugin), desc);
+  if (!accepted.ok()) {
+    Status refusal = fail(accepted.status().message());
+    refused_[path.string()] = refusal;
+    return refusal;
+  }
+  return accepted;
+}
+
+Result<const LoadedPlugin*> Registry::accept(std::unique_ptr<LoadedPlugin> plugin,
+                                             const kvrt_plugin_desc* desc) {
+  auto refuse = [&](const std::string& reason) -> Status {
+    refused_hosts_.push_back(std::move(plugin->host));
+    return Status::PluginError(reason);
+  };
+  if (desc == nullptr) return refuse("kvrt_plugin_query returned no descriptor");
   constexpr uint32_t kMinimumDesc = offsetof(kvrt_plugin_desc, options);
   if (desc->struct_size < kMinimumDesc) {
-    return fail("plugin descriptor too small: struct_size " + std::to_string(desc->struct_size) +
-                ", at least " + std::to_string(kMinimumDesc) + " needed");
+    return refuse("plugin descriptor too small: struct_size " + std::to_string(desc->struct_size) +
+                  ", at least " + std::to_string(kMinimumDesc) + " needed");
   }
-  if (desc->abi_major != KVRT_ABI_MAJOR) {
-    return fail("ABI major mismatch: plugin built for " + std::to_string(desc->abi_major) +
-                ", host is " + std::to_string(KVRT_ABI_MAJOR));
+  std::memcpy(&plugin->desc, desc, std::min<size_t>(desc->struct_size, sizeof(kvrt_plugin_desc)));
+  const kvrt_plugin_desc& d = plugin->desc;
+  if (d.abi_major != KVRT_ABI_MAJOR) {
+    return refuse("ABI major mismatch: plugin built for " + std::to_string(d.abi_major) +
+                  ", host is " + std::to_string(KVRT_ABI_MAJOR));
   }
-  if (desc->name == nullptr || desc->name[0] == '\0') return fail("plugin descriptor has no name");
-  if (desc->table == nullptr) return fail("plugin descriptor has no function table");
-  plugin->desc = desc;
-  plugin->name = desc->name;
+  if (d.name == nullptr || d.name[0] == '\0') return refuse("plugin descriptor has no name");
+  if (d.table == nullptr) return refuse("plugin descriptor has no function table");
+  plugin->name = d.name;
 
   std::string invalid;
-  if (desc->kind == KVRT_PLUGIN_KV_STORE) {
-    invalid = validate_kv_table(desc->table, &plugin->kv);
-  } else if (desc->kind == KVRT_PLUGIN_ATTENTION) {
-    invalid = validate_attention_table(desc->table, &plugin->attention);
+  if (d.kind == KVRT_PLUGIN_KV_STORE) {
+    invalid = validate_kv_table(d.table, &plugin->kv);
+  } else if (d.kind == KVRT_PLUGIN_ATTENTION) {
+    invalid = validate_attention_table(d.table, &plugin->attention);
   } else {
-    invalid = "unknown plugin kind " + std::to_string(desc->kind);
+    invalid = "unknown plugin kind " + std::to_string(d.kind);
   }
-  if (!invalid.empty()) return fail(invalid);
+  if (!invalid.empty()) return refuse(invalid);
 
-  const bool has_options = desc->struct_size >= offsetof(kvrt_plugin_desc, input_dtypes);
-  if (has_options && desc->options != nullptr) {
-    plugin->options.assign(desc->options, desc->options + desc->num_options);
-  }
-  const bool has_probe = desc->struct_size >= offsetof(kvrt_plugin_desc, probe) + sizeof(void*);
-  if (has_probe && desc->probe != nullptr) {
+  if (d.options != nullptr) plugin->options.assign(d.options, d.options + d.num_options);
+  if (d.probe != nullptr) {
     clear_last_error();
-    kvrt_status probe = desc->probe(plugin->host_api(), &device_);
+    kvrt_status probe = d.probe(plugin->host_api(), &device_);
     if (probe != KVRT_OK) {
       std::string message = take_last_error();
-      return fail("plugin '" + plugin->name + "' declines device " + device_name(device_) +
-                  (message.empty() ? "" : ": " + message));
+      return refuse("plugin '" + plugin->name + "' declines device " + device_name(device_) +
+                    (message.empty() ? "" : ": " + message));
     }
   }
   if (auto it = by_name_.find(plugin->name); it != by_name_.end()) {
-    return fail("a plugin named '" + plugin->name + "' is already loaded from " +
-                it->second->path.string());
+    return refuse("a plugin named '" + plugin->name + "' is already loaded from " +
+                  it->second->path.string());
   }
   LoadedPlugin* raw = plugin.get();
   by_name_[plugin->name] = raw;
-  by_path_[path.string()] = std::move(plugin);
+  by_path_[plugin->path.string()] = std::move(plugin);
   return static_cast<const LoadedPlugin*>(raw);
 }
 

@@ -22,13 +22,15 @@ namespace kvrt::plugin {
 struct LoadedPlugin {
   std::string name;
   std::filesystem::path path;
-  const kvrt_plugin_desc* desc = nullptr;
+  // The plugin's descriptor copied over a zeroed one of this host's size (an older plugin's
+  // shorter descriptor reads as NULL / 0 beyond its struct_size).
+  kvrt_plugin_desc desc{};
   kvrt_kv_store_api kv{};
   kvrt_attention_api attention{};
   std::vector<kvrt_option_desc> options;
   std::unique_ptr<PluginHost> host;
 
-  kvrt_plugin_kind kind() const { return desc->kind; }
+  kvrt_plugin_kind kind() const { return desc.kind; }
   const kvrt_host_api* host_api() const { return host->api(); }
   // "layout,gather,tier" for stores; "layout-reader" style flags for attention.
   std::string capabilities() const;
@@ -73,6 +75,9 @@ class Registry {
 
  private:
   Result<const LoadedPlugin*> load_path(const std::filesystem::path& path);
+  // Validates a queried plugin and registers it, or refuses it keeping its host alive.
+  Result<const LoadedPlugin*> accept(std::unique_ptr<LoadedPlugin> plugin,
+                                     const kvrt_plugin_desc* desc);
 
   kvrt_device device_;
   MemoryAccount memory_;
@@ -82,6 +87,10 @@ class Registry {
   mutable std::recursive_mutex mutex_;
   std::map<std::string, std::unique_ptr<LoadedPlugin>> by_path_;
   std::map<std::string, LoadedPlugin*> by_name_;
+  // A library whose query ran keeps its host instance even if it was then refused (it may
+  // hold the pointer), and is not queried again: the refusal is remembered by path.
+  std::vector<std::unique_ptr<PluginHost>> refused_hosts_;
+  std::map<std::string, Status> refused_;
 };
 
 const char* dtype_name(kvrt_dtype dtype);

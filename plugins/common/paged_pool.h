@@ -1,7 +1,8 @@
-// The page pool the shipped stores share: one host->alloc'd block holding, per layer, K then V
-// then (per-token-head scales only) K scales and V scales, each page-major:
+// The page pool the shipped stores share: one host->alloc'd block of exactly
+// num_pages * page_bytes bytes. Per-token-head scales of every layer come first, so the floats
+// stay 4-byte aligned whatever the element counts; then, per layer, K then V, page-major:
+//   K scales [layer][num_pages][page_size][num_kv_heads] float, then V scales likewise
 //   K [num_pages][page_size][num_kv_heads][k_head_dim]   (V likewise, absent when it shares K)
-//   K scales [num_pages][page_size][num_kv_heads] float  (V scales likewise)
 // so a slot's token row is contiguous and one page of one layer is a contiguous block per part.
 #pragma once
 
@@ -34,9 +35,6 @@ class PagedPool {
   }
 
   static void check_geometry(const kvrt_kv_geometry& g) {
-    if (g.struct_size < sizeof(kvrt_kv_geometry)) {
-      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "kvrt_kv_geometry.struct_size too small");
-    }
     const char* zero = g.num_layers == 0     ? "num_layers"
                        : g.num_kv_heads == 0 ? "num_kv_heads"
                        : g.k_head_dim == 0   ? "k_head_dim"
@@ -51,19 +49,21 @@ class PagedPool {
   // Bytes of each part of one page of one layer.
   uint64_t k_page_bytes() const { return uint64_t{g_.page_size} * k_token_bytes(); }
   uint64_t v_page_bytes() const { return uint64_t{g_.page_size} * v_token_bytes(); }
-  uint64_t scale_page_bytes() const { return scales_ ? uint64_t{g_.page_size} * g_.num_kv_heads * 4 : 0; }
   uint64_t k_token_bytes() const { return uint64_t{g_.num_kv_heads} * g_.k_head_dim * elem_bytes_; }
   uint64_t v_token_bytes() const { return uint64_t{g_.num_kv_heads} * g_.v_head_dim * elem_bytes_; }
 
-  uint8_t* k(uint32_t layer) const { return block_.data() + layer * layer_bytes(); }
-  uint8_t* v(uint32_t layer) const { return k(layer) + num_pages_ * k_page_bytes(); }
   float* k_scales(uint32_t layer) const {
-    return reinterpret_cast<float*>(v(layer) + num_pages_ * v_page_bytes());
+    return reinterpret_cast<float*>(block_.data()) + layer * scales_per_layer();
   }
   float* v_scales(uint32_t layer) const {
     return g_.v_head_dim == 0 ? nullptr
-                              : k_scales(layer) + num_pages_ * g_.page_size * g_.num_kv_heads;
+                              : k_scales(layer) + g_.num_layers * scales_per_layer();
   }
+  uint8_t* k(uint32_t layer) const {
+    return block_.data() + all_scale_bytes() +
+           layer * num_pages_ * (k_page_bytes() + v_page_bytes());
+  }
+  uint8_t* v(uint32_t layer) const { return k(layer) + num_pages_ * k_page_bytes(); }
 
   // The layout with this pool's pointers and strides; the caller sets dtypes and scale mode
   // (and scale pointers for per-tensor scales).
@@ -99,9 +99,11 @@ class PagedPool {
   uint64_t bytes_per_page() const { return page_bytes(g_, elem_bytes_, scales_); }
 
  private:
-  uint64_t layer_bytes() const {
-    return num_pages_ * (k_page_bytes() + v_page_bytes() +
-                         scale_page_bytes() * (g_.v_head_dim ? 2 : 1));
+  uint64_t scales_per_layer() const {
+    return scales_ ? num_pages_ * g_.page_size * g_.num_kv_heads : 0;
+  }
+  uint64_t all_scale_bytes() const {
+    return 4 * scales_per_layer() * g_.num_layers * (g_.v_head_dim ? 2 : 1);
   }
 
   kvrt_kv_geometry g_;

@@ -50,10 +50,13 @@ class Fp8Store : public sdk::StoreBase {
       : StoreBase(host, g, num_pages),
         options_(config),
         pool_(host, g, num_pages, 1, !options_.per_tensor),
-        tensor_scales_(host, KVRT_MEMORY_DEVICE, 2 * sizeof(float), "per-tensor scales") {
-    float* scales = reinterpret_cast<float*>(tensor_scales_.data());
-    scales[0] = options_.k_scale;
-    scales[1] = options_.v_scale;
+        tensor_scales_(host, KVRT_MEMORY_DEVICE, options_.per_tensor ? 2 * sizeof(float) : 0,
+                       "per-tensor scales") {
+    if (options_.per_tensor) {  // the attention kernels read them from device memory
+      float* scales = reinterpret_cast<float*>(tensor_scales_.data());
+      scales[0] = options_.k_scale;
+      scales[1] = options_.v_scale;
+    }
     static std::once_flag warned;  // once per process, not once per TP rank
     if (options_.per_tensor && !options_.scales_given) {
       std::call_once(warned, [host] {

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <list>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -34,7 +35,6 @@ struct TierOptions {
 
   explicit TierOptions(const sdk::ConfigView& config) {
     inner = config.string("inner", "kv_bf16_paged");
-    if (inner == "kv_host_tiered") sdk::fail(KVRT_ERR_CONFIG, "inner: cannot wrap itself");
     host_pool_gib = config.real("host_pool_gib", 0.0);
     host_pool_ratio = config.real("host_pool_ratio", 2.0);
     threshold = config.integer("write_through_threshold", 2);
@@ -49,8 +49,14 @@ struct TierOptions {
       sdk::fail(KVRT_ERR_CONFIG, "policy: expected write_through, write_through_selective or "
                                  "write_back, found \"" + p + "\"");
     }
-    if (host_pool_gib < 0 || host_pool_ratio < 0) {
-      sdk::fail(KVRT_ERR_CONFIG, "host_pool_gib and host_pool_ratio must be >= 0");
+    // Bounded so the page count below is a well-defined integer.
+    if (!(host_pool_gib >= 0 && host_pool_gib <= 1 << 20)) {
+      sdk::fail(KVRT_ERR_CONFIG, "host_pool_gib: expected a number in [0, 1048576], found " +
+                                     std::to_string(host_pool_gib));
+    }
+    if (!(host_pool_ratio >= 0 && host_pool_ratio <= 1024)) {
+      sdk::fail(KVRT_ERR_CONFIG, "host_pool_ratio: expected a number in [0, 1024], found " +
+                                     std::to_string(host_pool_ratio));
     }
     if (threshold < 1) sdk::fail(KVRT_ERR_CONFIG, "write_through_threshold must be >= 1");
   }
@@ -76,7 +82,7 @@ class TieredStore : public sdk::StoreBase {
  public:
   TieredStore(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
               sdk::ConfigView config)
-      : StoreBase(host, g, num_pages), options_(config), inner_(host, options_.inner) {
+      : StoreBase(host, g, num_pages), options_(config), inner_(open_inner(host, options_)) {
     inner_.check(inner_.api->create(inner_.host, &g, num_pages, inner_.config, &store_));
     try {
       plan_segments();
@@ -105,10 +111,19 @@ class TieredStore : public sdk::StoreBase {
 
   static uint64_t page_bytes(const kvrt_host_api* host, const kvrt_kv_geometry& g,
                              sdk::ConfigView config) {
-    Inner inner(host, TierOptions(config).inner);
+    Inner inner = open_inner(host, TierOptions(config));
     uint64_t bytes = 0;
     inner.check(inner.api->page_bytes(inner.host, &g, inner.config, &bytes));
     return bytes;
+  }
+
+  // The inner store, refusing this very plugin (also when named by path): it would recurse.
+  static Inner open_inner(const kvrt_host_api* host, const TierOptions& options) {
+    Inner inner(host, options.inner);
+    if (inner.api->create == sdk::kv_store_table<TieredStore>().create) {
+      sdk::fail(KVRT_ERR_CONFIG, "inner: '" + options.inner + "' is kv_host_tiered itself");
+    }
+    return inner;
   }
 
   kvrt_kv_info info() const {
@@ -157,6 +172,7 @@ class TieredStore : public sdk::StoreBase {
                      kvrt_tier_reason reason) {
     std::unique_lock lock(mutex_);
     Job job;
+    job.copies.reserve(n);
     for (uint32_t i = 0; i < n; ++i) {
       if (!should_copy(hashes[i], reason)) continue;
       if (auto it = index_.find(hashes[i]); it != index_.end()) {
@@ -164,7 +180,7 @@ class TieredStore : public sdk::StoreBase {
         continue;
       }
       uint64_t slot = 0;
-      if (!take_slot(&slot)) break;  // every host page is pinned by a copy: best effort
+      if (!take_slot(&slot)) continue;  // every host page is pinned by a copy: best effort
       slots_[slot].hash = hashes[i];
       index_[hashes[i]] = slot;
       queue_copy(&job, slot, pages[i], true);
@@ -176,6 +192,7 @@ class TieredStore : public sdk::StoreBase {
   uint64_t tier_load(uint32_t n, const uint64_t* hashes, const int64_t* pages, uint8_t* loaded) {
     std::unique_lock lock(mutex_);
     Job job;
+    job.copies.reserve(n);
     for (uint32_t i = 0; i < n; ++i) {
       auto it = index_.find(hashes[i]);
       loaded[i] = it != index_.end();
@@ -195,7 +212,15 @@ class TieredStore : public sdk::StoreBase {
                                                std::to_string(issued_) + ")");
     }
     done_.wait(lock, [&] { return completed_ >= ticket; });
-    if (!copy_error_.empty()) sdk::fail(KVRT_ERR_INTERNAL, copy_error_);
+    // Report (once) the failures of this ticket and of earlier ones nobody waited for.
+    auto end = failures_.upper_bound(ticket);
+    if (failures_.begin() != end) {
+      std::string message = failures_.begin()->second;
+      const size_t count = static_cast<size_t>(std::distance(failures_.begin(), end));
+      failures_.erase(failures_.begin(), end);
+      if (count > 1) message += " (and " + std::to_string(count - 1) + " more failed calls)";
+      sdk::fail(KVRT_ERR_INTERNAL, message);
+    }
   }
 
  private:
@@ -216,7 +241,9 @@ class TieredStore : public sdk::StoreBase {
   };
   struct HostSlot {
     uint64_t hash = 0;
-    uint32_t pins = 0;  // copies in flight; a pinned page is never evicted
+    uint32_t pins = 0;     // copies in flight; a pinned page is never evicted
+    bool filled = false;   // its save copy completed: its bytes are the page's
+    bool orphaned = false; // its save failed: freed once unpinned
     std::list<uint64_t>::iterator lru;
     bool in_lru = false;
   };
@@ -302,8 +329,19 @@ class TieredStore : public sdk::StoreBase {
       s.in_lru = false;
       ++stats_.evicted_pages;
     }
+    slots_[*out].filled = false;
     touch(*out);
     return true;
+  }
+
+  // Forgets a slot whose save failed; it returns to the free list once no copy pins it.
+  void drop_slot(uint64_t slot) {
+    HostSlot& s = slots_[slot];
+    if (auto it = index_.find(s.hash); it != index_.end() && it->second == slot) index_.erase(it);
+    if (s.in_lru) lru_.erase(s.lru);
+    s.in_lru = false;
+    s.filled = false;
+    s.orphaned = true;
   }
 
   // Queues the call's copies; returns its ticket. A call with nothing to copy still gets one,
@@ -322,14 +360,33 @@ class TieredStore : public sdk::StoreBase {
       if (jobs_.empty()) return;  // stopping, and everything queued is done
       Job job = std::move(jobs_.front());
       jobs_.pop_front();
-      lock.unlock();
-      std::string error;
-      for (const Copy& c : job.copies) {
-        if (!copy_page(c)) error = "copy of device page " + std::to_string(c.device_page) + " failed";
+      // A load can only copy a page whose save completed (jobs run in order, so it has run).
+      std::vector<char> done(job.copies.size(), 0);
+      for (size_t i = 0; i < job.copies.size(); ++i) {
+        done[i] = job.copies[i].to_host || slots_[job.copies[i].slot].filled;
       }
+      lock.unlock();
+      for (size_t i = 0; i < job.copies.size(); ++i) done[i] = done[i] && copy_page(job.copies[i]);
       lock.lock();
-      for (const Copy& c : job.copies) --slots_[c.slot].pins;
-      if (!error.empty()) copy_error_ = error;
+      std::string error;
+      for (size_t i = 0; i < job.copies.size(); ++i) {
+        const Copy& c = job.copies[i];
+        HostSlot& slot = slots_[c.slot];
+        --slot.pins;
+        if (c.to_host && done[i]) {
+          slot.filled = true;
+        } else if (c.to_host) {
+          error = "saving device page " + std::to_string(c.device_page) + " to the host failed";
+          drop_slot(c.slot);
+        } else if (!done[i]) {
+          error = "loading into device page " + std::to_string(c.device_page) + " failed";
+        }
+        if (slot.orphaned && slot.pins == 0) {
+          slot.orphaned = false;
+          free_.push_back(c.slot);
+        }
+      }
+      if (!error.empty()) failures_[job.ticket] = error;
       completed_ = job.ticket;
       done_.notify_all();
     }
@@ -366,7 +423,7 @@ class TieredStore : public sdk::StoreBase {
   std::unordered_map<uint64_t, int64_t> hit_counts_;
   std::deque<Job> jobs_;
   uint64_t issued_ = 0, completed_ = 0;
-  std::string copy_error_;
+  std::map<uint64_t, std::string> failures_;  // by ticket, until a tier_wait reports them
   bool stopping_ = false;
   kvrt_tier_info stats_{};
   std::condition_variable work_ready_, done_;

@@ -257,17 +257,20 @@ class Suite {
     }
   }
 
-  bool accepts(kvrt_dtype d) const { return (plugin_.desc->input_dtypes & KVRT_DTYPE_BIT(d)) != 0; }
+  bool accepts(kvrt_dtype d) const { return (plugin_.desc.input_dtypes & KVRT_DTYPE_BIT(d)) != 0; }
 
-  Batch random_batch(const kvrt_kv_geometry& g, std::vector<int64_t> slots) {
+  // Normal values; with vary_magnitude, each token's are scaled by 2^-4 .. 2^4 so per-token
+  // scales matter.
+  Batch random_batch(const kvrt_kv_geometry& g, std::vector<int64_t> slots,
+                     bool vary_magnitude = true) {
     std::normal_distribution<float> normal(0.f, 1.f);
     Batch b;
     b.slots = std::move(slots);
     b.k.resize(b.slots.size() * g.num_kv_heads * g.k_head_dim);
     b.v.resize(b.slots.size() * g.num_kv_heads * g.v_head_dim);
-    // Vary magnitudes across tokens so per-token scales matter.
     for (size_t i = 0; i < b.slots.size(); ++i) {
-      float magnitude = std::ldexp(1.0f, static_cast<int>(rng_() % 9) - 4);
+      const int exponent = vary_magnitude ? static_cast<int>(rng_() % 9) - 4 : 0;
+      const float magnitude = std::ldexp(1.0f, exponent);
       size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
       for (size_t j = 0; j < kr; ++j) b.k[i * kr + j] = normal(rng_) * magnitude;
       for (size_t j = 0; j < vr; ++j) b.v[i * vr + j] = normal(rng_) * magnitude;
@@ -352,6 +355,22 @@ class Suite {
       for (size_t i = 0; i < slots.size(); ++i) {
         for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
           const float scale = read_head(l, is_v, slots[i], h).scale;
+          if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+            // A dynamic scale must fit the row (amax / qmax, up to a factor of 2 for stores
+            // that round it to a power of two); a larger one would widen the bound below.
+            double amax = 0;
+            for (uint32_t d = 0; d < dim; ++d) {
+              amax = std::max(amax, std::fabs(double{want[(i * g.num_kv_heads + h) * dim + d]}));
+            }
+            const double qmax = dtype == KVRT_DTYPE_INT8 ? 127 : dtype == KVRT_DTYPE_FP8_E4M3 ? 448 : 0;
+            if (qmax > 0 && amax > 0 && !(scale <= 2 * amax / qmax * (1 + 1e-6))) {
+              throw Failure(context + ": layer " + std::to_string(layer) + " slot " +
+                            std::to_string(slots[i]) + " head " + std::to_string(h) + " " +
+                            (is_v ? "V" : "K") + " scale " + std::to_string(scale) +
+                            " is more than twice amax/" + std::to_string(static_cast<int>(qmax)) +
+                            " = " + std::to_string(amax / qmax));
+            }
+          }
           for (uint32_t d = 0; d < dim; ++d) {
             size_t at = (i * g.num_kv_heads + h) * dim + d;
             double err = std::fabs(double{got[at]} - double{want[at]});
@@ -412,14 +431,15 @@ class Suite {
     }
   }
 
+  // Report the pages the way the core would over their life, so every write policy
+  // (write-through, selective after up to kTierHits hits, write-back on eviction) copies them.
+  static constexpr int kTierHits = 64;
   uint64_t save(kvrt_kv_store* s, const std::vector<uint64_t>& hashes,
                 const std::vector<int64_t>& pages) {
-    // Report the pages the way the core would over their life, so every write policy
-    // (write-through, selective after N hits, write-back on eviction) copies them.
     uint64_t ticket = 0;
     const uint32_t n = static_cast<uint32_t>(hashes.size());
     ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_INSERTED, &ticket), "tier_save");
-    for (int hit = 0; hit < 16; ++hit) {
+    for (int hit = 0; hit < kTierHits; ++hit) {
       ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_HIT, &ticket), "tier_save");
     }
     ok(api_.tier_save(s, n, hashes.data(), pages.data(), KVRT_TIER_EVICTING, &ticket), "tier_save");
@@ -476,6 +496,7 @@ void Suite::geometry_and_info() {
     ok(api_.page_bytes(host_, &g, config_, &bytes), "page_bytes " + describe(g));
     KVRT_REQUIRE(bytes > 0, "page_bytes is 0 for " + describe(g));
     const uint64_t before = registry_.memory().device_used();
+    const uint64_t host_before = registry_.memory().host_used();
     {
       const uint64_t pages = 5;
       StorePtr s = create(g, pages);
@@ -485,10 +506,24 @@ void Suite::geometry_and_info() {
       KVRT_REQUIRE(info.bytes_per_page == bytes,
                    "info.bytes_per_page " + std::to_string(info.bytes_per_page) +
                        " differs from page_bytes " + std::to_string(bytes) + " for " + describe(g));
-      KVRT_REQUIRE(info.bytes_per_token * g.page_size == info.bytes_per_page,
-                   "info.bytes_per_token * page_size != bytes_per_page for " + describe(g));
+      KVRT_REQUIRE(info.bytes_per_token == info.bytes_per_page / g.page_size,
+                   "info.bytes_per_token is not bytes_per_page / page_size for " + describe(g));
       KVRT_REQUIRE(info.num_pages == pages, "info.num_pages " + std::to_string(info.num_pages) +
                                                 ", created with " + std::to_string(pages));
+      // An older host's shorter struct: the store writes no more than its struct_size.
+      struct {
+        kvrt_kv_info info;
+        uint64_t canary;
+      } short_info{};
+      const uint32_t older = offsetof(kvrt_kv_info, host_tier_pages);
+      std::memset(&short_info, 0xA5, sizeof(short_info));
+      short_info.info.struct_size = older;
+      ok(api_.info(s.get(), &short_info.info), "info with struct_size " + std::to_string(older));
+      const uint8_t* tail = reinterpret_cast<const uint8_t*>(&short_info.info) + older;
+      const uint8_t* end = reinterpret_cast<const uint8_t*>(&short_info + 1);
+      KVRT_REQUIRE(std::all_of(tail, end,
+                               [](uint8_t b) { return b == 0xA5; }),
+                   "info wrote past the caller's struct_size");
       const uint64_t used = registry_.memory().device_used() - before;
       KVRT_REQUIRE(used >= pages * bytes,
                    "the store holds " + std::to_string(pages * bytes) +
@@ -507,6 +542,8 @@ void Suite::geometry_and_info() {
     }
     KVRT_REQUIRE(registry_.memory().device_used() == before,
                  "destroy did not return all device memory for " + describe(g));
+    KVRT_REQUIRE(registry_.memory().host_used() == host_before,
+                 "destroy did not return all host memory for " + describe(g));
   }
 }
 
@@ -517,21 +554,52 @@ void Suite::write_gather_round_trip() {
     require_known_layout(s.get());
     for (kvrt_dtype dtype : {KVRT_DTYPE_F32, KVRT_DTYPE_BF16}) {
       if (!accepts(dtype)) continue;
+      // Every layer gets its own data before any is read back, so layers that alias fail.
+      const std::vector<int64_t> slots = shuffled_slots(pages * g.page_size, 3 * g.page_size + 1);
+      std::vector<std::vector<float>> want_k(g.num_layers), want_v(g.num_layers);
       for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
-        Batch b = random_batch(g, shuffled_slots(pages * g.page_size, 3 * g.page_size + 1));
-        std::vector<float> want_k, want_v, got_k, got_v;
-        write(s.get(), g, layer, b, dtype, &want_k, &want_v);
-        read_back(s.get(), g, layer, b.slots, &got_k, &got_v, api_.gather != nullptr);
-        check_values(s.get(), g, layer, b.slots, want_k, want_v, got_k, got_v,
+        write(s.get(), g, layer, random_batch(g, slots), dtype, &want_k[layer], &want_v[layer]);
+      }
+      for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+        std::vector<float> got_k, got_v;
+        read_back(s.get(), g, layer, slots, &got_k, &got_v, api_.gather != nullptr);
+        check_values(s.get(), g, layer, slots, want_k[layer], want_v[layer], got_k, got_v,
                      std::string(plugin::dtype_name(dtype)) + " input, " + describe(g));
         kvrt_kv_layout l = layout(s.get(), layer);
         if (dtype == l.k_dtype && dtype == l.v_dtype && l.scale_mode == KVRT_SCALE_NONE) {
-          KVRT_REQUIRE(got_k == want_k && got_v == want_v,
+          KVRT_REQUIRE(got_k == want_k[layer] && got_v == want_v[layer],
                        std::string(plugin::dtype_name(dtype)) +
                            " input into a store of the same dtype is not bit-exact, " +
                            describe(g));
         }
       }
+    }
+    // Rows with a token stride: K and V as they come out of a fused QKV projection.
+    if (accepts(KVRT_DTYPE_F32)) {
+      const std::vector<int64_t> slots = shuffled_slots(pages * g.page_size, 2 * g.page_size + 1);
+      const Batch b = random_batch(g, slots);
+      const int64_t kr = int64_t{g.num_kv_heads} * g.k_head_dim;
+      const int64_t vr = int64_t{g.num_kv_heads} * g.v_head_dim;
+      const int64_t stride = kr + vr + 7;  // [K | V | padding] per token
+      std::vector<float> fused(slots.size() * stride, NAN);
+      for (size_t i = 0; i < slots.size(); ++i) {
+        std::copy_n(b.k.begin() + i * kr, kr, fused.begin() + i * stride);
+        std::copy_n(b.v.begin() + i * vr, vr, fused.begin() + i * stride + kr);
+      }
+      kvrt_kv_write w{};
+      w.struct_size = sizeof(w);
+      w.layer = g.num_layers - 1;
+      w.dtype = KVRT_DTYPE_F32;
+      w.num_tokens = static_cast<uint32_t>(slots.size());
+      w.slots = slots.data();
+      w.k = fused.data();
+      w.v = g.v_head_dim ? fused.data() + kr : nullptr;
+      w.k_token_stride = w.v_token_stride = stride;
+      ok(api_.write(s.get(), &w), "write with token stride " + std::to_string(stride));
+      std::vector<float> got_k, got_v;
+      read_back(s.get(), g, w.layer, slots, &got_k, &got_v, api_.gather != nullptr);
+      check_values(s.get(), g, w.layer, slots, b.k, b.v, got_k, got_v,
+                   "rows " + std::to_string(stride) + " elements apart, " + describe(g));
     }
   }
 }
@@ -579,7 +647,9 @@ void Suite::attention_error() {
   StorePtr s = create(g, pages);
   require_known_layout(s.get());
   std::vector<int64_t> slots = shuffled_slots(pages * g.page_size, 100);
-  Batch b = random_batch(g, slots);
+  // Unit-scale data, as after a model's norms: the bound below is then tight enough to mean
+  // something for 8-bit formats (about max|v| / 2 for fp8, a few percent for bf16).
+  Batch b = random_batch(g, slots, false);
   write(s.get(), g, 0, b, KVRT_DTYPE_F32);
   std::vector<float> k, v;
   read_back(s.get(), g, 0, slots, &k, &v, api_.gather != nullptr);
@@ -670,25 +740,31 @@ void Suite::page_boundaries() {
 }
 
 void Suite::concurrent_writes() {
+  // Threads own interleaved slots (thread t writes slots t, t + T, ...), so they share every
+  // page, and write new data each round; the last round must be what is left.
   const kvrt_kv_geometry g = geometry(2, 2, 32, 32, 4);
   const uint32_t threads = std::max(2u, options_.threads);
-  const uint64_t pages_per_thread = 6, pages = pages_per_thread * threads;
+  const uint64_t pages = 6 * threads;
+  const int rounds = 8;
   StorePtr s = create(g, pages);
   require_known_layout(s.get());
-  std::vector<Batch> batches(threads);
+  // batches[t][round * layers + layer]
+  std::vector<std::vector<Batch>> batches(threads);
   for (uint32_t t = 0; t < threads; ++t) {
-    std::vector<int64_t> slots(pages_per_thread * g.page_size);
-    std::iota(slots.begin(), slots.end(), static_cast<int64_t>(t * pages_per_thread * g.page_size));
-    batches[t] = random_batch(g, slots);
+    std::vector<int64_t> slots;
+    for (uint64_t slot = t; slot < pages * g.page_size; slot += threads) slots.push_back(slot);
+    for (int r = 0; r < rounds * static_cast<int>(g.num_layers); ++r) {
+      batches[t].push_back(random_batch(g, slots));
+    }
   }
   std::vector<std::string> errors(threads);
   std::vector<std::thread> workers;
   for (uint32_t t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
-      const Batch& b = batches[t];
       const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
-      for (int round = 0; round < 20 && errors[t].empty(); ++round) {
+      for (int round = 0; round < rounds && errors[t].empty(); ++round) {
         for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+          const Batch& b = batches[t][round * g.num_layers + layer];
           for (size_t i = 0; i < b.slots.size(); ++i) {  // one token per call: many calls race
             kvrt_kv_write w{};
             w.struct_size = sizeof(w);
@@ -713,9 +789,10 @@ void Suite::concurrent_writes() {
   for (const std::string& e : errors) KVRT_REQUIRE(e.empty(), e);
   for (uint32_t t = 0; t < threads; ++t) {
     for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      const Batch& last = batches[t][(rounds - 1) * g.num_layers + layer];
       std::vector<float> got_k, got_v;
-      read_back(s.get(), g, layer, batches[t].slots, &got_k, &got_v, false);
-      check_values(s.get(), g, layer, batches[t].slots, batches[t].k, batches[t].v, got_k, got_v,
+      read_back(s.get(), g, layer, last.slots, &got_k, &got_v, false);
+      check_values(s.get(), g, layer, last.slots, last.k, last.v, got_k, got_v,
                    "after concurrent writes from " + std::to_string(threads) + " threads");
     }
   }
@@ -824,12 +901,15 @@ void Suite::bad_arguments() {
   const uint64_t pages = 4;
   const int64_t limit = static_cast<int64_t>(pages * g.page_size);
   StorePtr s = create(g, pages);
-  auto expect = [&](kvrt_status got, kvrt_status want, const std::string& call) {
+  // Runs `call` with no stale message about, then checks its status and message.
+  auto expect = [&](auto&& call, kvrt_status want, const std::string& name) {
+    take_last_error();
+    const kvrt_status got = call();
     std::string message = take_last_error();
-    KVRT_REQUIRE(got == want, call + " returned " + status_name(got) + ", expected " +
+    KVRT_REQUIRE(got == want, name + " returned " + status_name(got) + ", expected " +
                                   status_name(want));
     KVRT_REQUIRE(!message.empty() || want == KVRT_ERR_INVALID_ARGUMENT,
-                 call + " returned " + status_name(got) + " without a message (set_error)");
+                 name + " returned " + status_name(got) + " without a message (set_error)");
   };
   Batch b = random_batch(g, {3});
   auto attempt = [&](std::vector<int64_t> slots, uint32_t layer, kvrt_dtype dtype,
@@ -845,31 +925,31 @@ void Suite::bad_arguments() {
     w.v = v.data();
     return api_.write(s.get(), &w);
   };
-  expect(attempt({limit}, 0, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+  expect([&] { return attempt({limit}, 0, KVRT_DTYPE_F32, false, false); }, KVRT_ERR_OUT_OF_RANGE,
          "write to slot " + std::to_string(limit) + " of " + std::to_string(limit));
-  expect(attempt({-1}, 0, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+  expect([&] { return attempt({-1}, 0, KVRT_DTYPE_F32, false, false); }, KVRT_ERR_OUT_OF_RANGE,
          "write to slot -1");
-  expect(attempt({0}, g.num_layers, KVRT_DTYPE_F32, false, false), KVRT_ERR_OUT_OF_RANGE,
+  expect([&] { return attempt({0}, g.num_layers, KVRT_DTYPE_F32, false, false); }, KVRT_ERR_OUT_OF_RANGE,
          "write to layer " + std::to_string(g.num_layers));
-  expect(attempt({0}, 0, KVRT_DTYPE_F32, true, false), KVRT_ERR_INVALID_ARGUMENT,
+  expect([&] { return attempt({0}, 0, KVRT_DTYPE_F32, true, false); }, KVRT_ERR_INVALID_ARGUMENT,
          "write with NULL slots");
-  expect(attempt({0}, 0, KVRT_DTYPE_F32, false, true), KVRT_ERR_INVALID_ARGUMENT,
+  expect([&] { return attempt({0}, 0, KVRT_DTYPE_F32, false, true); }, KVRT_ERR_INVALID_ARGUMENT,
          "write with NULL K");
-  expect(api_.write(s.get(), nullptr), KVRT_ERR_INVALID_ARGUMENT, "write(NULL)");
+  expect([&] { return api_.write(s.get(), nullptr); }, KVRT_ERR_INVALID_ARGUMENT, "write(NULL)");
   for (kvrt_dtype d : {KVRT_DTYPE_F16, KVRT_DTYPE_INT8, KVRT_DTYPE_FP8_E4M3, KVRT_DTYPE_INVALID}) {
     if (!accepts(d)) {
-      expect(attempt({0}, 0, d, false, false), KVRT_ERR_UNSUPPORTED,
+      expect([&] { return attempt({0}, 0, d, false, false); }, KVRT_ERR_UNSUPPORTED,
              std::string("write with input dtype ") + plugin::dtype_name(d));
       break;
     }
   }
   kvrt_kv_layout l{};
   l.struct_size = sizeof(l);
-  expect(api_.layout(s.get(), g.num_layers, &l), KVRT_ERR_OUT_OF_RANGE, "layout(num_layers)");
-  expect(api_.layout(s.get(), 0, nullptr), KVRT_ERR_INVALID_ARGUMENT, "layout(0, NULL)");
-  expect(api_.info(s.get(), nullptr), KVRT_ERR_INVALID_ARGUMENT, "info(NULL)");
+  expect([&] { return api_.layout(s.get(), g.num_layers, &l); }, KVRT_ERR_OUT_OF_RANGE, "layout(num_layers)");
+  expect([&] { return api_.layout(s.get(), 0, nullptr); }, KVRT_ERR_INVALID_ARGUMENT, "layout(0, NULL)");
+  expect([&] { return api_.info(s.get(), nullptr); }, KVRT_ERR_INVALID_ARGUMENT, "info(NULL)");
   kvrt_kv_store* never = nullptr;
-  expect(api_.create(host_, &g, pages, config_, nullptr), KVRT_ERR_INVALID_ARGUMENT,
+  expect([&] { return api_.create(host_, &g, pages, config_, nullptr); }, KVRT_ERR_INVALID_ARGUMENT,
          "create(out = NULL)");
   kvrt_kv_geometry empty = g;
   empty.num_layers = 0;
@@ -883,9 +963,9 @@ void Suite::bad_arguments() {
   if (api_.gather != nullptr) {
     std::vector<float> k(32), v(32);
     const int64_t bad = limit;
-    expect(api_.gather(s.get(), 0, 1, &bad, k.data(), v.data()), KVRT_ERR_OUT_OF_RANGE,
+    expect([&] { return api_.gather(s.get(), 0, 1, &bad, k.data(), v.data()); }, KVRT_ERR_OUT_OF_RANGE,
            "gather of slot " + std::to_string(limit));
-    expect(api_.gather(s.get(), g.num_layers, 1, &b.slots[0], k.data(), v.data()),
+    expect([&] { return api_.gather(s.get(), g.num_layers, 1, &b.slots[0], k.data(), v.data()); },
            KVRT_ERR_OUT_OF_RANGE, "gather of layer num_layers");
   }
   if (api_.tier_info != nullptr) {
@@ -893,9 +973,10 @@ void Suite::bad_arguments() {
     const int64_t bad_page = static_cast<int64_t>(pages), negative = -1;
     uint8_t loaded = 0;
     uint64_t ticket = 0;
-    expect(api_.tier_load(s.get(), 1, &hash, &bad_page, &loaded, &ticket), KVRT_ERR_OUT_OF_RANGE,
+    expect([&] { return api_.tier_load(s.get(), 1, &hash, &bad_page, &loaded, &ticket); },
+           KVRT_ERR_OUT_OF_RANGE,
            "tier_load into page " + std::to_string(pages));
-    expect(api_.tier_save(s.get(), 1, &hash, &negative, KVRT_TIER_INSERTED, &ticket),
+    expect([&] { return api_.tier_save(s.get(), 1, &hash, &negative, KVRT_TIER_INSERTED, &ticket); },
            KVRT_ERR_OUT_OF_RANGE, "tier_save of page -1");
   }
   // A failed write writes nothing: every slot is checked first.

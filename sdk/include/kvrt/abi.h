@@ -102,7 +102,8 @@ typedef struct kvrt_host_api {
 
   /* Config lookup in the plugin's table. `key` may be dotted ("inner.policy").
    * Returns KVRT_OK and writes *out; KVRT_ERR_NOT_FOUND when absent (use the default);
-   * KVRT_ERR_CONFIG when present with another type (the host records a message naming the key).
+   * KVRT_ERR_CONFIG when present with another type (no message is recorded: the plugin says
+   * what it expected).
    * `config` may be NULL (an empty table). A string stays valid as long as the config does. */
   kvrt_status (*config_string)(const struct kvrt_host_api *host, const kvrt_config *config,
                                const char *key, const char **out);

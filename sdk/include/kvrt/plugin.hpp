@@ -11,7 +11,10 @@
 #ifndef KVRT_PLUGIN_HPP
 #define KVRT_PLUGIN_HPP
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <optional>
@@ -50,6 +53,39 @@ class Forwarded : public std::exception {
  private:
   kvrt_status status_;
 };
+
+// ---- struct_size: readers use min(their size, struct_size) ---------------------------------
+
+// The sizes of the ABI 1.0 versions of the input structs: a host built against 1.0 passes at
+// least these; fields appended later read as zero from such a host.
+inline constexpr uint32_t kGeometryV1Size = offsetof(kvrt_kv_geometry, device) + sizeof(kvrt_device);
+inline constexpr uint32_t kKvWriteV1Size = offsetof(kvrt_kv_write, v_token_stride) + sizeof(int64_t);
+
+// Copies a host's input struct over a zeroed one of this plugin's size.
+template <class T>
+T read_input(const T* in, uint32_t minimum_size, const char* name) {
+  if (in == nullptr) throw Error(KVRT_ERR_INVALID_ARGUMENT, std::string(name) + " is NULL");
+  if (in->struct_size < minimum_size) {
+    throw Error(KVRT_ERR_INVALID_ARGUMENT, std::string(name) + ".struct_size " +
+                                               std::to_string(in->struct_size) + " < " +
+                                               std::to_string(minimum_size));
+  }
+  T copy{};
+  std::memcpy(&copy, in, std::min<size_t>(in->struct_size, sizeof(T)));
+  copy.struct_size = sizeof(T);
+  return copy;
+}
+
+// Writes an output struct, no more than the caller's struct_size (which the caller must set).
+template <class T>
+void write_output(T* out, const T& value) {
+  if (out->struct_size < sizeof(uint32_t)) {
+    throw Error(KVRT_ERR_INVALID_ARGUMENT, "output struct_size is not set");
+  }
+  const uint32_t size = std::min<uint32_t>(out->struct_size, sizeof(T));
+  std::memcpy(out, &value, size);
+  out->struct_size = size;
+}
 
 // Runs `body` and maps every exception to a status code, recording the message with the host.
 template <class Body>
@@ -203,9 +239,6 @@ class StoreBase {
   }
   void check_write(const kvrt_kv_write* w, uint32_t accepted_dtypes) const {
     if (w == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "write descriptor is NULL");
-    if (w->struct_size < sizeof(kvrt_kv_write)) {
-      fail(KVRT_ERR_INVALID_ARGUMENT, "kvrt_kv_write.struct_size too small");
-    }
     check_layer(w->layer);
     if (w->dtype >= 32 || (KVRT_DTYPE_BIT(w->dtype) & accepted_dtypes) == 0) {
       fail(KVRT_ERR_UNSUPPORTED, "input dtype " + std::to_string(w->dtype) + " not supported");
@@ -254,32 +287,38 @@ const kvrt_kv_store_api& kv_store_table() {
     t.page_bytes = [](const kvrt_host_api* host, const kvrt_kv_geometry* g,
                       const kvrt_config* cfg, uint64_t* out) -> kvrt_status {
       return guard(host, [&] {
-        if (g == nullptr || out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "NULL argument");
-        *out = S::page_bytes(host, *g, ConfigView(host, cfg));
+        if (out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
+        *out = S::page_bytes(host, read_input(g, kGeometryV1Size, "geometry"),
+                             ConfigView(host, cfg));
       });
     };
     t.create = [](const kvrt_host_api* host, const kvrt_kv_geometry* g, uint64_t num_pages,
                   const kvrt_config* cfg, kvrt_kv_store** out) -> kvrt_status {
       return guard(host, [&] {
-        if (g == nullptr || out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "NULL argument");
-        *out = reinterpret_cast<kvrt_kv_store*>(new S(host, *g, num_pages, ConfigView(host, cfg)));
+        if (out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "out is NULL");
+        const kvrt_kv_geometry geometry = read_input(g, kGeometryV1Size, "geometry");
+        *out = reinterpret_cast<kvrt_kv_store*>(
+            new S(host, geometry, num_pages, ConfigView(host, cfg)));
       });
     };
     t.destroy = [](kvrt_kv_store* s) { delete self<S>(s); };
     t.info = [](const kvrt_kv_store* s, kvrt_kv_info* out) -> kvrt_status {
       if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-      return guard(self<S>(s)->host(), [&] { *out = self<S>(s)->info(); });
+      return guard(self<S>(s)->host(), [&] { write_output(out, self<S>(s)->info()); });
     };
     t.layout = [](const kvrt_kv_store* s, uint32_t layer, kvrt_kv_layout* out) -> kvrt_status {
       if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
       return guard(self<S>(s)->host(), [&] {
         self<S>(s)->check_layer(layer);
-        *out = self<S>(s)->layout(layer);
+        write_output(out, self<S>(s)->layout(layer));
       });
     };
     t.write = [](kvrt_kv_store* s, const kvrt_kv_write* w) -> kvrt_status {
       if (detail::null_store(s)) return KVRT_ERR_INVALID_ARGUMENT;
-      return guard(self<S>(s)->host(), [&] { self<S>(s)->write(w); });
+      return guard(self<S>(s)->host(), [&] {
+        const kvrt_kv_write copy = read_input(w, kKvWriteV1Size, "write");
+        self<S>(s)->write(&copy);
+      });
     };
     if constexpr (requires(const S& c, float* f, const int64_t* p) { c.gather(0u, 0u, p, f, f); }) {
       t.gather = [](const kvrt_kv_store* s, uint32_t layer, uint32_t n, const int64_t* slots,
@@ -305,7 +344,7 @@ const kvrt_kv_store_api& kv_store_table() {
                   }) {
       t.tier_info = [](const kvrt_kv_store* s, kvrt_tier_info* out) -> kvrt_status {
         if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
-        return guard(self<S>(s)->host(), [&] { *out = self<S>(s)->tier_info(); });
+        return guard(self<S>(s)->host(), [&] { write_output(out, self<S>(s)->tier_info()); });
       };
       t.tier_lookup = [](kvrt_kv_store* s, uint32_t n, const uint64_t* h,
                          uint32_t* out) -> kvrt_status {
