@@ -2,13 +2,13 @@
 // the same process (counters memcpy_GBps and vs_memcpy).
 //   ./build/bin/kv_store_bench [--benchmark_filter=write]
 // Bytes counted: write = the f32 (or bf16) K+V input consumed; gather = the f32 K+V produced.
+#include <benchmark/benchmark.h>
+
 #include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "core/plugin/registry.h"
 
@@ -60,7 +60,8 @@ struct StoreFixture {
     g.input_dtype = KVRT_DTYPE_F32;
     g.tp_size = 1;
     g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
-    if (plugin->kv.create(plugin->host_api(), &g, kPoolTokens / kPageSize, nullptr, &store) != KVRT_OK) {
+    if (plugin->kv.create(plugin->host_api(), &g, kPoolTokens / kPageSize, nullptr, &store) !=
+        KVRT_OK) {
       error = "create failed: " + kvrt::plugin::take_last_error();
     }
   }
@@ -83,8 +84,8 @@ void report(benchmark::State& state, size_t bytes_per_iteration, size_t ring) {
   state.counters["memcpy_hot_GBps"] = memcpy_rate(bytes_per_iteration, repeats, 1);
   // The seconds memcpy would need for the store's bytes, divided (kIsRate) by the seconds the
   // store took: the ratio of the two rates.
-  state.counters["vs_memcpy"] = benchmark::Counter(bytes / (memcpy_gbps * 1e9),
-                                                   benchmark::Counter::kIsRate);
+  state.counters["vs_memcpy"] =
+      benchmark::Counter(bytes / (memcpy_gbps * 1e9), benchmark::Counter::kIsRate);
 }
 
 void BM_Write(benchmark::State& state, const std::string& name, kvrt_dtype dtype) {
@@ -110,8 +111,8 @@ void BM_Write(benchmark::State& state, const std::string& name, kvrt_dtype dtype
   int64_t next = 0;
   for (auto _ : state) {
     for (int64_t& s : slots) s = next++ % kPoolTokens;  // prefill-like: consecutive slots
-    kvrt_kv_write w{sizeof(kvrt_kv_write), 0, dtype, kTokensPerCall, slots.data(), k.data(),
-                    v.data(), 0, 0};
+    kvrt_kv_write w{
+        sizeof(kvrt_kv_write), 0, dtype, kTokensPerCall, slots.data(), k.data(), v.data(), 0, 0};
     if (f.plugin->kv.write(f.store, &w) != KVRT_OK) {
       return state.SkipWithError(kvrt::plugin::take_last_error().c_str());
     }
@@ -128,8 +129,15 @@ void BM_Gather(benchmark::State& state, const std::string& name) {
   std::vector<float> src(kTokensPerCall * row, 0.5f), k(src.size()), v(src.size());
   std::vector<int64_t> slots(kTokensPerCall);
   for (uint32_t i = 0; i < kTokensPerCall; ++i) slots[i] = i;
-  kvrt_kv_write w{sizeof(kvrt_kv_write), 0, KVRT_DTYPE_F32, kTokensPerCall, slots.data(),
-                  src.data(), src.data(), 0, 0};
+  kvrt_kv_write w{sizeof(kvrt_kv_write),
+                  0,
+                  KVRT_DTYPE_F32,
+                  kTokensPerCall,
+                  slots.data(),
+                  src.data(),
+                  src.data(),
+                  0,
+                  0};
   f.plugin->kv.write(f.store, &w);
   for (auto _ : state) {
     if (f.plugin->kv.gather(f.store, 0, kTokensPerCall, slots.data(), k.data(), v.data()) !=
@@ -144,14 +152,19 @@ void BM_Gather(benchmark::State& state, const std::string& name) {
 
 void register_all() {
   for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_host_tiered"}) {
-    for (auto [dtype, dname] : {std::pair{KVRT_DTYPE_F32, "f32"}, std::pair{KVRT_DTYPE_BF16, "bf16"}}) {
+    for (auto [dtype, dname] :
+         {std::pair{KVRT_DTYPE_F32, "f32"}, std::pair{KVRT_DTYPE_BF16, "bf16"}}) {
       benchmark::RegisterBenchmark((std::string("write/") + store + "/" + dname).c_str(), BM_Write,
                                    std::string(store), dtype)
-          ->Arg(64)->Arg(128)->Arg(256);
+          ->Arg(64)
+          ->Arg(128)
+          ->Arg(256);
     }
     benchmark::RegisterBenchmark((std::string("gather/") + store).c_str(), BM_Gather,
                                  std::string(store))
-        ->Arg(64)->Arg(128)->Arg(256);
+        ->Arg(64)
+        ->Arg(128)
+        ->Arg(256);
   }
 }
 

@@ -10,8 +10,9 @@ Result<uint32_t> kv_heads_per_rank(uint32_t total_kv_heads, uint32_t tp_size) {
   }
   if (total_kv_heads % tp_size == 0) return total_kv_heads / tp_size;
   if (tp_size % total_kv_heads == 0) return 1u;
-  return Status::InvalidArgument(std::to_string(total_kv_heads) + " KV heads cannot be split over " +
-                                 std::to_string(tp_size) + " TP ranks (need one to divide the other)");
+  return Status::InvalidArgument(std::to_string(total_kv_heads) +
+                                 " KV heads cannot be split over " + std::to_string(tp_size) +
+                                 " TP ranks (need one to divide the other)");
 }
 
 Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size) {
@@ -21,7 +22,8 @@ Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size)
   if (!(budget.mem_fraction_static > 0 && budget.mem_fraction_static < 1)) {
     return Status::InvalidArgument("mem_fraction_static must lie in (0, 1)");
   }
-  const double reserve = static_cast<double>(budget.device_memory) * (1 - budget.mem_fraction_static);
+  const double reserve =
+      static_cast<double>(budget.device_memory) * (1 - budget.mem_fraction_static);
   const double free_after_weights =
       static_cast<double>(budget.device_memory) - static_cast<double>(budget.weights_per_rank);
   const double kv = free_after_weights - reserve;
@@ -31,8 +33,8 @@ Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size)
         "the configuration does not fit: device memory " + format_bytes(budget.device_memory) +
         ", weights " + format_bytes(budget.weights_per_rank) + ", reserve " +
         format_bytes(static_cast<uint64_t>(reserve)) + " leave no room for one KV page of " +
-        format_bytes(page_bytes) + "; short by " + std::to_string(static_cast<uint64_t>(shortfall)) +
-        " bytes");
+        format_bytes(page_bytes) + "; short by " +
+        std::to_string(static_cast<uint64_t>(shortfall)) + " bytes");
   }
   Plan p;
   p.kv_budget = static_cast<uint64_t>(kv);

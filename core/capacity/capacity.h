@@ -10,14 +10,14 @@
 namespace kvrt::capacity {
 
 struct Budget {
-  uint64_t device_memory = 0;        // free at start: the [device] memory budget on CPU
-  uint64_t weights_per_rank = 0;     // bytes of weights each rank holds
-  double mem_fraction_static = 0.88; // SGLang's rule: the fraction covers weights + KV
+  uint64_t device_memory = 0;         // free at start: the [device] memory budget on CPU
+  uint64_t weights_per_rank = 0;      // bytes of weights each rank holds
+  double mem_fraction_static = 0.88;  // SGLang's rule: the fraction covers weights + KV
 };
 
 struct Plan {
-  uint64_t kv_budget = 0;     // bytes left for the KV pool on each rank
-  uint64_t page_bytes = 0;    // one page, all layers, this rank
+  uint64_t kv_budget = 0;   // bytes left for the KV pool on each rank
+  uint64_t page_bytes = 0;  // one page, all layers, this rank
   uint32_t page_size = 0;
   uint64_t num_pages = 0;
   uint64_t max_total_num_tokens = 0;

@@ -2,12 +2,12 @@
 //   kvrt plugins [-v]                         what can be loaded, and why not
 //   kvrt config check FILE [--set k=v ...]    validate and print the effective configuration
 //   kvrt capacity [--config FILE] [...]       KV capacity of every store for a geometry
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/capacity/capacity.h"
 #include "core/config/config.h"
@@ -37,14 +37,13 @@ void wire(plugin::Registry& registry, const config::Config& cfg) {
 int run_plugins(bool verbose) {
   plugin::Registry registry;
   std::vector<plugin::LoadFailure> failures = registry.discover();
-  std::printf("%-16s %-10s %-8s %-5s %-10s %-19s %s\n", "NAME", "KIND", "VERSION", "ABI",
-              "DTYPES", "CAPABILITIES", "PATH");
+  std::printf("%-16s %-10s %-8s %-5s %-10s %-19s %s\n", "NAME", "KIND", "VERSION", "ABI", "DTYPES",
+              "CAPABILITIES", "PATH");
   for (const plugin::LoadedPlugin* p : registry.loaded()) {
     std::string abi = std::to_string(p->desc.abi_major) + "." + std::to_string(p->desc.abi_minor);
     std::printf("%-16s %-10s %-8s %-5s %-10s %-19s %s\n", p->name.c_str(),
-                plugin::kind_name(p->kind()), p->desc.version ? p->desc.version : "-",
-                abi.c_str(), p->input_dtype_names().c_str(), p->capabilities().c_str(),
-                p->path.c_str());
+                plugin::kind_name(p->kind()), p->desc.version ? p->desc.version : "-", abi.c_str(),
+                p->input_dtype_names().c_str(), p->capabilities().c_str(), p->path.c_str());
     if (verbose) {
       std::printf("    %s\n", p->desc.description ? p->desc.description : "");
       for (const kvrt_option_desc& o : p->options) {
@@ -140,18 +139,18 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
                                : static_cast<uint64_t>(ratio * plan->num_pages);
       host_tokens = std::to_string(pages * g.page_size);
     }
-    std::printf("%-16s %10llu %12s %12s %22llu %8llu %8llu %8llu %14s\n", p->name.c_str(),
-                static_cast<unsigned long long>(plan->bytes_per_token()),
-                capacity::format_bytes(page_bytes).c_str(),
-                capacity::format_bytes(plan->kv_budget).c_str(),
-                static_cast<unsigned long long>(plan->max_total_num_tokens),
-                static_cast<unsigned long long>(plan->concurrent_decodes(1024)),
-                static_cast<unsigned long long>(plan->concurrent_decodes(4096)),
-                static_cast<unsigned long long>(plan->concurrent_decodes(16384)),
-                host_tokens.c_str());
+    std::printf(
+        "%-16s %10llu %12s %12s %22llu %8llu %8llu %8llu %14s\n", p->name.c_str(),
+        static_cast<unsigned long long>(plan->bytes_per_token()),
+        capacity::format_bytes(page_bytes).c_str(), capacity::format_bytes(plan->kv_budget).c_str(),
+        static_cast<unsigned long long>(plan->max_total_num_tokens),
+        static_cast<unsigned long long>(plan->concurrent_decodes(1024)),
+        static_cast<unsigned long long>(plan->concurrent_decodes(4096)),
+        static_cast<unsigned long long>(plan->concurrent_decodes(16384)), host_tokens.c_str());
   }
-  std::printf("\n@N: requests that can decode at once when each holds N tokens of KV.\n"
-              "A host tier keeps evicted prefixes for reuse; it does not raise @N.\n");
+  std::printf(
+      "\n@N: requests that can decode at once when each holds N tokens of KV.\n"
+      "A host tier keeps evicted prefixes for reuse; it does not raise @N.\n");
   return 0;
 }
 

@@ -1,9 +1,9 @@
 #include "core/plugin/host.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdlib>
 #include <cstring>
-
-#include <spdlog/spdlog.h>
 
 namespace kvrt::plugin {
 namespace {
@@ -18,10 +18,18 @@ void host_log(const kvrt_host_api* host, kvrt_log_level level, const char* messa
   const std::string& name = self(host).plugin_name();
   const char* text = message != nullptr ? message : "";
   switch (level) {
-    case KVRT_LOG_DEBUG: spdlog::debug("[{}] {}", name, text); break;
-    case KVRT_LOG_INFO: spdlog::info("[{}] {}", name, text); break;
-    case KVRT_LOG_WARN: spdlog::warn("[{}] {}", name, text); break;
-    default: spdlog::error("[{}] {}", name, text); break;
+    case KVRT_LOG_DEBUG:
+      spdlog::debug("[{}] {}", name, text);
+      break;
+    case KVRT_LOG_INFO:
+      spdlog::info("[{}] {}", name, text);
+      break;
+    case KVRT_LOG_WARN:
+      spdlog::warn("[{}] {}", name, text);
+      break;
+    default:
+      spdlog::error("[{}] {}", name, text);
+      break;
   }
 }
 
@@ -42,8 +50,8 @@ kvrt_status lookup(const kvrt_config* config, const char* key, Check&& check) {
   return KVRT_OK;
 }
 
-kvrt_status host_config_string(const kvrt_host_api*, const kvrt_config* config,
-                               const char* key, const char** out) {
+kvrt_status host_config_string(const kvrt_host_api*, const kvrt_config* config, const char* key,
+                               const char** out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
   return lookup(config, key, [&](auto node) {
     if (!node.is_string()) return false;
@@ -62,8 +70,8 @@ kvrt_status host_config_int(const kvrt_host_api*, const kvrt_config* config, con
   });
 }
 
-kvrt_status host_config_float(const kvrt_host_api*, const kvrt_config* config,
-                              const char* key, double* out) {
+kvrt_status host_config_float(const kvrt_host_api*, const kvrt_config* config, const char* key,
+                              double* out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
   return lookup(config, key, [&](auto node) {
     if (node.is_integer()) {
@@ -76,8 +84,8 @@ kvrt_status host_config_float(const kvrt_host_api*, const kvrt_config* config,
   });
 }
 
-kvrt_status host_config_bool(const kvrt_host_api*, const kvrt_config* config,
-                             const char* key, int32_t* out) {
+kvrt_status host_config_bool(const kvrt_host_api*, const kvrt_config* config, const char* key,
+                             int32_t* out) {
   if (out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
   return lookup(config, key, [&](auto node) {
     if (!node.is_boolean()) return false;
@@ -224,16 +232,26 @@ void clear_last_error() { t_last_error.clear(); }
 
 const char* status_name(kvrt_status status) {
   switch (status) {
-    case KVRT_OK: return "OK";
-    case KVRT_ERR_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case KVRT_ERR_OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case KVRT_ERR_UNSUPPORTED: return "UNSUPPORTED";
-    case KVRT_ERR_NO_MEMORY: return "NO_MEMORY";
-    case KVRT_ERR_NOT_FOUND: return "NOT_FOUND";
-    case KVRT_ERR_ABI_MISMATCH: return "ABI_MISMATCH";
-    case KVRT_ERR_CONFIG: return "CONFIG";
-    case KVRT_ERR_INTERNAL: return "INTERNAL";
-    default: return "UNKNOWN_STATUS";
+    case KVRT_OK:
+      return "OK";
+    case KVRT_ERR_INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case KVRT_ERR_OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case KVRT_ERR_UNSUPPORTED:
+      return "UNSUPPORTED";
+    case KVRT_ERR_NO_MEMORY:
+      return "NO_MEMORY";
+    case KVRT_ERR_NOT_FOUND:
+      return "NOT_FOUND";
+    case KVRT_ERR_ABI_MISMATCH:
+      return "ABI_MISMATCH";
+    case KVRT_ERR_CONFIG:
+      return "CONFIG";
+    case KVRT_ERR_INTERNAL:
+      return "INTERNAL";
+    default:
+      return "UNKNOWN_STATUS";
   }
 }
 
@@ -242,11 +260,16 @@ Status plugin_failure(const std::string& plugin, const std::string& what, kvrt_s
   std::string text = "plugin " + plugin + ": " + what + " failed (" + status_name(status) + ")";
   if (!message.empty()) text += ": " + message;
   switch (status) {
-    case KVRT_ERR_NO_MEMORY: return Status::NoMemory(text);
-    case KVRT_ERR_UNSUPPORTED: return Status::Unsupported(text);
-    case KVRT_ERR_OUT_OF_RANGE: return Status::OutOfRange(text);
-    case KVRT_ERR_CONFIG: return Status::ConfigError(text);
-    default: return Status::PluginError(text);
+    case KVRT_ERR_NO_MEMORY:
+      return Status::NoMemory(text);
+    case KVRT_ERR_UNSUPPORTED:
+      return Status::Unsupported(text);
+    case KVRT_ERR_OUT_OF_RANGE:
+      return Status::OutOfRange(text);
+    case KVRT_ERR_CONFIG:
+      return Status::ConfigError(text);
+    default:
+      return Status::PluginError(text);
   }
 }
 

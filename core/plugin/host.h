@@ -2,6 +2,8 @@
 // config lookup, accounted memory, copies and access to other KV stores.
 #pragma once
 
+#include <toml++/toml.h>
+
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -9,11 +11,9 @@
 #include <mutex>
 #include <string>
 
-#include <toml++/toml.h>
-
+#include "core/util/status.h"
 #include "kvrt/abi.h"
 #include "kvrt/kv_store.h"
-#include "core/util/status.h"
 
 namespace kvrt::plugin {
 

@@ -7,18 +7,21 @@ namespace {
 
 config::KeySpec::Type option_type(kvrt_option_type type) {
   switch (type) {
-    case KVRT_OPTION_INT: return config::KeySpec::Type::kInt;
-    case KVRT_OPTION_FLOAT: return config::KeySpec::Type::kFloat;
-    case KVRT_OPTION_BOOL: return config::KeySpec::Type::kBool;
-    case KVRT_OPTION_TABLE: return config::KeySpec::Type::kTable;
-    default: return config::KeySpec::Type::kString;
+    case KVRT_OPTION_INT:
+      return config::KeySpec::Type::kInt;
+    case KVRT_OPTION_FLOAT:
+      return config::KeySpec::Type::kFloat;
+    case KVRT_OPTION_BOOL:
+      return config::KeySpec::Type::kBool;
+    case KVRT_OPTION_TABLE:
+      return config::KeySpec::Type::kTable;
+    default:
+      return config::KeySpec::Type::kString;
   }
 }
 
 // The key of [<section>] that chooses the plugin, as opposed to naming a plugin's table.
-const char* chooser_key(std::string_view section) {
-  return section == "kv" ? "store" : "backend";
-}
+const char* chooser_key(std::string_view section) { return section == "kv" ? "store" : "backend"; }
 
 }  // namespace
 
@@ -72,8 +75,8 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   for (const LoadedPlugin* p : stores) {
     uint64_t bytes = 0;
     clear_last_error();
-    kvrt_status st = p->kv.page_bytes(p->host_api(), &g, as_config(cfg.plugin_table("kv", p->name)),
-                                      &bytes);
+    kvrt_status st =
+        p->kv.page_bytes(p->host_api(), &g, as_config(cfg.plugin_table("kv", p->name)), &bytes);
     if (st != KVRT_OK) {
       return plugin_failure(p->name, "checking [kv." + p->name + "] (page_bytes)", st)
           .WithContext(cfg.source);

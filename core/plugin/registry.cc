@@ -2,12 +2,11 @@
 
 #include <unistd.h>
 
+#include <boost/dll/shared_library.hpp>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <system_error>
-
-#include <boost/dll/shared_library.hpp>
 
 namespace kvrt::plugin {
 namespace fs = std::filesystem;
@@ -64,8 +63,8 @@ std::string check_slots(const std::vector<Slot>& required, const std::vector<Slo
   if (present != 0 && present != all_or_none.size()) {
     for (const Slot& slot : all_or_none) {
       if (slot.fn == nullptr) {
-        return std::string(group) + " callbacks must all be present or all absent: '" +
-               slot.name + "' is missing";
+        return std::string(group) + " callbacks must all be present or all absent: '" + slot.name +
+               "' is missing";
       }
     }
   }
@@ -122,20 +121,29 @@ std::string device_name(const kvrt_device& device) {
 
 const char* dtype_name(kvrt_dtype dtype) {
   switch (dtype) {
-    case KVRT_DTYPE_F32: return "f32";
-    case KVRT_DTYPE_BF16: return "bf16";
-    case KVRT_DTYPE_F16: return "f16";
-    case KVRT_DTYPE_FP8_E4M3: return "fp8_e4m3";
-    case KVRT_DTYPE_INT8: return "int8";
-    default: return "invalid";
+    case KVRT_DTYPE_F32:
+      return "f32";
+    case KVRT_DTYPE_BF16:
+      return "bf16";
+    case KVRT_DTYPE_F16:
+      return "f16";
+    case KVRT_DTYPE_FP8_E4M3:
+      return "fp8_e4m3";
+    case KVRT_DTYPE_INT8:
+      return "int8";
+    default:
+      return "invalid";
   }
 }
 
 const char* kind_name(kvrt_plugin_kind kind) {
   switch (kind) {
-    case KVRT_PLUGIN_KV_STORE: return "kv_store";
-    case KVRT_PLUGIN_ATTENTION: return "attention";
-    default: return "unknown";
+    case KVRT_PLUGIN_KV_STORE:
+      return "kv_store";
+    case KVRT_PLUGIN_ATTENTION:
+      return "attention";
+    default:
+      return "unknown";
   }
 }
 
@@ -156,7 +164,8 @@ std::string LoadedPlugin::capabilities() const {
 std::string LoadedPlugin::input_dtype_names() const {
   std::string text;
   for (kvrt_dtype d = 1; d < 32; ++d) {
-    if (desc.input_dtypes & KVRT_DTYPE_BIT(d)) text += (text.empty() ? "" : ",") + std::string(dtype_name(d));
+    if (desc.input_dtypes & KVRT_DTYPE_BIT(d))
+      text += (text.empty() ? "" : ",") + std::string(dtype_name(d));
   }
   return text.empty() ? "-" : text;
 }
@@ -221,8 +230,8 @@ const toml::table* Registry::plugin_config(const std::string& name) const {
 
 Result<const LoadedPlugin*> Registry::load(const std::string& name_or_path) {
   std::lock_guard lock(mutex_);
-  bool is_path = name_or_path.find('/') != std::string::npos ||
-                 fs::path(name_or_path).extension() == ".so";
+  bool is_path =
+      name_or_path.find('/') != std::string::npos || fs::path(name_or_path).extension() == ".so";
   if (is_path) return load_path(name_or_path);
   if (auto it = by_name_.find(name_or_path); it != by_name_.end()) return it->second;
 
@@ -281,12 +290,11 @@ Result<const LoadedPlugin*> Registry::load_path(const fs::path& given) {
   kvrt_status status = query(KVRT_ABI_MAJOR, KVRT_ABI_MINOR, plugin->host_api(), &desc);
   if (status != KVRT_OK) {
     std::string message = take_last_error();
-    Status refusal =
-        status == KVRT_ERR_ABI_MISMATCH
-            ? fail("ABI major mismatch: host is " + std::to_string(KVRT_ABI_MAJOR) +
-                   (message.empty() ? "" : "; plugin says: " + message))
-            : fail(std::string("plugin init failed (") + status_name(status) + ")" +
-                   (message.empty() ? "" : ": " + message));
+    Status refusal = status == KVRT_ERR_ABI_MISMATCH
+                         ? fail("ABI major mismatch: host is " + std::to_string(KVRT_ABI_MAJOR) +
+                                (message.empty() ? "" : "; plugin says: " + message))
+                         : fail(std::string("plugin init failed (") + status_name(status) + ")" +
+                                (message.empty() ? "" : ": " + message));
     refused_hosts_.push_back(std::move(plugin->host));
     refused_[path.string()] = refusal;
     return refusal;

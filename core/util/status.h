@@ -11,8 +11,17 @@ namespace kvrt {
 
 class Status {
  public:
-  enum class Code { kOk, kInvalidArgument, kNotFound, kUnsupported, kOutOfRange, kNoMemory,
-                    kConfig, kPlugin, kInternal };
+  enum class Code {
+    kOk,
+    kInvalidArgument,
+    kNotFound,
+    kUnsupported,
+    kOutOfRange,
+    kNoMemory,
+    kConfig,
+    kPlugin,
+    kInternal
+  };
 
   Status() = default;  // OK
   static Status Ok() { return Status(); }
@@ -53,8 +62,8 @@ class Status {
 template <class T>
 class Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                 // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {}          // NOLINT
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOk;

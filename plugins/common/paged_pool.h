@@ -20,8 +20,8 @@ class PagedPool {
             uint32_t elem_bytes, bool token_head_scales)
       : g_(g), num_pages_(num_pages), elem_bytes_(elem_bytes), scales_(token_head_scales) {
     check_geometry(g);
-    block_ = sdk::HostBuffer(host, KVRT_MEMORY_DEVICE, num_pages * page_bytes(g, elem_bytes,
-                                                                             token_head_scales),
+    block_ = sdk::HostBuffer(host, KVRT_MEMORY_DEVICE,
+                             num_pages * page_bytes(g, elem_bytes, token_head_scales),
                              "the KV page pool");
   }
 
@@ -56,8 +56,7 @@ class PagedPool {
     return reinterpret_cast<float*>(block_.data()) + layer * scales_per_layer();
   }
   float* v_scales(uint32_t layer) const {
-    return g_.v_head_dim == 0 ? nullptr
-                              : k_scales(layer) + g_.num_layers * scales_per_layer();
+    return g_.v_head_dim == 0 ? nullptr : k_scales(layer) + g_.num_layers * scales_per_layer();
   }
   uint8_t* k(uint32_t layer) const {
     return block_.data() + all_scale_bytes() +

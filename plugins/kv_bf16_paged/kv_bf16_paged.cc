@@ -79,10 +79,18 @@ class Bf16PagedStore : public sdk::StoreBase {
 };
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
-  static const kvrt_plugin_desc desc = {
-      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
-      "kv_bf16_paged", "0.1.0", "paged bf16 K/V; the reference store",
-      &sdk::kv_store_table<Bf16PagedStore>(), nullptr, 0, kInputDtypes, nullptr};
+  static const kvrt_plugin_desc desc = {sizeof(kvrt_plugin_desc),
+                                        KVRT_ABI_MAJOR,
+                                        KVRT_ABI_MINOR,
+                                        KVRT_PLUGIN_KV_STORE,
+                                        "kv_bf16_paged",
+                                        "0.1.0",
+                                        "paged bf16 K/V; the reference store",
+                                        &sdk::kv_store_table<Bf16PagedStore>(),
+                                        nullptr,
+                                        0,
+                                        kInputDtypes,
+                                        nullptr};
   return desc;
 }
 

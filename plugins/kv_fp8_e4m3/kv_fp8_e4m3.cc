@@ -28,15 +28,17 @@ struct Fp8Options {
     if (mode == "per_tensor") {
       per_tensor = true;
     } else if (mode != "per_token_head") {
-      sdk::fail(KVRT_ERR_CONFIG, "scale_mode: expected \"per_token_head\" or \"per_tensor\", found \"" +
-                                     mode + "\"");
+      sdk::fail(
+          KVRT_ERR_CONFIG,
+          "scale_mode: expected \"per_token_head\" or \"per_tensor\", found \"" + mode + "\"");
     }
     scales_given = config.has("k_scale") || config.has("v_scale");
     k_scale = static_cast<float>(config.real("k_scale", 1.0));
     v_scale = static_cast<float>(config.real("v_scale", 1.0));
     for (auto [name, value] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
       if (!(value > 0) || !std::isfinite(value)) {
-        sdk::fail(KVRT_ERR_CONFIG, std::string(name) + ": expected a positive finite number, found " +
+        sdk::fail(KVRT_ERR_CONFIG, std::string(name) +
+                                       ": expected a positive finite number, found " +
                                        std::to_string(value));
       }
     }
@@ -97,8 +99,8 @@ class Fp8Store : public sdk::StoreBase {
   void write(const kvrt_kv_write* w) {
     check_write(w, kInputDtypes);
     const kvrt_kv_geometry& g = geometry();
-    quantize(*w, w->k, w->k_token_stride, g.k_head_dim, pool_.k(w->layer),
-             pool_.k_scales(w->layer), options_.k_scale);
+    quantize(*w, w->k, w->k_token_stride, g.k_head_dim, pool_.k(w->layer), pool_.k_scales(w->layer),
+             options_.k_scale);
     if (g.v_head_dim != 0) {
       quantize(*w, w->v, w->v_token_stride, g.v_head_dim, pool_.v(w->layer),
                pool_.v_scales(w->layer), options_.v_scale);
@@ -109,7 +111,8 @@ class Fp8Store : public sdk::StoreBase {
     const kvrt_kv_geometry& g = geometry();
     dequantize(pool_.k(layer), pool_.k_scales(layer), options_.k_scale, g.k_head_dim, n, slots, k);
     if (g.v_head_dim != 0) {
-      dequantize(pool_.v(layer), pool_.v_scales(layer), options_.v_scale, g.v_head_dim, n, slots, v);
+      dequantize(pool_.v(layer), pool_.v_scales(layer), options_.v_scale, g.v_head_dim, n, slots,
+                 v);
     }
   }
 
@@ -167,15 +170,23 @@ const kvrt_option_desc kOptions[] = {
      "per_token_head (dynamic, a scale per token and KV head) or per_tensor (static)"},
     {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "k_scale", "1.0",
      "per_tensor only: the K scale (stored = code * k_scale)"},
-    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "v_scale", "1.0",
-     "per_tensor only: the V scale"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "v_scale", "1.0", "per_tensor only: the V scale"},
 };
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
   static const kvrt_plugin_desc desc = {
-      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
-      "kv_fp8_e4m3", "0.1.0", "paged FP8 E4M3 K/V with per-token-head or per-tensor scales",
-      &sdk::kv_store_table<Fp8Store>(), kOptions, 3, kInputDtypes, nullptr};
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_KV_STORE,
+      "kv_fp8_e4m3",
+      "0.1.0",
+      "paged FP8 E4M3 K/V with per-token-head or per-tensor scales",
+      &sdk::kv_store_table<Fp8Store>(),
+      kOptions,
+      3,
+      kInputDtypes,
+      nullptr};
   return desc;
 }
 

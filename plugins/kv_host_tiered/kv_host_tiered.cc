@@ -46,8 +46,10 @@ struct TierOptions {
     } else if (p == "write_back") {
       policy = Policy::kWriteBack;
     } else {
-      sdk::fail(KVRT_ERR_CONFIG, "policy: expected write_through, write_through_selective or "
-                                 "write_back, found \"" + p + "\"");
+      sdk::fail(KVRT_ERR_CONFIG,
+                "policy: expected write_through, write_through_selective or "
+                "write_back, found \"" +
+                    p + "\"");
     }
     // Bounded so the page count below is a well-defined integer.
     if (!(host_pool_gib >= 0 && host_pool_gib <= 1 << 20)) {
@@ -241,9 +243,9 @@ class TieredStore : public sdk::StoreBase {
   };
   struct HostSlot {
     uint64_t hash = 0;
-    uint32_t pins = 0;     // copies in flight; a pinned page is never evicted
-    bool filled = false;   // its save copy completed: its bytes are the page's
-    bool orphaned = false; // its save failed: freed once unpinned
+    uint32_t pins = 0;      // copies in flight; a pinned page is never evicted
+    bool filled = false;    // its save copy completed: its bytes are the page's
+    bool orphaned = false;  // its save failed: freed once unpinned
     std::list<uint64_t>::iterator lru;
     bool in_lru = false;
   };
@@ -289,8 +291,10 @@ class TieredStore : public sdk::StoreBase {
 
   bool should_copy(uint64_t hash, kvrt_tier_reason reason) {
     switch (options_.policy) {
-      case Policy::kWriteThrough: return reason != KVRT_TIER_EVICTING;
-      case Policy::kWriteBack: return reason == KVRT_TIER_EVICTING;
+      case Policy::kWriteThrough:
+        return reason != KVRT_TIER_EVICTING;
+      case Policy::kWriteBack:
+        return reason == KVRT_TIER_EVICTING;
       case Policy::kWriteThroughSelective: {
         if (reason == KVRT_TIER_EVICTING) return false;
         // Bounded: a flood of one-off pages resets the counts rather than growing forever.
@@ -397,10 +401,9 @@ class TieredStore : public sdk::StoreBase {
     uint8_t* host_page = pool_.data() + c.slot * page_bytes_;
     for (const Segment& s : segments_) {
       uint8_t* device = s.base + c.device_page * s.page_stride;
-      kvrt_status st = c.to_host ? h->copy(h, host_page, KVRT_MEMORY_HOST, device,
-                                           KVRT_MEMORY_DEVICE, s.bytes)
-                                 : h->copy(h, device, KVRT_MEMORY_DEVICE, host_page,
-                                           KVRT_MEMORY_HOST, s.bytes);
+      kvrt_status st =
+          c.to_host ? h->copy(h, host_page, KVRT_MEMORY_HOST, device, KVRT_MEMORY_DEVICE, s.bytes)
+                    : h->copy(h, device, KVRT_MEMORY_DEVICE, host_page, KVRT_MEMORY_HOST, s.bytes);
       if (st != KVRT_OK) return false;
       host_page += s.bytes;
     }
@@ -445,11 +448,18 @@ const kvrt_option_desc kOptions[] = {
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
   static const kvrt_plugin_desc desc = {
-      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
-      "kv_host_tiered", "0.1.0",
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_KV_STORE,
+      "kv_host_tiered",
+      "0.1.0",
       "an inner device store plus a host RAM tier of prefix pages (adds no decode capacity)",
-      &sdk::kv_store_table<TieredStore>(), kOptions, 5,
-      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16), nullptr};
+      &sdk::kv_store_table<TieredStore>(),
+      kOptions,
+      5,
+      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16),
+      nullptr};
   return desc;
 }
 

@@ -25,9 +25,9 @@ struct Skip : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-#define KVRT_REQUIRE(cond, message)                     \
-  do {                                                  \
-    if (!(cond)) throw Failure(std::string(message));   \
+#define KVRT_REQUIRE(cond, message)                   \
+  do {                                                \
+    if (!(cond)) throw Failure(std::string(message)); \
   } while (0)
 
 // ---- the suite's own reading of stored formats (independent of the stores' kernels) ---------
@@ -76,8 +76,10 @@ float decode_element(kvrt_dtype d, const uint8_t* p) {
                                          : std::ldexp(static_cast<float>(8 + mant), exp - 10);
       return (c & 0x80) ? -v : v;
     }
-    case KVRT_DTYPE_INT8: return static_cast<float>(static_cast<int8_t>(*p));
-    default: return NAN;
+    case KVRT_DTYPE_INT8:
+      return static_cast<float>(static_cast<int8_t>(*p));
+    default:
+      return NAN;
   }
 }
 
@@ -85,15 +87,21 @@ float decode_element(kvrt_dtype d, const uint8_t* p) {
 double element_bound(kvrt_dtype d, double x, double scale) {
   const double slack = 1e-6 * std::fabs(x) + 1e-30;  // f32 arithmetic around the scale
   switch (d) {
-    case KVRT_DTYPE_F32: return 0;
+    case KVRT_DTYPE_F32:
+      return 0;
     // Half an ulp: with p significand bits, |x| = m * 2^e (1 <= m < 2) rounds by at most
     // 2^(e - p) <= 2^-p * |x|. bf16 has p = 8, f16 p = 11, e4m3 p = 4.
-    case KVRT_DTYPE_BF16: return std::ldexp(std::fabs(x), -8) + slack;
-    case KVRT_DTYPE_F16: return std::ldexp(std::fabs(x), -11) + std::ldexp(1.0, -25) + slack;
+    case KVRT_DTYPE_BF16:
+      return std::ldexp(std::fabs(x), -8) + slack;
+    case KVRT_DTYPE_F16:
+      return std::ldexp(std::fabs(x), -11) + std::ldexp(1.0, -25) + slack;
     // e4m3 subnormals are 2^-9 apart (in units of the scale): half a step is 2^-10.
-    case KVRT_DTYPE_FP8_E4M3: return std::ldexp(std::fabs(x), -4) + std::ldexp(scale, -10) + slack;
-    case KVRT_DTYPE_INT8: return scale / 2 + slack;
-    default: return INFINITY;
+    case KVRT_DTYPE_FP8_E4M3:
+      return std::ldexp(std::fabs(x), -4) + std::ldexp(scale, -10) + slack;
+    case KVRT_DTYPE_INT8:
+      return scale / 2 + slack;
+    default:
+      return INFINITY;
   }
 }
 
@@ -120,7 +128,8 @@ HeadRow read_head(const kvrt_kv_layout& l, bool v_part, int64_t slot, uint32_t h
   HeadRow row;
   row.stored.resize(dim);
   const uint8_t* p = base + page * ps + token * ts + head * hs;
-  for (uint32_t d = 0; d < dim; ++d) row.stored[d] = decode_element(dtype, p + d * dtype_bytes(dtype));
+  for (uint32_t d = 0; d < dim; ++d)
+    row.stored[d] = decode_element(dtype, p + d * dtype_bytes(dtype));
   const float* scales = v_part ? l.v_scale : l.k_scale;
   if (l.scale_mode == KVRT_SCALE_PER_TENSOR) {
     row.scale = *scales;
@@ -226,8 +235,8 @@ class Suite {
         !known_dtype(l.v_dtype)) {
       return;
     }
-    auto region = [&](const char* what, const void* base, int64_t page, int64_t token,
-                      int64_t head, uint64_t tail_bytes) {
+    auto region = [&](const char* what, const void* base, int64_t page, int64_t token, int64_t head,
+                      uint64_t tail_bytes) {
       if (base == nullptr) throw Failure(std::string("layout: ") + what + " pointer is NULL");
       if (page < 0 || token < 0 || head < 0) {
         throw Failure(std::string("layout: negative ") + what + " stride");
@@ -247,10 +256,10 @@ class Suite {
     region("V", l.v_base, l.v_page_stride, l.v_token_stride, l.v_head_stride,
            v_dim * dtype_bytes(l.v_dtype));
     if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
-      region("K scale", l.k_scale, l.scale_page_stride, l.scale_token_stride,
-             l.scale_head_stride, 4);
-      region("V scale", l.v_scale, l.scale_page_stride, l.scale_token_stride,
-             l.scale_head_stride, 4);
+      region("K scale", l.k_scale, l.scale_page_stride, l.scale_token_stride, l.scale_head_stride,
+             4);
+      region("V scale", l.v_scale, l.scale_page_stride, l.scale_token_stride, l.scale_head_stride,
+             4);
     } else if (l.scale_mode == KVRT_SCALE_PER_TENSOR) {
       region("K scale", l.k_scale, 0, 0, 0, 4);
       region("V scale", l.v_scale, 0, 0, 0, 4);
@@ -297,19 +306,21 @@ class Suite {
       w.k = b.k.data();
       w.v = g.v_head_dim ? b.v.data() : nullptr;
     }
-    ok(api_.write(s, &w), "write(layer " + std::to_string(layer) + ", " +
-                              std::to_string(w.num_tokens) + " tokens)");
+    ok(api_.write(s, &w),
+       "write(layer " + std::to_string(layer) + ", " + std::to_string(w.num_tokens) + " tokens)");
     // What the store was actually given, as f32.
     if (stored_k != nullptr) {
       stored_k->clear();
       for (size_t i = 0; i < b.k.size(); ++i) {
-        stored_k->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{k16[i]} << 16) : b.k[i]);
+        stored_k->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{k16[i]} << 16)
+                                                     : b.k[i]);
       }
     }
     if (stored_v != nullptr) {
       stored_v->clear();
       for (size_t i = 0; i < b.v.size(); ++i) {
-        stored_v->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{v16[i]} << 16) : b.v[i]);
+        stored_v->push_back(dtype == KVRT_DTYPE_BF16 ? bits_to_float(uint32_t{v16[i]} << 16)
+                                                     : b.v[i]);
       }
     }
   }
@@ -362,7 +373,9 @@ class Suite {
             for (uint32_t d = 0; d < dim; ++d) {
               amax = std::max(amax, std::fabs(double{want[(i * g.num_kv_heads + h) * dim + d]}));
             }
-            const double qmax = dtype == KVRT_DTYPE_INT8 ? 127 : dtype == KVRT_DTYPE_FP8_E4M3 ? 448 : 0;
+            const double qmax = dtype == KVRT_DTYPE_INT8       ? 127
+                                : dtype == KVRT_DTYPE_FP8_E4M3 ? 448
+                                                               : 0;
             if (qmax > 0 && amax > 0 && !(scale <= 2 * amax / qmax * (1 + 1e-6))) {
               throw Failure(context + ": layer " + std::to_string(layer) + " slot " +
                             std::to_string(slots[i]) + " head " + std::to_string(h) + " " +
@@ -376,12 +389,12 @@ class Suite {
             double err = std::fabs(double{got[at]} - double{want[at]});
             double bound = element_bound(dtype, want[at], scale);
             if (!(err <= bound)) {
-              throw Failure(context + ": layer " + std::to_string(layer) + " slot " +
-                            std::to_string(slots[i]) + " head " + std::to_string(h) + " " +
-                            (is_v ? "V" : "K") + "[" + std::to_string(d) + "] = " +
-                            std::to_string(got[at]) + ", wrote " + std::to_string(want[at]) +
-                            " (error " + std::to_string(err) + " > bound " +
-                            std::to_string(bound) + " for " + plugin::dtype_name(dtype) + ")");
+              throw Failure(
+                  context + ": layer " + std::to_string(layer) + " slot " +
+                  std::to_string(slots[i]) + " head " + std::to_string(h) + " " +
+                  (is_v ? "V" : "K") + "[" + std::to_string(d) + "] = " + std::to_string(got[at]) +
+                  ", wrote " + std::to_string(want[at]) + " (error " + std::to_string(err) +
+                  " > bound " + std::to_string(bound) + " for " + plugin::dtype_name(dtype) + ")");
             }
           }
         }
@@ -469,7 +482,7 @@ class Suite {
 const std::vector<kvrt_kv_geometry>& many_geometries() {
   static const std::vector<kvrt_kv_geometry> all = [] {
     std::vector<kvrt_kv_geometry> g;
-    const uint32_t shapes[][5] = {{1, 1, 8, 8, 1},     {2, 2, 16, 16, 4},   {3, 4, 64, 64, 16},
+    const uint32_t shapes[][5] = {{1, 1, 8, 8, 1},      {2, 2, 16, 16, 4},    {3, 4, 64, 64, 16},
                                   {2, 8, 128, 128, 16}, {1, 2, 256, 256, 64}, {2, 1, 576, 0, 1},
                                   {1, 3, 40, 24, 128},  {4, 2, 32, 32, 2}};
     for (const auto& s : shapes) {
@@ -521,14 +534,13 @@ void Suite::geometry_and_info() {
       ok(api_.info(s.get(), &short_info.info), "info with struct_size " + std::to_string(older));
       const uint8_t* tail = reinterpret_cast<const uint8_t*>(&short_info.info) + older;
       const uint8_t* end = reinterpret_cast<const uint8_t*>(&short_info + 1);
-      KVRT_REQUIRE(std::all_of(tail, end,
-                               [](uint8_t b) { return b == 0xA5; }),
+      KVRT_REQUIRE(std::all_of(tail, end, [](uint8_t b) { return b == 0xA5; }),
                    "info wrote past the caller's struct_size");
       const uint64_t used = registry_.memory().device_used() - before;
-      KVRT_REQUIRE(used >= pages * bytes,
-                   "the store holds " + std::to_string(pages * bytes) +
-                       " bytes of pages but took only " + std::to_string(used) +
-                       " bytes of device memory through host->alloc");
+      KVRT_REQUIRE(used >= pages * bytes, "the store holds " + std::to_string(pages * bytes) +
+                                              " bytes of pages but took only " +
+                                              std::to_string(used) +
+                                              " bytes of device memory through host->alloc");
       for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
         kvrt_kv_layout l = layout(s.get(), layer);
         KVRT_REQUIRE(l.num_pages == pages && l.page_size == g.page_size &&
@@ -718,7 +730,8 @@ void Suite::page_boundaries() {
         edges.push_back(static_cast<int64_t>(p * page_size) - 1);
         edges.push_back(static_cast<int64_t>(p * page_size));
       }
-      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
+      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim,
+                   vr = size_t{g.num_kv_heads} * g.v_head_dim;
       for (int64_t slot : edges) {
         Batch one = random_batch(g, {slot});
         std::vector<float> k1, v1;
@@ -761,7 +774,8 @@ void Suite::concurrent_writes() {
   std::vector<std::thread> workers;
   for (uint32_t t = 0; t < threads; ++t) {
     workers.emplace_back([&, t] {
-      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim, vr = size_t{g.num_kv_heads} * g.v_head_dim;
+      const size_t kr = size_t{g.num_kv_heads} * g.k_head_dim,
+                   vr = size_t{g.num_kv_heads} * g.v_head_dim;
       for (int round = 0; round < rounds && errors[t].empty(); ++round) {
         for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
           const Batch& b = batches[t][round * g.num_layers + layer];
@@ -823,15 +837,14 @@ void Suite::tier_round_trip() {
   ok(api_.tier_wait(s.get(), save(s.get(), hashes, source)), "tier_wait");
   uint32_t hits = 0;
   ok(api_.tier_lookup(s.get(), static_cast<uint32_t>(n), hashes.data(), &hits), "tier_lookup");
-  KVRT_REQUIRE(hits == n, "tier_lookup finds " + std::to_string(hits) + " of " +
-                              std::to_string(n) + " pages just saved (capacity " +
-                              std::to_string(capacity) + ")");
+  KVRT_REQUIRE(hits == n, "tier_lookup finds " + std::to_string(hits) + " of " + std::to_string(n) +
+                              " pages just saved (capacity " + std::to_string(capacity) + ")");
   // Overwrite the source pages: the tier must hold copies, not pointers to device pages.
   for (int64_t p = 0; p < n; ++p) fill_page(s.get(), g, p);
   std::vector<uint8_t> loaded(n, 0);
   uint64_t ticket = 0;
-  ok(api_.tier_load(s.get(), static_cast<uint32_t>(n), hashes.data(), target.data(),
-                    loaded.data(), &ticket),
+  ok(api_.tier_load(s.get(), static_cast<uint32_t>(n), hashes.data(), target.data(), loaded.data(),
+                    &ticket),
      "tier_load");
   ok(api_.tier_wait(s.get(), ticket), "tier_wait");
   for (int64_t i = 0; i < n; ++i) {
@@ -839,8 +852,8 @@ void Suite::tier_round_trip() {
     std::vector<float> got = page_snapshot(s.get(), g, target[i]);
     KVRT_REQUIRE(got.size() == snapshots[i].size() &&
                      std::memcmp(got.data(), snapshots[i].data(), got.size() * 4) == 0,
-                 "page saved from device page " + std::to_string(source[i]) +
-                     " and loaded into " + std::to_string(target[i]) + " is not bit-exact");
+                 "page saved from device page " + std::to_string(source[i]) + " and loaded into " +
+                     std::to_string(target[i]) + " is not bit-exact");
   }
   kvrt_tier_info info = tier_info(s.get());
   KVRT_REQUIRE(info.used_pages <= info.capacity_pages, "tier_info.used_pages exceeds capacity");
@@ -906,14 +919,14 @@ void Suite::bad_arguments() {
     take_last_error();
     const kvrt_status got = call();
     std::string message = take_last_error();
-    KVRT_REQUIRE(got == want, name + " returned " + status_name(got) + ", expected " +
-                                  status_name(want));
+    KVRT_REQUIRE(got == want,
+                 name + " returned " + status_name(got) + ", expected " + status_name(want));
     KVRT_REQUIRE(!message.empty() || want == KVRT_ERR_INVALID_ARGUMENT,
                  name + " returned " + status_name(got) + " without a message (set_error)");
   };
   Batch b = random_batch(g, {3});
-  auto attempt = [&](std::vector<int64_t> slots, uint32_t layer, kvrt_dtype dtype,
-                     bool null_slots, bool null_k) {
+  auto attempt = [&](std::vector<int64_t> slots, uint32_t layer, kvrt_dtype dtype, bool null_slots,
+                     bool null_k) {
     kvrt_kv_write w{};
     w.struct_size = sizeof(w);
     w.layer = layer;
@@ -929,8 +942,8 @@ void Suite::bad_arguments() {
          "write to slot " + std::to_string(limit) + " of " + std::to_string(limit));
   expect([&] { return attempt({-1}, 0, KVRT_DTYPE_F32, false, false); }, KVRT_ERR_OUT_OF_RANGE,
          "write to slot -1");
-  expect([&] { return attempt({0}, g.num_layers, KVRT_DTYPE_F32, false, false); }, KVRT_ERR_OUT_OF_RANGE,
-         "write to layer " + std::to_string(g.num_layers));
+  expect([&] { return attempt({0}, g.num_layers, KVRT_DTYPE_F32, false, false); },
+         KVRT_ERR_OUT_OF_RANGE, "write to layer " + std::to_string(g.num_layers));
   expect([&] { return attempt({0}, 0, KVRT_DTYPE_F32, true, false); }, KVRT_ERR_INVALID_ARGUMENT,
          "write with NULL slots");
   expect([&] { return attempt({0}, 0, KVRT_DTYPE_F32, false, true); }, KVRT_ERR_INVALID_ARGUMENT,
@@ -945,8 +958,10 @@ void Suite::bad_arguments() {
   }
   kvrt_kv_layout l{};
   l.struct_size = sizeof(l);
-  expect([&] { return api_.layout(s.get(), g.num_layers, &l); }, KVRT_ERR_OUT_OF_RANGE, "layout(num_layers)");
-  expect([&] { return api_.layout(s.get(), 0, nullptr); }, KVRT_ERR_INVALID_ARGUMENT, "layout(0, NULL)");
+  expect([&] { return api_.layout(s.get(), g.num_layers, &l); }, KVRT_ERR_OUT_OF_RANGE,
+         "layout(num_layers)");
+  expect([&] { return api_.layout(s.get(), 0, nullptr); }, KVRT_ERR_INVALID_ARGUMENT,
+         "layout(0, NULL)");
   expect([&] { return api_.info(s.get(), nullptr); }, KVRT_ERR_INVALID_ARGUMENT, "info(NULL)");
   kvrt_kv_store* never = nullptr;
   expect([&] { return api_.create(host_, &g, pages, config_, nullptr); }, KVRT_ERR_INVALID_ARGUMENT,
@@ -963,8 +978,8 @@ void Suite::bad_arguments() {
   if (api_.gather != nullptr) {
     std::vector<float> k(32), v(32);
     const int64_t bad = limit;
-    expect([&] { return api_.gather(s.get(), 0, 1, &bad, k.data(), v.data()); }, KVRT_ERR_OUT_OF_RANGE,
-           "gather of slot " + std::to_string(limit));
+    expect([&] { return api_.gather(s.get(), 0, 1, &bad, k.data(), v.data()); },
+           KVRT_ERR_OUT_OF_RANGE, "gather of slot " + std::to_string(limit));
     expect([&] { return api_.gather(s.get(), g.num_layers, 1, &b.slots[0], k.data(), v.data()); },
            KVRT_ERR_OUT_OF_RANGE, "gather of layer num_layers");
   }
@@ -974,10 +989,10 @@ void Suite::bad_arguments() {
     uint8_t loaded = 0;
     uint64_t ticket = 0;
     expect([&] { return api_.tier_load(s.get(), 1, &hash, &bad_page, &loaded, &ticket); },
-           KVRT_ERR_OUT_OF_RANGE,
-           "tier_load into page " + std::to_string(pages));
-    expect([&] { return api_.tier_save(s.get(), 1, &hash, &negative, KVRT_TIER_INSERTED, &ticket); },
-           KVRT_ERR_OUT_OF_RANGE, "tier_save of page -1");
+           KVRT_ERR_OUT_OF_RANGE, "tier_load into page " + std::to_string(pages));
+    expect(
+        [&] { return api_.tier_save(s.get(), 1, &hash, &negative, KVRT_TIER_INSERTED, &ticket); },
+        KVRT_ERR_OUT_OF_RANGE, "tier_save of page -1");
   }
   // A failed write writes nothing: every slot is checked first.
   if (known_dtype(layout(s.get(), 0).k_dtype)) {

@@ -1,9 +1,8 @@
 // kvrt-conformance: runs the KV store conformance suite against one plugin.
 //   kvrt-conformance --plugin path/to/kv_mine.so [--config kvrt.toml] [--set kv.kv_mine.x=1]
 // Exit status 0 when every property passes (or is skipped as not applicable), 1 otherwise.
-#include <iostream>
-
 #include <CLI/CLI.hpp>
+#include <iostream>
 
 #include "core/config/config.h"
 #include "core/plugin/plugin_config.h"
@@ -31,9 +30,8 @@ int main(int argc, char** argv) {
   }
   kvrt::plugin::Registry registry;
   registry.add_search_dirs(config->plugin_paths);
-  registry.set_config_source([&config](const std::string& name) {
-    return config->plugin_table("kv", name);
-  });
+  registry.set_config_source(
+      [&config](const std::string& name) { return config->plugin_table("kv", name); });
   kvrt::Result<const kvrt::plugin::LoadedPlugin*> plugin = registry.load_kv_store(plugin_path);
   if (!plugin.ok()) {
     std::cerr << "kvrt-conformance: " << plugin.status().message() << "\n";
@@ -49,7 +47,7 @@ int main(int argc, char** argv) {
     using Outcome = kvrt::conformance::PropertyResult::Outcome;
     (r.outcome == Outcome::kPass ? passed : r.outcome == Outcome::kFail ? failed : skipped)++;
   }
-  std::cout << (*plugin)->name << ": " << passed << " passed, " << failed << " failed, "
-            << skipped << " skipped\n";
+  std::cout << (*plugin)->name << ": " << passed << " passed, " << failed << " failed, " << skipped
+            << " skipped\n";
   return failed == 0 ? 0 : 1;
 }

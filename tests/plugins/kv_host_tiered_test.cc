@@ -1,10 +1,10 @@
 // kv_host_tiered's policies, LRU and accounting, driven through the C ABI as the core drives it.
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/plugin/registry.h"
 #include "core/sched/page_hash.h"
@@ -37,9 +37,9 @@ class HostTiered : public ::testing::Test {
     Result<const LoadedPlugin*> p = registry_.load_kv_store("kv_host_tiered");
     ASSERT_TRUE(p.ok()) << p.status().message();
     plugin_ = *p;
-    ASSERT_EQ(plugin_->kv.create(plugin_->host_api(), &geometry_, pages, as_config(&table_),
-                                 &store_),
-              KVRT_OK)
+    ASSERT_EQ(
+        plugin_->kv.create(plugin_->host_api(), &geometry_, pages, as_config(&table_), &store_),
+        KVRT_OK)
         << take_last_error();
   }
 
@@ -55,9 +55,9 @@ class HostTiered : public ::testing::Test {
   }
   uint32_t lookup(const std::vector<uint64_t>& hashes) {
     uint32_t hits = 0;
-    EXPECT_EQ(plugin_->kv.tier_lookup(store_, static_cast<uint32_t>(hashes.size()), hashes.data(),
-                                      &hits),
-              KVRT_OK);
+    EXPECT_EQ(
+        plugin_->kv.tier_lookup(store_, static_cast<uint32_t>(hashes.size()), hashes.data(), &hits),
+        KVRT_OK);
     return hits;
   }
   kvrt_tier_info tier_info() {
@@ -140,8 +140,8 @@ TEST_F(HostTiered, EvictsLeastRecentlyUsed) {
   create(8);
   std::vector<uint64_t> h = prompt_hashes(100, 5);
   save({h[0], h[1], h[2], h[3]}, KVRT_TIER_INSERTED);
-  EXPECT_EQ(lookup({h[0]}), 1u);         // h[0] is now the most recently used
-  save({h[4]}, KVRT_TIER_INSERTED);      // evicts h[1], the least recently used
+  EXPECT_EQ(lookup({h[0]}), 1u);     // h[0] is now the most recently used
+  save({h[4]}, KVRT_TIER_INSERTED);  // evicts h[1], the least recently used
   EXPECT_EQ(lookup({h[1]}), 0u);
   EXPECT_EQ(lookup({h[0]}), 1u);
   EXPECT_EQ(lookup({h[4]}), 1u);
@@ -168,8 +168,7 @@ TEST_F(HostTiered, RejectsBadOptionsWithTheirNames) {
   EXPECT_NE(take_last_error().find("policy: expected write_through"), std::string::npos);
   table_.insert_or_assign("policy", "write_back");
   table_.insert_or_assign("inner", "kv_missing");
-  EXPECT_NE((*p)->kv.page_bytes((*p)->host_api(), &geometry_, as_config(&table_), &bytes),
-            KVRT_OK);
+  EXPECT_NE((*p)->kv.page_bytes((*p)->host_api(), &geometry_, as_config(&table_), &bytes), KVRT_OK);
   EXPECT_NE(take_last_error().find("plugin 'kv_missing' not found"), std::string::npos);
 }
 

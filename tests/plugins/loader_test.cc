@@ -1,9 +1,9 @@
 // The loader refuses each kind of broken plugin with one line naming the file and the reason,
 // and loads the shipped stores by name and by path.
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "core/plugin/registry.h"
 
@@ -99,9 +99,10 @@ TEST(Loader, DiscoverReportsBrokenPluginsWithoutStopping) {
   Registry registry;
   std::vector<LoadFailure> failures = registry.discover();
   unsetenv("KVRT_PLUGIN_PATH");
-  EXPECT_GE(failures.size(), 8u);  // every broken_* plus not_a_library
+  EXPECT_GE(failures.size(), 8u);   // every broken_* plus not_a_library
   bool found_wrong_stride = false;  // a plugin that loads fine (its bug is in its data)
-  for (const LoadedPlugin* p : registry.loaded()) found_wrong_stride |= p->name == "kv_wrong_stride";
+  for (const LoadedPlugin* p : registry.loaded())
+    found_wrong_stride |= p->name == "kv_wrong_stride";
   EXPECT_TRUE(found_wrong_stride);
 }
 

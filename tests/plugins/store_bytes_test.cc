@@ -1,9 +1,9 @@
 // page_bytes and info are exact: bytes per token against hand computation for GQA, KV heads
 // fewer than TP ranks (replicated) and an MLA-like latent (K dim 576, V sharing K's storage).
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"

@@ -1,8 +1,8 @@
 // Pins the size and every field offset of each ABI struct (x86-64 / aarch64 LP64). A change
 // here is an ABI break: append fields instead, or bump KVRT_ABI_MAJOR and update this file.
-#include <cstddef>
-
 #include <gtest/gtest.h>
+
+#include <cstddef>
 
 #include "kvrt/abi.h"
 #include "kvrt/attention.h"

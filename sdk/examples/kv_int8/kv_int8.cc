@@ -117,8 +117,9 @@ class Int8Store : public kvrt::sdk::StoreBase {
       for (uint32_t h = 0; h < heads; ++h) {
         const int64_t at = i * stride + int64_t{h} * dim;
         for (uint32_t d = 0; d < dim; ++d) {
-          row[d] = w.dtype == KVRT_DTYPE_F32 ? static_cast<const float*>(src)[at + d]
-                                             : bf16_to_float(static_cast<const uint16_t*>(src)[at + d]);
+          row[d] = w.dtype == KVRT_DTYPE_F32
+                       ? static_cast<const float*>(src)[at + d]
+                       : bf16_to_float(static_cast<const uint16_t*>(src)[at + d]);
         }
         float amax = 0;
         for (uint32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(row[d]));
@@ -149,10 +150,18 @@ class Int8Store : public kvrt::sdk::StoreBase {
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
   static const kvrt_plugin_desc desc = {
-      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
-      "kv_int8", "0.1.0", "example: symmetric int8 K/V with per-token-head scales",
-      &kvrt::sdk::kv_store_table<Int8Store>(), nullptr, 0,
-      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16), nullptr};
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_KV_STORE,
+      "kv_int8",
+      "0.1.0",
+      "example: symmetric int8 K/V with per-token-head scales",
+      &kvrt::sdk::kv_store_table<Int8Store>(),
+      nullptr,
+      0,
+      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16),
+      nullptr};
   return desc;
 }
 

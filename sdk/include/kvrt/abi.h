@@ -132,8 +132,7 @@ typedef struct kvrt_host_api {
    * process. KVRT_ERR_NOT_FOUND (with the loader's message) if it cannot be loaded. */
   kvrt_status (*open_kv_store)(const struct kvrt_host_api *host, const char *name,
                                const struct kvrt_kv_store_api **api,
-                               const struct kvrt_host_api **store_host,
-                               const kvrt_config **config);
+                               const struct kvrt_host_api **store_host, const kvrt_config **config);
 } kvrt_host_api;
 
 /* ---- plugin options (for config validation and `kvrt plugins`) ---------------------------- */

@@ -32,9 +32,9 @@ typedef struct kvrt_kv_geometry {
   uint32_t num_kv_heads;   /* this rank's KV heads (>= 1; replicated when TP > KV heads) */
   uint32_t total_kv_heads; /* the model's KV heads, for information */
   uint32_t k_head_dim;
-  uint32_t v_head_dim;     /* 0: V shares K's storage (MLA latent) */
-  uint32_t page_size;      /* tokens per page, >= 1 */
-  kvrt_dtype input_dtype;  /* the dtype the core will usually write (F32 or BF16) */
+  uint32_t v_head_dim;    /* 0: V shares K's storage (MLA latent) */
+  uint32_t page_size;     /* tokens per page, >= 1 */
+  kvrt_dtype input_dtype; /* the dtype the core will usually write (F32 or BF16) */
   uint32_t tp_rank;
   uint32_t tp_size;
   kvrt_device device;
@@ -182,8 +182,7 @@ typedef struct kvrt_kv_store_api {
   /* Copies the tier's pages into device_pages. out_loaded[i] = 1 if page i will be loaded,
    * 0 if the tier no longer holds it (the core then recomputes it). Decided at call time. */
   kvrt_status (*tier_load)(kvrt_kv_store *store, uint32_t n, const uint64_t *hashes,
-                           const int64_t *device_pages, uint8_t *out_loaded,
-                           uint64_t *out_ticket);
+                           const int64_t *device_pages, uint8_t *out_loaded, uint64_t *out_ticket);
 
   kvrt_status (*tier_wait)(kvrt_kv_store *store, uint64_t ticket);
 } kvrt_kv_store_api;

@@ -58,8 +58,10 @@ class Forwarded : public std::exception {
 
 // The sizes of the ABI 1.0 versions of the input structs: a host built against 1.0 passes at
 // least these; fields appended later read as zero from such a host.
-inline constexpr uint32_t kGeometryV1Size = offsetof(kvrt_kv_geometry, device) + sizeof(kvrt_device);
-inline constexpr uint32_t kKvWriteV1Size = offsetof(kvrt_kv_write, v_token_stride) + sizeof(int64_t);
+inline constexpr uint32_t kGeometryV1Size =
+    offsetof(kvrt_kv_geometry, device) + sizeof(kvrt_device);
+inline constexpr uint32_t kKvWriteV1Size =
+    offsetof(kvrt_kv_write, v_token_stride) + sizeof(int64_t);
 
 // Copies a host's input struct over a zeroed one of this plugin's size.
 template <class T>
@@ -128,13 +130,11 @@ class ConfigView {
   }
   int64_t integer(const char* key, int64_t fallback) const {
     int64_t value = 0;
-    return check(host_->config_int(host_, cfg_, key, &value), key, "an integer") ? value
-                                                                                   : fallback;
+    return check(host_->config_int(host_, cfg_, key, &value), key, "an integer") ? value : fallback;
   }
   double real(const char* key, double fallback) const {
     double value = 0;
-    return check(host_->config_float(host_, cfg_, key, &value), key, "a number") ? value
-                                                                                 : fallback;
+    return check(host_->config_float(host_, cfg_, key, &value), key, "a number") ? value : fallback;
   }
   bool boolean(const char* key, bool fallback) const {
     int32_t value = 0;
@@ -167,8 +167,7 @@ class ConfigView {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  HostBuffer(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
-             const char* what)
+  HostBuffer(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes, const char* what)
       : host_(host), kind_(kind), bytes_(bytes) {
     if (bytes == 0) return;
     kvrt_status s = host->alloc(host, kind, bytes, 64, &ptr_);
@@ -284,12 +283,12 @@ const kvrt_kv_store_api& kv_store_table() {
   static const kvrt_kv_store_api table = [] {
     kvrt_kv_store_api t{};
     t.struct_size = sizeof(kvrt_kv_store_api);
-    t.page_bytes = [](const kvrt_host_api* host, const kvrt_kv_geometry* g,
-                      const kvrt_config* cfg, uint64_t* out) -> kvrt_status {
+    t.page_bytes = [](const kvrt_host_api* host, const kvrt_kv_geometry* g, const kvrt_config* cfg,
+                      uint64_t* out) -> kvrt_status {
       return guard(host, [&] {
         if (out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "out_bytes is NULL");
-        *out = S::page_bytes(host, read_input(g, kGeometryV1Size, "geometry"),
-                             ConfigView(host, cfg));
+        *out =
+            S::page_bytes(host, read_input(g, kGeometryV1Size, "geometry"), ConfigView(host, cfg));
       });
     };
     t.create = [](const kvrt_host_api* host, const kvrt_kv_geometry* g, uint64_t num_pages,
@@ -335,7 +334,7 @@ const kvrt_kv_store_api& kv_store_table() {
         });
       };
     }
-    if constexpr (requires(S& m, const S& c, const uint64_t* h, const int64_t* p, uint8_t* l) {
+    if constexpr (requires(S & m, const S& c, const uint64_t* h, const int64_t* p, uint8_t* l) {
                     c.tier_info();
                     m.tier_lookup(0u, h);
                     m.tier_save(0u, h, p, 0u);
@@ -387,8 +386,8 @@ const kvrt_kv_store_api& kv_store_table() {
 
 // The body of kvrt_plugin_query: version check, then the plugin's describe() (which may throw;
 // its message reaches the user as the plugin's init error).
-inline kvrt_status query_entry(uint32_t host_major, uint32_t host_minor,
-                               const kvrt_host_api* host, const kvrt_plugin_desc** out,
+inline kvrt_status query_entry(uint32_t host_major, uint32_t host_minor, const kvrt_host_api* host,
+                               const kvrt_plugin_desc** out,
                                const kvrt_plugin_desc& (*describe)(const kvrt_host_api*)) {
   (void)host_minor;
   if (host_major != KVRT_ABI_MAJOR) {
@@ -408,12 +407,11 @@ inline kvrt_status query_entry(uint32_t host_major, uint32_t host_minor,
 
 // Defines the library's one exported symbol, kvrt_plugin_query, around
 // `const kvrt_plugin_desc& describe(const kvrt_host_api*)`.
-#define KVRT_PLUGIN_ENTRY(describe)                                                        \
-  extern "C" KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major,                \
-                                                       uint32_t host_minor,                \
-                                                       const kvrt_host_api* host,          \
-                                                       const kvrt_plugin_desc** out) {     \
-    return ::kvrt::sdk::query_entry(host_major, host_minor, host, out, describe);          \
+#define KVRT_PLUGIN_ENTRY(describe)                                                              \
+  extern "C" KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major, uint32_t host_minor, \
+                                                       const kvrt_host_api* host,                \
+                                                       const kvrt_plugin_desc** out) {           \
+    return ::kvrt::sdk::query_entry(host_major, host_minor, host, out, describe);                \
   }
 
 #endif  // KVRT_PLUGIN_HPP

@@ -25,8 +25,8 @@ TEST(Capacity, RefusesWithTheShortfallInBytes) {
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(p.status().IsNoMemory());
   // (15 GiB weights + 0.12 * 2 GiB reserve + one 1 MiB page) - 2 GiB
-  const uint64_t shortfall = (15ull << 30) + static_cast<uint64_t>(0.12 * (2ull << 30)) +
-                             (1u << 20) - (2ull << 30);
+  const uint64_t shortfall =
+      (15ull << 30) + static_cast<uint64_t>(0.12 * (2ull << 30)) + (1u << 20) - (2ull << 30);
   EXPECT_NE(p.status().message().find("short by " + std::to_string(shortfall) + " bytes"),
             std::string::npos)
       << p.status().message();

@@ -23,7 +23,8 @@ TEST(PageHash, ChainedOnTheParent) {
   const uint64_t root = root_hash("m");
   std::vector<int32_t> x = {1, 2, 3, 4, 9, 9, 9, 9}, y = {5, 6, 7, 8, 9, 9, 9, 9};
   EXPECT_NE(page_hashes(root, x, 4)[1], page_hashes(root, y, 4)[1]);
-  EXPECT_EQ(page_hashes(root, x, 4)[1], page_hash(page_hash(root, {x.data(), 4}), {x.data() + 4, 4}));
+  EXPECT_EQ(page_hashes(root, x, 4)[1],
+            page_hash(page_hash(root, {x.data(), 4}), {x.data() + 4, 4}));
 }
 
 TEST(PageHash, RootSeparatesModels) {

@@ -47,8 +47,7 @@ static kvrt_kv_store_api table;
 static kvrt_plugin_desc desc;
 
 KVRT_EXPORT kvrt_status kvrt_plugin_query(uint32_t host_major, uint32_t host_minor,
-                                          const kvrt_host_api *host,
-                                          const kvrt_plugin_desc **out) {
+                                          const kvrt_host_api *host, const kvrt_plugin_desc **out) {
   (void)host_major, (void)host_minor;
   table.struct_size = sizeof(table);
   table.page_bytes = page_bytes;

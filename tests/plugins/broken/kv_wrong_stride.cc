@@ -50,13 +50,16 @@ class WrongStrideStore : public kvrt::sdk::StoreBase {
   void copy_in(const float* src, uint8_t* base, uint32_t dim, const kvrt_kv_write& w) const {
     const size_t row = size_t{geometry().num_kv_heads} * dim;
     for (uint32_t i = 0; i < w.num_tokens; ++i) {
-      kvrt::kernels::f32_to_bf16(src + i * row, reinterpret_cast<uint16_t*>(base) + w.slots[i] * row, row);
+      kvrt::kernels::f32_to_bf16(src + i * row,
+                                 reinterpret_cast<uint16_t*>(base) + w.slots[i] * row, row);
     }
   }
-  void copy_out(const uint8_t* base, uint32_t dim, uint32_t n, const int64_t* slots, float* out) const {
+  void copy_out(const uint8_t* base, uint32_t dim, uint32_t n, const int64_t* slots,
+                float* out) const {
     const size_t row = size_t{geometry().num_kv_heads} * dim;
     for (uint32_t i = 0; i < n; ++i) {
-      kvrt::kernels::bf16_to_f32(reinterpret_cast<const uint16_t*>(base) + slots[i] * row, out + i * row, row);
+      kvrt::kernels::bf16_to_f32(reinterpret_cast<const uint16_t*>(base) + slots[i] * row,
+                                 out + i * row, row);
     }
   }
   kvrt::plugins::PagedPool pool_;
@@ -64,10 +67,18 @@ class WrongStrideStore : public kvrt::sdk::StoreBase {
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
   static const kvrt_plugin_desc desc = {
-      sizeof(kvrt_plugin_desc), KVRT_ABI_MAJOR, KVRT_ABI_MINOR, KVRT_PLUGIN_KV_STORE,
-      "kv_wrong_stride", "0.0.1", "a deliberately wrong store (layout page stride off by one)",
-      &kvrt::sdk::kv_store_table<WrongStrideStore>(), nullptr, 0,
-      KVRT_DTYPE_BIT(KVRT_DTYPE_F32), nullptr};
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_KV_STORE,
+      "kv_wrong_stride",
+      "0.0.1",
+      "a deliberately wrong store (layout page stride off by one)",
+      &kvrt::sdk::kv_store_table<WrongStrideStore>(),
+      nullptr,
+      0,
+      KVRT_DTYPE_BIT(KVRT_DTYPE_F32),
+      nullptr};
   return desc;
 }
 
