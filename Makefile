@@ -9,7 +9,7 @@ CMAKE_ARGS ?=
 # Debian packages the build needs (see the README for what each is for).
 PACKAGES = cmake g++ make pkg-config ccache libtomlplusplus-dev libboost-dev libspdlog-dev \
            libfmt-dev libcli11-dev libhwy-dev libxxhash-dev libgtest-dev libgmock-dev \
-           libbenchmark-dev
+           libbenchmark-dev libopenblas-dev libsentencepiece-dev nlohmann-json3-dev
 
 .PHONY: deps configure build demo test test-asan test-tsan bench install clean
 

@@ -1,0 +1,274 @@
+#include "core/model/model_config.h"
+
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+namespace kvrt::model {
+
+using nlohmann::json;
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t h = hidden_size;
+  int64_t per_layer = h * q_dim()                  // q_proj
+                      + 2 * kv_dim() * h           // k_proj, v_proj
+                      + h * q_dim()                // o_proj
+                      + 3 * intermediate_size * h  // gate, up, down
+                      + 2 * h;                     // input and post-attention norms
+  if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
+  int64_t total = vocab_size * h + num_hidden_layers * per_layer + h;  // + final norm
+  if (!tie_word_embeddings) total += vocab_size * h;
+  return total;
+}
+
+Status ModelConfig::validate(const std::string& source) const {
+  auto bad = [&](const std::string& field, const std::string& why) {
+    return Status::ConfigError(source + ": " + field + ": " + why);
+  };
+  const std::pair<const char*, int64_t> positive[] = {
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"head_dim", head_dim},
+      {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_position_embeddings},
+  };
+  for (const auto& [name, value] : positive) {
+    if (value <= 0) return bad(name, "must be positive, found " + std::to_string(value));
+  }
+  // Each KV head serves a whole group of query heads (GQA); a remainder has no meaning.
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return bad("num_key_value_heads",
+               std::to_string(num_key_value_heads) +
+                   " does not divide num_attention_heads = " + std::to_string(num_attention_heads));
+  }
+  if (!(rms_norm_eps > 0)) return bad("rms_norm_eps", "must be positive");
+  if (!(rope_theta > 0)) return bad("rope_theta", "must be positive");
+  if (sliding_window < 0) return bad("sliding_window", "must not be negative");
+  if (bos_token_id >= vocab_size) {
+    return bad("bos_token_id", std::to_string(bos_token_id) + " is outside the vocabulary of " +
+                                   std::to_string(vocab_size));
+  }
+  for (int32_t eos : eos_token_ids) {
+    if (eos < 0 || eos >= vocab_size) {
+      return bad("eos_token_id", std::to_string(eos) + " is outside the vocabulary of " +
+                                     std::to_string(vocab_size));
+    }
+  }
+  return Status::Ok();
+}
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> kSupported = {"LlamaForCausalLM", "Qwen2ForCausalLM",
+                                                      "MistralForCausalLM"};
+  return kSupported;
+}
+
+namespace {
+
+// Shows a JSON value in a message without flooding it.
+std::string Show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// Reads typed fields of one config.json object; every message is "<path>: <key>: <problem>".
+class Fields {
+ public:
+  Fields(const std::string& path, const json& j) : path_(path), j_(j) {}
+
+  Status Error(const std::string& key, const std::string& why) const {
+    return Status::ConfigError(path_ + ": " + key + ": " + why);
+  }
+  // The value of `key`, or nullptr when it is absent or null (HF writes null for "unset").
+  const json* Find(const std::string& key) const {
+    auto it = j_.find(key);
+    return it == j_.end() || it->is_null() ? nullptr : &*it;
+  }
+  Status Missing(const std::string& key) const { return Error(key, "missing required field"); }
+
+  Result<int64_t> Int(const std::string& key, std::optional<int64_t> fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) {
+      if (fallback) return *fallback;
+      return Missing(key);
+    }
+    if (v->is_number_unsigned()) {
+      uint64_t u = v->get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return Error(key, "too large: " + Show(*v));
+      }
+      return static_cast<int64_t>(u);
+    }
+    if (v->is_number_integer()) return v->get<int64_t>();
+    return Error(key, "expected an integer, found " + Show(*v));
+  }
+  Result<double> Double(const std::string& key, double fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_number()) return Error(key, "expected a number, found " + Show(*v));
+    return v->get<double>();
+  }
+  Result<bool> Bool(const std::string& key, bool fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_boolean()) return Error(key, "expected true or false, found " + Show(*v));
+    return v->get<bool>();
+  }
+  Result<std::string> String(const std::string& key, const std::string& fallback) const {
+    const json* v = Find(key);
+    if (v == nullptr) return fallback;
+    if (!v->is_string()) return Error(key, "expected a string, found " + Show(*v));
+    return v->get<std::string>();
+  }
+  // A token id that fits int32 and is not negative.
+  Result<int32_t> TokenId(const std::string& key, const json& v) const {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Error(key, "expected a token id, found " + Show(v));
+    }
+    return static_cast<int32_t>(v.get<int64_t>());
+  }
+
+ private:
+  const std::string& path_;
+  const json& j_;
+};
+
+// Unwraps a Result into `dst`, returning its Status from the enclosing function on error.
+#define KVRT_ASSIGN(dst, expr)        \
+  do {                                \
+    auto r_ = (expr);                 \
+    if (!r_.ok()) return r_.status(); \
+    dst = std::move(r_.value());      \
+  } while (false)
+
+}  // namespace
+
+Result<ModelConfig> parse_hf_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound(path + ": cannot open the model's config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::ConfigError(path + ": not valid JSON");
+  if (!j.is_object()) return Status::ConfigError(path + ": expected a JSON object");
+
+  Fields f(path, j);
+  ModelConfig c;
+
+  // The architecture decides which defaults apply, so it comes first.
+  const json* archs = f.Find("architectures");
+  if (archs == nullptr) return f.Missing("architectures");
+  if (!archs->is_array() || archs->empty()) {
+    return f.Error("architectures", "expected a non-empty list of strings, found " + Show(*archs));
+  }
+  std::string supported_list;
+  for (const std::string& a : supported_architectures()) {
+    supported_list += (supported_list.empty() ? "" : ", ") + a;
+  }
+  for (const json& a : *archs) {
+    if (!a.is_string()) {
+      return f.Error("architectures", "expected a list of strings, found " + Show(*archs));
+    }
+    for (const std::string& s : supported_architectures()) {
+      if (a.get<std::string>() == s && c.architecture.empty()) c.architecture = s;
+    }
+  }
+  if (c.architecture.empty()) {
+    return f.Error("architectures", "unsupported '" + (*archs)[0].get<std::string>() +
+                                        "' (supported: " + supported_list + ")");
+  }
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool mistral = c.architecture == "MistralForCausalLM";
+
+  KVRT_ASSIGN(c.hidden_size, f.Int("hidden_size", std::nullopt));
+  KVRT_ASSIGN(c.intermediate_size, f.Int("intermediate_size", std::nullopt));
+  KVRT_ASSIGN(c.num_hidden_layers, f.Int("num_hidden_layers", std::nullopt));
+  KVRT_ASSIGN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt));
+  KVRT_ASSIGN(c.vocab_size, f.Int("vocab_size", std::nullopt));
+  // Without num_key_value_heads the model is plain multi-head attention (transformers' rule).
+  KVRT_ASSIGN(c.num_key_value_heads, f.Int("num_key_value_heads", c.num_attention_heads));
+  if (f.Find("head_dim") == nullptr) {
+    // A non-positive head count is reported by validate(), naming that field instead.
+    if (c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0) {
+      return f.Error("head_dim", "absent, and hidden_size = " + std::to_string(c.hidden_size) +
+                                     " is not a multiple of num_attention_heads = " +
+                                     std::to_string(c.num_attention_heads));
+    }
+    c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+  } else {
+    KVRT_ASSIGN(c.head_dim, f.Int("head_dim", std::nullopt));
+  }
+  const int64_t default_max_pos = qwen2 ? 32768 : mistral ? 131072 : 2048;
+  KVRT_ASSIGN(c.max_position_embeddings, f.Int("max_position_embeddings", default_max_pos));
+  KVRT_ASSIGN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
+  KVRT_ASSIGN(c.rope_theta, f.Double("rope_theta", 10000.0));
+  KVRT_ASSIGN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
+  // Qwen2 always has q/k/v biases and its config has no field for them; honour one if present.
+  KVRT_ASSIGN(c.attention_bias, f.Bool("attention_bias", qwen2));
+  // Newer transformers write "dtype", older ones "torch_dtype".
+  KVRT_ASSIGN(c.torch_dtype, f.String("torch_dtype", ""));
+  if (c.torch_dtype.empty()) KVRT_ASSIGN(c.torch_dtype, f.String("dtype", ""));
+
+  std::string act;
+  KVRT_ASSIGN(act, f.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return Status::Unsupported(path + ": hidden_act: unsupported '" + act +
+                               "' (only silu, i.e. SwiGLU, is implemented)");
+  }
+  if (const json* rs = f.Find("rope_scaling")) {
+    return Status::Unsupported(path + ": rope_scaling: unsupported " + Show(*rs) +
+                               " (only plain RoPE is implemented)");
+  }
+  bool mlp_bias = false;
+  KVRT_ASSIGN(mlp_bias, f.Bool("mlp_bias", false));
+  if (mlp_bias) return Status::Unsupported(path + ": mlp_bias: true is not implemented");
+
+  if (qwen2) {
+    // Qwen2 only uses its window when use_sliding_window is set, and then only on some layers
+    // (max_window_layers): not implemented, so refuse rather than compute something else.
+    bool use_window = false;
+    KVRT_ASSIGN(use_window, f.Bool("use_sliding_window", false));
+    if (use_window) {
+      return Status::Unsupported(path + ": use_sliding_window: true is not implemented");
+    }
+  } else {
+    KVRT_ASSIGN(c.sliding_window, f.Int("sliding_window", 0));
+  }
+
+  const bool llama_ids = !qwen2;  // Llama and Mistral configs default to <s> = 1, </s> = 2.
+  if (const json* bos = f.Find("bos_token_id")) {
+    KVRT_ASSIGN(c.bos_token_id, f.TokenId("bos_token_id", *bos));
+  } else if (llama_ids) {
+    c.bos_token_id = 1;
+  }
+  if (const json* eos = f.Find("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const json& e : *eos) {
+        int32_t id = 0;
+        KVRT_ASSIGN(id, f.TokenId("eos_token_id", e));
+        c.eos_token_ids.push_back(id);
+      }
+    } else {
+      int32_t id = 0;
+      KVRT_ASSIGN(id, f.TokenId("eos_token_id", *eos));
+      c.eos_token_ids.push_back(id);
+    }
+  } else if (llama_ids) {
+    c.eos_token_ids = {2};
+  }
+
+  Status s = c.validate(path);
+  if (!s.ok()) return s;
+  return c;
+}
+
+#undef KVRT_ASSIGN
+
+}  // namespace kvrt::model

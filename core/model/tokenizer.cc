@@ -1,0 +1,151 @@
+#include "core/model/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <cstdio>
+#include <filesystem>
+
+namespace kvrt::model {
+
+namespace {
+
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp)
+      : sp_(std::move(sp)) {}
+
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+    std::vector<int> ids;
+    // Encode fails only on an unloaded model, which load_sentencepiece never returns.
+    (void)sp_->Encode(text, &ids);
+    std::vector<int32_t> out;
+    out.reserve(ids.size() + 1);
+    if (add_bos && bos_id() >= 0) out.push_back(bos_id());
+    out.insert(out.end(), ids.begin(), ids.end());
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    // SentencePiece drops the first piece's leading space at the start of any id list. Our
+    // contract drops it only right after BOS, so decode the runs between BOS ids separately and
+    // put the space back on a run that does not follow a BOS.
+    std::string out;
+    std::vector<int> run;
+    bool after_bos = false;
+    auto flush = [&]() {
+      if (!run.empty()) out += DecodeRun(run, after_bos);
+      run.clear();
+    };
+    for (int32_t id : ids) {
+      if (id < 0 || id >= vocab_size()) continue;
+      if (id == bos_id()) {
+        flush();
+        after_bos = true;
+        continue;
+      }
+      run.push_back(id);
+    }
+    flush();
+    return out;
+  }
+
+  std::string piece(int32_t id) const override {
+    return id >= 0 && id < vocab_size() ? sp_->IdToPiece(id) : std::string();
+  }
+  int32_t bos_id() const override { return sp_->bos_id(); }
+  int32_t eos_id() const override { return sp_->eos_id(); }
+  int32_t vocab_size() const override { return sp_->GetPieceSize(); }
+
+ private:
+  std::string DecodeRun(const std::vector<int>& run, bool after_bos) const {
+    std::string text;
+    (void)sp_->Decode(run, &text);  // ids are in range, so this cannot fail
+    if (after_bos) return text;
+    // Find the first piece that produces text (control pieces such as EOS produce none) and
+    // check whether SentencePiece stripped a leading space from it.
+    for (int id : run) {
+      if (sp_->IsControl(id)) continue;
+      const std::string& p = sp_->IdToPiece(id);
+      static const std::string kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+      if (p.compare(0, kSpace.size(), kSpace) == 0) {
+        std::string alone;
+        (void)sp_->Decode(std::vector<int>{id}, &alone);
+        // In isolation the piece would read " " + rest; if decoding lost that space, restore it.
+        std::string spelled = " " + p.substr(kSpace.size());
+        if (alone.size() + 1 == spelled.size() && spelled.compare(1, alone.size(), alone) == 0) {
+          text.insert(0, " ");
+        }
+      }
+      break;
+    }
+    return text;
+  }
+
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+};
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  explicit ByteTokenizer(int32_t vocab_size) : vocab_size_(vocab_size) {}
+
+  std::vector<int32_t> encode(std::string_view text, bool add_bos) const override {
+    std::vector<int32_t> out;
+    out.reserve(text.size() + 1);
+    if (add_bos) out.push_back(kBos);
+    for (char c : text) out.push_back(kFirstByte + static_cast<uint8_t>(c));
+    return out;
+  }
+
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string out;
+    for (int32_t id : ids) {
+      if (id >= kFirstByte && id < kFirstByte + 256) out += static_cast<char>(id - kFirstByte);
+    }
+    return out;
+  }
+
+  std::string piece(int32_t id) const override {
+    if (id < 0 || id >= vocab_size_) return "";
+    if (id == kPad) return "<pad>";
+    if (id == kBos) return "<s>";
+    if (id == kEos) return "</s>";
+    if (id >= kFirstByte + 256) return "<unused" + std::to_string(id) + ">";
+    const int b = id - kFirstByte;
+    if (b > 0x20 && b < 0x7f) return std::string(1, static_cast<char>(b));
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    return buf;
+  }
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+  int32_t vocab_size() const override { return vocab_size_; }
+
+ private:
+  static constexpr int32_t kPad = 0, kBos = 1, kEos = 2, kFirstByte = 3;
+  int32_t vocab_size_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Tokenizer>> load_sentencepiece(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status::NotFound(path + ": no such SentencePiece model file");
+  }
+  auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = sp->Load(path);
+  if (!status.ok()) {
+    return Status::InvalidArgument(path + ": not a SentencePiece model: " + status.ToString());
+  }
+  return std::unique_ptr<Tokenizer>(std::make_unique<SentencePieceTokenizer>(std::move(sp)));
+}
+
+Result<std::unique_ptr<Tokenizer>> make_byte_tokenizer(int32_t vocab_size) {
+  if (vocab_size < 259) {
+    return Status::InvalidArgument("byte tokenizer: vocab_size " + std::to_string(vocab_size) +
+                                   " is below the 259 ids it needs (3 specials + 256 bytes)");
+  }
+  return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>(vocab_size));
+}
+
+}  // namespace kvrt::model

@@ -1,0 +1,245 @@
+#include "core/model/weights.h"
+
+#include <bit>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <tuple>
+
+#include "core/model/safetensors.h"
+
+namespace kvrt::model {
+
+namespace {
+
+// ---- Loading from a Hugging Face directory ----
+
+class Loader {
+ public:
+  Loader(const SafetensorsCheckpoint& ck, const std::string& dir) : ck_(ck), dir_(dir) {}
+
+  // Reads `name` into out as f32 after checking it has exactly `shape`.
+  Status Load(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) const {
+    if (!ck_.contains(name)) {
+      return Status::NotFound(dir_ + ": tensor '" + name + "' is missing (expected shape " +
+                              shape_string(shape) + ")");
+    }
+    auto t = ck_.get(name);
+    if (!t.ok()) return t.status();
+    if (t->shape != shape) {
+      return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
+                                     shape_string(shape) + ", found " + shape_string(t->shape));
+    }
+    out.resize(static_cast<size_t>(t->numel()));
+    to_f32(*t, out.data());
+    return Status::Ok();
+  }
+
+ private:
+  const SafetensorsCheckpoint& ck_;
+  const std::string& dir_;
+};
+
+// ---- Synthetic presets ----
+
+// splitmix64 (Steele, Lea, Flood 2014): a tiny generator whose output is defined by integer
+// arithmetic alone, so the weights are the same with every compiler and standard library.
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t Fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+// Fills v with n values of mean 0 and standard deviation `stddev`. Each draw sums the four 16-bit
+// lanes of one splitmix64 output (Irwin-Hall: close to normal, bounded); the sum is an exact
+// integer and becomes a float through one double multiply and one rounding, which IEEE makes
+// identical everywhere. The stream depends only on (seed, tensor name).
+void FillRandom(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
+                const std::string& name) {
+  uint64_t state = seed ^ Fnv1a(name);
+  SplitMix64(state);  // decorrelates nearby seeds before the first draw
+  // Each lane is uniform on 0..65535: variance (65536^2 - 1) / 12, four of them summed.
+  const double lane_var = (65536.0 * 65536.0 - 1.0) / 12.0;
+  const double scale = stddev / std::sqrt(4.0 * lane_var);
+  v.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t x = SplitMix64(state);
+    const int64_t sum = static_cast<int64_t>((x & 0xffff) + ((x >> 16) & 0xffff) +
+                                             ((x >> 32) & 0xffff) + (x >> 48));
+    v[i] = static_cast<float>(static_cast<double>(sum - 2 * 65535) * scale);
+  }
+}
+
+struct Preset {
+  std::string_view name;
+  int64_t hidden, layers, heads, kv_heads, head_dim, intermediate, vocab, max_positions;
+};
+
+constexpr Preset kPresets[] = {
+    {"synth-76m", 768, 12, 12, 4, 64, 2048, 512, 8192},
+    {"synth-tiny", 64, 2, 4, 2, 16, 128, 512, 2048},
+};
+
+ModelConfig ConfigOf(const Preset& p) {
+  ModelConfig c;
+  c.architecture = "LlamaForCausalLM";
+  c.torch_dtype = "float32";
+  c.hidden_size = p.hidden;
+  c.intermediate_size = p.intermediate;
+  c.num_hidden_layers = p.layers;
+  c.num_attention_heads = p.heads;
+  c.num_key_value_heads = p.kv_heads;
+  c.head_dim = p.head_dim;
+  c.vocab_size = p.vocab;
+  c.max_position_embeddings = p.max_positions;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = true;
+  c.attention_bias = false;
+  c.bos_token_id = 1;  // the byte tokenizer's specials
+  c.eos_token_ids = {2};
+  return c;
+}
+
+Result<const Preset*> FindPreset(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (p.name == name) return &p;
+  }
+  std::string known;
+  for (const Preset& p : kPresets) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  return Status::NotFound("unknown model preset '" + std::string(name) + "' (known: " + known +
+                          ")");
+}
+
+// Visits every tensor of w in a fixed order (the order fingerprint() hashes in).
+void ForEachTensor(const Weights& w, const std::function<void(const std::vector<float>&)>& f) {
+  f(w.embed);
+  for (const LayerWeights& l : w.layers) {
+    for (const auto* t : {&l.input_norm, &l.q, &l.k, &l.v, &l.q_bias, &l.k_bias, &l.v_bias, &l.o,
+                          &l.post_norm, &l.gate, &l.up, &l.down}) {
+      f(*t);
+    }
+  }
+  f(w.final_norm);
+  f(w.lm_head);
+}
+
+}  // namespace
+
+Result<Weights> load_hf(const std::string& dir) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  auto config = parse_hf_config(config_path);
+  if (!config.ok()) return config.status();
+  auto ck = SafetensorsCheckpoint::open(dir);
+  if (!ck.ok()) return ck.status();
+
+  Weights w;
+  w.config = std::move(config.value());
+  const ModelConfig& c = w.config;
+  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), in = c.intermediate_size;
+  Loader ld(*ck, dir);
+  Status s = ld.Load("model.embed_tokens.weight", {c.vocab_size, h}, w.embed);
+  if (!s.ok()) return s;
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    const std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>*>> plan = {
+        {"input_layernorm.weight", {h}, &l.input_norm},
+        {"self_attn.q_proj.weight", {q, h}, &l.q},
+        {"self_attn.k_proj.weight", {kv, h}, &l.k},
+        {"self_attn.v_proj.weight", {kv, h}, &l.v},
+        {"self_attn.o_proj.weight", {h, q}, &l.o},
+        {"post_attention_layernorm.weight", {h}, &l.post_norm},
+        {"mlp.gate_proj.weight", {in, h}, &l.gate},
+        {"mlp.up_proj.weight", {in, h}, &l.up},
+        {"mlp.down_proj.weight", {h, in}, &l.down},
+    };
+    for (const auto& [name, shape, out] : plan) {
+      s = ld.Load(p + name, shape, *out);
+      if (!s.ok()) return s;
+    }
+    if (c.attention_bias) {
+      for (const auto& [name, n, out] : {std::tuple{"self_attn.q_proj.bias", q, &l.q_bias},
+                                         std::tuple{"self_attn.k_proj.bias", kv, &l.k_bias},
+                                         std::tuple{"self_attn.v_proj.bias", kv, &l.v_bias}}) {
+        s = ld.Load(p + name, {n}, *out);
+        if (!s.ok()) return s;
+      }
+    }
+  }
+  s = ld.Load("model.norm.weight", {h}, w.final_norm);
+  if (!s.ok()) return s;
+  if (!c.tie_word_embeddings) {
+    s = ld.Load("lm_head.weight", {c.vocab_size, h}, w.lm_head);
+    if (!s.ok()) return s;
+  }
+  return w;
+}
+
+Result<ModelConfig> preset_config(std::string_view name) {
+  auto p = FindPreset(name);
+  if (!p.ok()) return p.status();
+  return ConfigOf(**p);
+}
+
+Result<Weights> make_preset(std::string_view name, uint64_t seed) {
+  auto p = FindPreset(name);
+  if (!p.ok()) return p.status();
+  Weights w;
+  w.config = ConfigOf(**p);
+  const ModelConfig& c = w.config;
+  const auto h = static_cast<size_t>(c.hidden_size), q = static_cast<size_t>(c.q_dim()),
+             kv = static_cast<size_t>(c.kv_dim()), in = static_cast<size_t>(c.intermediate_size),
+             vocab = static_cast<size_t>(c.vocab_size);
+  constexpr double kStd = 0.02;  // GPT-2's init: keeps q.k and MLP activations O(1) at any depth
+  FillRandom(w.embed, vocab * h, kStd, seed, "model.embed_tokens.weight");
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    LayerWeights& l = w.layers[i];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    l.input_norm.assign(h, 1.0f);
+    l.post_norm.assign(h, 1.0f);
+    FillRandom(l.q, q * h, kStd, seed, p + "self_attn.q_proj.weight");
+    FillRandom(l.k, kv * h, kStd, seed, p + "self_attn.k_proj.weight");
+    FillRandom(l.v, kv * h, kStd, seed, p + "self_attn.v_proj.weight");
+    FillRandom(l.o, h * q, kStd, seed, p + "self_attn.o_proj.weight");
+    FillRandom(l.gate, in * h, kStd, seed, p + "mlp.gate_proj.weight");
+    FillRandom(l.up, in * h, kStd, seed, p + "mlp.up_proj.weight");
+    FillRandom(l.down, h * in, kStd, seed, p + "mlp.down_proj.weight");
+    if (c.attention_bias) {
+      l.q_bias.assign(q, 0.0f);
+      l.k_bias.assign(kv, 0.0f);
+      l.v_bias.assign(kv, 0.0f);
+    }
+  }
+  w.final_norm.assign(h, 1.0f);
+  return w;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out;
+  for (const Preset& p : kPresets) out.emplace_back(p.name);
+  return out;
+}
+
+uint64_t fingerprint(const Weights& w) {
+  // FNV-1a over 32-bit words (bit patterns, so endianness does not matter), lengths included so
+  // that moving a value between tensors changes the result.
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t word) { h = (h ^ word) * 0x100000001b3ull; };
+  ForEachTensor(w, [&](const std::vector<float>& t) {
+    mix(t.size());
+    for (float x : t) mix(std::bit_cast<uint32_t>(x));
+  });
+  return h;
+}
+
+}  // namespace kvrt::model

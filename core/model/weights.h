@@ -1,0 +1,64 @@
+// A Llama-family model's weights in f32, from a Hugging Face directory or a synthetic preset.
+// Every matrix is row-major in the Hugging Face layout, [out_features][in_features] as stored
+// (y = W x), so a loaded model and a preset look the same to the executor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/model/model_config.h"
+#include "core/util/status.h"
+
+namespace kvrt::model {
+
+// With H = hidden_size, Q = q_dim(), KV = kv_dim(), I = intermediate_size:
+struct LayerWeights {
+  std::vector<float> input_norm;              // [H] RMSNorm before attention
+  std::vector<float> q, k, v;                 // [Q][H], [KV][H], [KV][H]
+  std::vector<float> q_bias, k_bias, v_bias;  // [Q], [KV], [KV]; empty unless attention_bias
+  std::vector<float> o;                       // [H][Q]
+  std::vector<float> post_norm;               // [H] RMSNorm before the MLP
+  std::vector<float> gate, up;                // [I][H]
+  std::vector<float> down;                    // [H][I]
+};
+
+struct Weights {
+  ModelConfig config;
+  std::vector<float> embed;  // [vocab][H]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [H]
+  std::vector<float> lm_head;     // [vocab][H]; empty when config.tie_word_embeddings
+
+  // The output projection: lm_head, or embed when tied.
+  const std::vector<float>& output_embedding() const { return lm_head.empty() ? embed : lm_head; }
+};
+
+// Loads <dir>/config.json (parse_hf_config) and the safetensors weights (one file or sharded),
+// converting F32 / BF16 / F16 to f32. Tensor names are the transformers ones
+// (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...). A missing tensor or
+// a wrong shape is an error naming the tensor, the expected shape and what was found. Tensors
+// the model does not use are ignored, as is lm_head.weight when the embeddings are tied.
+Result<Weights> load_hf(const std::string& dir);
+
+// Synthetic presets: the Llama shape of a named model with seeded random weights, the same on
+// every run and platform for a given (name, seed). Projections and embeddings are drawn from a
+// centred, roughly normal distribution with std 0.02 (a sum of four uniforms, so bounded at
+// +-3.5 std); norm weights are 1; biases 0. Each tensor has its own stream derived from the seed
+// and its name, so adding a tensor to a preset does not change the others. Vocabulary 512 with
+// bos 1 / eos 2, matching make_byte_tokenizer().
+//   synth-76m:  hidden 768, 12 layers, 12 heads / 4 KV heads, head_dim 64, MLP 2048, tied;
+//               75,909,888 parameters.
+//   synth-tiny: hidden 64, 2 layers, 4 heads / 2 KV heads, head_dim 16, MLP 128, tied; for tests.
+// An unknown name is an error listing the known ones.
+Result<Weights> make_preset(std::string_view name, uint64_t seed = 0);
+// The shape of a preset without generating its weights (for capacity planning).
+Result<ModelConfig> preset_config(std::string_view name);
+std::vector<std::string> preset_names();
+
+// A 64-bit hash of every weight's bit pattern and every tensor's length, in a fixed order: equal
+// fingerprints mean (with overwhelming likelihood) identical weights. Not cryptographic.
+uint64_t fingerprint(const Weights& weights);
+
+}  // namespace kvrt::model

@@ -1,0 +1,730 @@
+// Tests of the model-loading layer: config.json parsing, safetensors reading (synthetic files
+// written here, plus the real stories260k checkpoint), f32 weights, presets and tokenizers.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/model/model_config.h"
+#include "core/model/safetensors.h"
+#include "core/model/tokenizer.h"
+#include "core/model/weights.h"
+
+namespace kvrt::model {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// ---- Helpers ----
+
+// The real tiny model, or "" when the checkout has no ../shared/models next to it.
+std::string Stories260kDir() {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  if (root == nullptr) return "";
+  fs::path dir = fs::path(root) / ".." / "shared" / "models" / "stories260k";
+  return fs::exists(dir / "config.json") ? dir.string() : "";
+}
+
+#define REQUIRE_STORIES260K(dir)                                                               \
+  const std::string dir = Stories260kDir();                                                    \
+  if (dir.empty()) {                                                                           \
+    GTEST_SKIP() << "stories260k not found: set KVRT_SOURCE_DIR to the repository root, with " \
+                    "the model in ../shared/models/stories260k";                               \
+  }
+
+// A fresh directory, removed with everything in it when the test ends.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kvrt_model_test_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+struct RawTensor {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+std::string F32Bytes(const std::vector<float>& v) {
+  std::string s(v.size() * 4, '\0');
+  std::memcpy(s.data(), v.data(), s.size());
+  return s;
+}
+std::string U16Bytes(const std::vector<uint16_t>& v) {
+  std::string s(v.size() * 2, '\0');
+  std::memcpy(s.data(), v.data(), s.size());
+  return s;
+}
+// bf16 by truncation: exact for the values the tests use (8 significant bits or fewer).
+std::string BF16Bytes(const std::vector<float>& v) {
+  std::vector<uint16_t> b;
+  for (float x : v) b.push_back(static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16));
+  return U16Bytes(b);
+}
+
+// Writes a safetensors file. header_pad spaces pad the JSON (the format allows trailing
+// whitespace), which lets a test put the data section at an odd address.
+void WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors,
+                      size_t header_pad = 0) {
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  std::string data;
+  for (const RawTensor& t : tensors) {
+    header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+    for (size_t i = 0; i < t.shape.size(); ++i) {
+      header += (i ? "," : "") + std::to_string(t.shape[i]);
+    }
+    header += "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
+              std::to_string(data.size() + t.bytes.size()) + "]}";
+    data += t.bytes;
+  }
+  header += "}" + std::string(header_pad, ' ');
+  std::string file(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  WriteFile(path, file + header + data);
+}
+
+// ---- ModelConfig ----
+
+constexpr char kLlamaConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
+  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+  "vocab_size": 16, "rms_norm_eps": 1e-5, "hidden_act": "silu", "rope_scaling": null,
+  "tie_word_embeddings": true, "torch_dtype": "float32"})";
+
+// Parses `text` as <temp dir>/config.json.
+Result<ModelConfig> ParseEdited(const std::string& text) {
+  TempDir dir;
+  WriteFile(dir / "config.json", text);
+  return parse_hf_config(dir / "config.json");
+}
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+TEST(ModelConfigTest, ParsesStories260k) {
+  REQUIRE_STORIES260K(dir);
+  auto c = parse_hf_config(dir + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->num_hidden_layers, 5);
+  EXPECT_EQ(c->num_attention_heads, 8);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->intermediate_size, 172);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_EQ(c->max_position_embeddings, 512);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(c->torch_dtype, "float32");
+  // 512*64 embeddings + 5 * (q 64*64 + k,v 2*32*64 + o 64*64 + MLP 3*172*64 + norms 2*64) + 64.
+  EXPECT_EQ(c->parameter_count(), 260032);
+  EXPECT_EQ(c->weight_bytes(4), 4 * 260032);
+}
+
+TEST(ModelConfigTest, DefaultsAndArchitectures) {
+  auto c = ParseEdited(kLlamaConfig);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->head_dim, 4);  // hidden / heads
+  EXPECT_EQ(c->max_position_embeddings, 2048);
+  EXPECT_EQ(c->bos_token_id, 1);
+
+  // Qwen2 has q/k/v biases unless the config says otherwise, and no default BOS/EOS.
+  auto qwen = ParseEdited(Replace(kLlamaConfig, "LlamaForCausalLM", "Qwen2ForCausalLM"));
+  ASSERT_TRUE(qwen.ok()) << qwen.status().message();
+  EXPECT_TRUE(qwen->attention_bias);
+  EXPECT_EQ(qwen->bos_token_id, -1);
+  EXPECT_TRUE(qwen->eos_token_ids.empty());
+  EXPECT_EQ(qwen->parameter_count(), ModelConfig(*c).parameter_count() + 8 + 2 * 4);
+  auto qwen_nobias =
+      ParseEdited(Replace(Replace(kLlamaConfig, "LlamaForCausalLM", "Qwen2ForCausalLM"),
+                          "\"hidden_act\"", "\"attention_bias\": false, \"hidden_act\""));
+  ASSERT_TRUE(qwen_nobias.ok()) << qwen_nobias.status().message();
+  EXPECT_FALSE(qwen_nobias->attention_bias);
+
+  auto mistral =
+      ParseEdited(Replace(Replace(kLlamaConfig, "LlamaForCausalLM", "MistralForCausalLM"),
+                          "\"hidden_act\"", "\"sliding_window\": 4096, \"hidden_act\""));
+  ASSERT_TRUE(mistral.ok()) << mistral.status().message();
+  EXPECT_FALSE(mistral->attention_bias);
+  EXPECT_EQ(mistral->sliding_window, 4096);
+
+  auto eos_list = ParseEdited(Replace(kLlamaConfig, "\"vocab_size\": 16",
+                                      "\"vocab_size\": 16, \"eos_token_id\": [2, 7], "
+                                      "\"head_dim\": 8, \"bos_token_id\": null"));
+  ASSERT_TRUE(eos_list.ok()) << eos_list.status().message();
+  EXPECT_EQ(eos_list->eos_token_ids, (std::vector<int32_t>{2, 7}));
+  EXPECT_EQ(eos_list->head_dim, 8);
+  EXPECT_EQ(eos_list->q_dim(), 16);
+  EXPECT_EQ(eos_list->bos_token_id, 1);  // null means "unset": Llama's default
+}
+
+TEST(ModelConfigTest, Errors) {
+  auto arch = ParseEdited(Replace(kLlamaConfig, "LlamaForCausalLM", "GPT2LMHeadModel"));
+  ASSERT_FALSE(arch.ok());
+  EXPECT_THAT(arch.status().message(),
+              HasSubstr("config.json: architectures: unsupported 'GPT2LMHeadModel' (supported: "
+                        "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)"));
+
+  auto missing = ParseEdited(Replace(kLlamaConfig, "\"hidden_size\": 8,", ""));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.status().message(), HasSubstr("config.json: hidden_size: missing required"));
+
+  auto typed = ParseEdited(Replace(kLlamaConfig, "\"hidden_size\": 8", "\"hidden_size\": \"8\""));
+  ASSERT_FALSE(typed.ok());
+  EXPECT_THAT(typed.status().message(), HasSubstr("hidden_size: expected an integer"));
+
+  auto act = ParseEdited(Replace(kLlamaConfig, "\"silu\"", "\"gelu\""));
+  ASSERT_FALSE(act.ok());
+  EXPECT_THAT(act.status().message(), HasSubstr("hidden_act: unsupported 'gelu'"));
+
+  auto rope = ParseEdited(Replace(kLlamaConfig, "\"rope_scaling\": null",
+                                  "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}"));
+  ASSERT_FALSE(rope.ok());
+  EXPECT_EQ(rope.status().code(), Status::Code::kUnsupported);
+  EXPECT_THAT(rope.status().message(), HasSubstr("rope_scaling: unsupported"));
+
+  auto gqa =
+      ParseEdited(Replace(kLlamaConfig, "\"num_attention_heads\": 2, \"num_key_value_heads\": 1",
+                          "\"num_attention_heads\": 4, \"num_key_value_heads\": 3"));
+  ASSERT_FALSE(gqa.ok());
+  EXPECT_THAT(gqa.status().message(), HasSubstr("num_key_value_heads: 3 does not divide"));
+
+  auto eos = ParseEdited(
+      Replace(kLlamaConfig, "\"vocab_size\": 16", "\"vocab_size\": 16, \"eos_token_id\": 99"));
+  ASSERT_FALSE(eos.ok());
+  EXPECT_THAT(eos.status().message(), HasSubstr("eos_token_id: 99 is outside the vocabulary"));
+
+  auto json = ParseEdited("{\"architectures\": [");
+  ASSERT_FALSE(json.ok());
+  EXPECT_THAT(json.status().message(), HasSubstr("not valid JSON"));
+
+  auto absent = parse_hf_config("/nonexistent/config.json");
+  ASSERT_FALSE(absent.ok());
+  EXPECT_TRUE(absent.status().IsNotFound());
+}
+
+// ---- f16 conversion ----
+
+TEST(SafetensorsTest, F16ToF32Exhaustive) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    // The IEEE binary16 definition, evaluated in double: sign, 5-bit exponent (bias 15),
+    // 10-bit fraction; exponent 0 is subnormal (no implicit 1, exponent -14), 31 is inf / NaN.
+    const int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    const float got = f16_to_f32(h);
+    if (e == 31 && m != 0) {
+      ASSERT_TRUE(std::isnan(got)) << bits;
+      ASSERT_EQ(std::signbit(got), sign == 1) << bits;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got) & 0x7fffff, static_cast<uint32_t>(m) << 13) << bits;
+      continue;
+    }
+    double want;
+    if (e == 31) {
+      want = INFINITY;
+    } else if (e == 0) {
+      want = std::ldexp(m / 1024.0, -14);
+    } else {
+      want = std::ldexp(1.0 + m / 1024.0, e - 15);
+    }
+    if (sign) want = -want;
+    // Bit equality also separates +0 from -0.
+    ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(static_cast<float>(want)))
+        << "f16 bits 0x" << std::hex << bits << ": got " << got << ", want " << want;
+  }
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);
+}
+
+// ---- Safetensors reader ----
+
+TEST(SafetensorsTest, ReadsEveryDtypeAlignedAndNot) {
+  const std::vector<float> f32 = {1.5f, -2.0f, 3.25f, 0.0f, -0.125f, 1e-3f};
+  const std::vector<float> bf = {1.0f, -2.5f, 0.0078125f, 96.0f};
+  const std::vector<uint16_t> f16 = {0x3C00, 0xC000, 0x3800, 0x7BFF, 0x0001, 0x8000};
+  const std::vector<float> f16_want = {1.0f, -2.0f, 0.5f, 65504.0f, 0x1p-24f, -0.0f};
+  // Pads 0 and 1: the data section at an 8-aligned and at an odd offset.
+  for (size_t pad : {0, 1}) {
+    TempDir dir;
+    WriteSafetensors(dir / "model.safetensors",
+                     {{"a.f32", "F32", {2, 3}, F32Bytes(f32)},
+                      {"b.bf16", "BF16", {4}, BF16Bytes(bf)},
+                      {"c.f16", "F16", {3, 2}, U16Bytes(f16)},
+                      {"d.i64", "I64", {1}, std::string(8, '\0')}},
+                     pad);
+    // Both a directory and the file itself open.
+    for (const std::string& path : {dir.path(), dir / "model.safetensors"}) {
+      auto ck = SafetensorsCheckpoint::open(path);
+      ASSERT_TRUE(ck.ok()) << ck.status().message();
+      EXPECT_EQ(ck->names(), (std::vector<std::string>{"a.f32", "b.bf16", "c.f16", "d.i64"}));
+      EXPECT_EQ(ck->files(), std::vector<std::string>{dir / "model.safetensors"});
+
+      auto a = ck->get("a.f32");
+      ASSERT_TRUE(a.ok()) << a.status().message();
+      EXPECT_EQ(a->dtype, DType::kF32);
+      EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 3}));
+      EXPECT_EQ(a->bytes, 24u);
+      EXPECT_EQ(a->file, dir / "model.safetensors");
+      std::vector<float> out(6);
+      to_f32(*a, out.data());
+      EXPECT_EQ(out, f32);
+
+      auto b = ck->get("b.bf16");
+      ASSERT_TRUE(b.ok());
+      EXPECT_EQ(b->dtype, DType::kBF16);
+      out.assign(4, 0);
+      to_f32(*b, out.data());
+      EXPECT_EQ(out, bf);
+
+      auto c = ck->get("c.f16");
+      ASSERT_TRUE(c.ok());
+      EXPECT_EQ(c->numel(), 6);
+      out.assign(6, 0);
+      to_f32(*c, out.data());
+      for (size_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(f16_want[i])) << i;
+      }
+
+      auto d = ck->get("d.i64");
+      ASSERT_FALSE(d.ok());
+      EXPECT_EQ(d.status().code(), Status::Code::kUnsupported);
+      EXPECT_THAT(d.status().message(), HasSubstr("tensor 'd.i64' has dtype I64"));
+
+      auto missing = ck->get("nope");
+      ASSERT_FALSE(missing.ok());
+      EXPECT_TRUE(missing.status().IsNotFound());
+      EXPECT_THAT(missing.status().message(), HasSubstr("tensor 'nope' not found"));
+    }
+  }
+}
+
+TEST(SafetensorsTest, BadFiles) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  WriteSafetensors(path, {{"w", "F32", {4, 4}, F32Bytes(std::vector<float>(16, 1.0f))},
+                          {"x", "F32", {2}, F32Bytes({1.0f, 2.0f})}});
+  // Cut the file in the middle of the last tensor's data.
+  fs::resize_file(path, fs::file_size(path) - 6);
+  auto truncated = SafetensorsCheckpoint::open(dir.path());
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_THAT(truncated.status().message(), HasSubstr(path + ": truncated: tensor 'x'"));
+
+  // The header length itself points past the end.
+  fs::resize_file(path, 40);
+  auto header = SafetensorsCheckpoint::open(path);
+  ASSERT_FALSE(header.ok());
+  EXPECT_THAT(header.status().message(), HasSubstr("header length"));
+
+  WriteFile(path, "abc");
+  auto tiny = SafetensorsCheckpoint::open(path);
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_THAT(tiny.status().message(), HasSubstr("not a safetensors file"));
+
+  // Byte range disagreeing with shape x dtype.
+  WriteSafetensors(path, {{"w", "F32", {3}, F32Bytes({1.0f, 2.0f})}});
+  auto size = SafetensorsCheckpoint::open(path);
+  ASSERT_FALSE(size.ok());
+  EXPECT_THAT(size.status().message(), HasSubstr("tensor 'w': 8 bytes for shape [3] of F32"));
+
+  TempDir empty;
+  auto none = SafetensorsCheckpoint::open(empty.path());
+  ASSERT_FALSE(none.ok());
+  EXPECT_TRUE(none.status().IsNotFound());
+  EXPECT_THAT(none.status().message(), HasSubstr("neither model.safetensors nor"));
+}
+
+TEST(SafetensorsTest, ShardedIndex) {
+  TempDir dir;
+  WriteSafetensors(
+      dir / "model-00001-of-00002.safetensors",
+      {{"a", "F32", {2}, F32Bytes({1.0f, 2.0f})}, {"b", "F32", {1}, F32Bytes({3.0f})}});
+  WriteSafetensors(dir / "model-00002-of-00002.safetensors",
+                   {{"c", "BF16", {2}, BF16Bytes({4.0f, 5.0f})}});
+  WriteFile(dir / "model.safetensors.index.json",
+            R"({"metadata": {"total_size": 16}, "weight_map": {
+                "a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+                "c": "model-00002-of-00002.safetensors"}})");
+  auto ck = SafetensorsCheckpoint::open(dir.path());
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  EXPECT_EQ(ck->names(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(ck->files().size(), 2u);
+  auto c = ck->get("c");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->file, dir / "model-00002-of-00002.safetensors");
+  std::vector<float> out(2);
+  to_f32(*c, out.data());
+  EXPECT_EQ(out, (std::vector<float>{4.0f, 5.0f}));
+
+  // The index names a shard that lacks the tensor.
+  WriteFile(dir / "model.safetensors.index.json",
+            R"({"weight_map": {"a": "model-00001-of-00002.safetensors",
+                               "c": "model-00001-of-00002.safetensors"}})");
+  auto wrong = SafetensorsCheckpoint::open(dir.path());
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("weight_map puts tensor 'c' in model-00001-of-00002.safetensors"));
+
+  // The index names a shard that does not exist.
+  WriteFile(dir / "model.safetensors.index.json",
+            R"({"weight_map": {"a": "model-00003-of-00002.safetensors"}})");
+  auto absent = SafetensorsCheckpoint::open(dir.path());
+  ASSERT_FALSE(absent.ok());
+  EXPECT_THAT(absent.status().message(), HasSubstr("model-00003-of-00002.safetensors"));
+}
+
+// ---- Weights from a Hugging Face directory ----
+
+TEST(WeightsTest, LoadsStories260k) {
+  REQUIRE_STORIES260K(dir);
+  auto w = load_hf(dir);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  const ModelConfig& c = w->config;
+  EXPECT_EQ(w->embed.size(), 512u * 64);
+  ASSERT_EQ(w->layers.size(), 5u);
+  size_t total = w->embed.size() + w->final_norm.size() + w->lm_head.size();
+  for (const LayerWeights& l : w->layers) {
+    EXPECT_EQ(l.input_norm.size(), 64u);
+    EXPECT_EQ(l.q.size(), 64u * 64);
+    EXPECT_EQ(l.k.size(), 32u * 64);
+    EXPECT_EQ(l.v.size(), 32u * 64);
+    EXPECT_EQ(l.o.size(), 64u * 64);
+    EXPECT_EQ(l.post_norm.size(), 64u);
+    EXPECT_EQ(l.gate.size(), 172u * 64);
+    EXPECT_EQ(l.up.size(), 172u * 64);
+    EXPECT_EQ(l.down.size(), 64u * 172);
+    EXPECT_TRUE(l.q_bias.empty());
+    for (const auto* t :
+         {&l.input_norm, &l.q, &l.k, &l.v, &l.o, &l.post_norm, &l.gate, &l.up, &l.down}) {
+      total += t->size();
+    }
+  }
+  EXPECT_EQ(w->final_norm.size(), 64u);
+  EXPECT_TRUE(w->lm_head.empty());  // tied
+  EXPECT_EQ(&w->output_embedding(), &w->embed);
+  EXPECT_EQ(static_cast<int64_t>(total), c.parameter_count());
+
+  // Values are the stored ones, in the stored (HF) layout.
+  auto ck = SafetensorsCheckpoint::open(dir);
+  ASSERT_TRUE(ck.ok());
+  auto k = ck->get("model.layers.3.self_attn.k_proj.weight");
+  ASSERT_TRUE(k.ok());
+  std::vector<float> raw(static_cast<size_t>(k->numel()));
+  to_f32(*k, raw.data());
+  EXPECT_EQ(raw, w->layers[3].k);
+}
+
+// A complete one-layer model in a temp dir whose tensors a test can drop, reshape or retype.
+class TinyHfModel {
+ public:
+  static constexpr int64_t kH = 8, kQ = 8, kKv = 4, kI = 16, kV = 16;
+
+  explicit TinyHfModel(bool qwen2 = false, bool tied = true) {
+    std::string config = kLlamaConfig;
+    if (qwen2) config = Replace(config, "LlamaForCausalLM", "Qwen2ForCausalLM");
+    if (!tied)
+      config = Replace(config, "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    WriteFile(dir_ / "config.json", config);
+    Add("model.embed_tokens.weight", {kV, kH});
+    const std::string p = "model.layers.0.";
+    Add(p + "input_layernorm.weight", {kH});
+    Add(p + "self_attn.q_proj.weight", {kQ, kH});
+    Add(p + "self_attn.k_proj.weight", {kKv, kH});
+    Add(p + "self_attn.v_proj.weight", {kKv, kH});
+    Add(p + "self_attn.o_proj.weight", {kH, kQ});
+    Add(p + "post_attention_layernorm.weight", {kH});
+    Add(p + "mlp.gate_proj.weight", {kI, kH});
+    Add(p + "mlp.up_proj.weight", {kI, kH});
+    Add(p + "mlp.down_proj.weight", {kH, kI});
+    Add("model.norm.weight", {kH});
+    if (qwen2) {
+      Add(p + "self_attn.q_proj.bias", {kQ});
+      Add(p + "self_attn.k_proj.bias", {kKv});
+      Add(p + "self_attn.v_proj.bias", {kKv});
+    }
+    if (!tied) Add("lm_head.weight", {kV, kH});
+  }
+
+  // Tensor i holds i + 0.5, i + 1.5, ... (exact in bf16 for these sizes), so values identify it.
+  void Add(const std::string& name, std::vector<int64_t> shape, const std::string& dtype = "F32") {
+    int64_t n = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+    std::vector<float> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) + 0.5f;
+    tensors_.push_back({name, dtype, shape, dtype == "BF16" ? BF16Bytes(v) : F32Bytes(v)});
+  }
+  void Remove(const std::string& name) {
+    std::erase_if(tensors_, [&](const RawTensor& t) { return t.name == name; });
+  }
+  void Overwrite(const std::string& name, std::vector<int64_t> shape,
+                 const std::string& dtype = "F32") {
+    Remove(name);
+    Add(name, shape, dtype);
+  }
+  Result<Weights> Load() {
+    WriteSafetensors(dir_ / "model.safetensors", tensors_);
+    return load_hf(dir_.path());
+  }
+
+ private:
+  TempDir dir_;
+  std::vector<RawTensor> tensors_;
+};
+
+TEST(WeightsTest, LoadsSyntheticHfDirectory) {
+  TinyHfModel m;
+  // A bf16 tensor is widened; an unused extra tensor is ignored.
+  m.Overwrite("model.layers.0.mlp.up_proj.weight", {16, 8}, "BF16");
+  m.Add("model.layers.0.self_attn.rotary_emb.inv_freq", {2});
+  auto w = m.Load();
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->layers[0].up.size(), 128u);
+  EXPECT_EQ(w->layers[0].up[127], 127.5f);
+  EXPECT_EQ(w->layers[0].k.size(), 32u);
+  EXPECT_TRUE(w->lm_head.empty());
+
+  TinyHfModel qwen(/*qwen2=*/true, /*tied=*/false);
+  auto wq = qwen.Load();
+  ASSERT_TRUE(wq.ok()) << wq.status().message();
+  EXPECT_EQ(wq->layers[0].q_bias.size(), 8u);
+  EXPECT_EQ(wq->layers[0].k_bias.size(), 4u);
+  EXPECT_EQ(wq->layers[0].v_bias.size(), 4u);
+  EXPECT_EQ(wq->lm_head.size(), 128u);
+  EXPECT_EQ(&wq->output_embedding(), &wq->lm_head);
+}
+
+TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
+  {
+    TinyHfModel m;
+    m.Remove("model.layers.0.self_attn.k_proj.weight");
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_TRUE(w.status().IsNotFound());
+    EXPECT_THAT(w.status().message(),
+                HasSubstr("tensor 'model.layers.0.self_attn.k_proj.weight' is missing "
+                          "(expected shape [4, 8])"));
+  }
+  {
+    TinyHfModel m;
+    m.Overwrite("model.layers.0.self_attn.k_proj.weight", {8, 8});
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(),
+                HasSubstr("tensor 'model.layers.0.self_attn.k_proj.weight': expected shape "
+                          "[4, 8], found [8, 8]"));
+  }
+  {
+    TinyHfModel m;
+    m.Overwrite("model.norm.weight", {8}, "I32");
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), Status::Code::kUnsupported);
+    EXPECT_THAT(w.status().message(), HasSubstr("tensor 'model.norm.weight' has dtype I32"));
+  }
+  {
+    TinyHfModel m(/*qwen2=*/true);
+    m.Remove("model.layers.0.self_attn.v_proj.bias");
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(
+        w.status().message(),
+        HasSubstr("'model.layers.0.self_attn.v_proj.bias' is missing (expected shape [4])"));
+  }
+  {
+    TinyHfModel m(/*qwen2=*/false, /*tied=*/false);
+    m.Remove("lm_head.weight");
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(), HasSubstr("'lm_head.weight' is missing"));
+  }
+}
+
+// ---- Presets ----
+
+TEST(PresetTest, NamesAndUnknown) {
+  EXPECT_EQ(preset_names(), (std::vector<std::string>{"synth-76m", "synth-tiny"}));
+  auto w = make_preset("synth-7b");
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny)");
+  EXPECT_FALSE(preset_config("").ok());
+}
+
+TEST(PresetTest, TinyIsDeterministic) {
+  auto a = make_preset("synth-tiny");
+  auto b = make_preset("synth-tiny");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->embed, b->embed);
+  EXPECT_EQ(a->layers[1].down, b->layers[1].down);
+  EXPECT_EQ(fingerprint(*a), fingerprint(*b));
+  // Pinned: a change here changes every synthetic model's outputs (and any golden data).
+  EXPECT_EQ(fingerprint(*a), 0x21bd936af47ab713ull);
+
+  auto other = make_preset("synth-tiny", 1);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->embed, a->embed);
+
+  const ModelConfig& c = a->config;
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.num_hidden_layers, 2);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.intermediate_size, 128);
+  EXPECT_EQ(c.vocab_size, 512);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.validate("synth-tiny").ok());
+  EXPECT_EQ(a->layers[0].k.size(), 32u * 64);
+  EXPECT_EQ(a->layers[0].input_norm, std::vector<float>(64, 1.0f));
+  EXPECT_TRUE(a->lm_head.empty());
+}
+
+TEST(PresetTest, Synth76m) {
+  auto c = preset_config("synth-76m");
+  ASSERT_TRUE(c.ok());
+  // 512*768 embeddings + 12 * (q 768*768 + k,v 2*256*768 + o 768*768 + MLP 3*2048*768
+  // + norms 2*768) + final norm 768; tied, so no lm_head.
+  EXPECT_EQ(c->parameter_count(), 75909888);
+
+  auto w = make_preset("synth-76m");
+  ASSERT_TRUE(w.ok());
+  size_t total = w->embed.size() + w->final_norm.size() + w->lm_head.size();
+  for (const LayerWeights& l : w->layers) {
+    for (const auto* t :
+         {&l.input_norm, &l.q, &l.k, &l.v, &l.o, &l.post_norm, &l.gate, &l.up, &l.down}) {
+      total += t->size();
+    }
+  }
+  EXPECT_EQ(total, 75909888u);
+  EXPECT_EQ(fingerprint(*w), 0x22dd83dff84e0482ull);
+
+  // The distribution is the documented one: mean 0, std 0.02, bounded by 4 * sqrt(3) / 2 std.
+  const std::vector<float>& g = w->layers[11].gate;
+  double sum = 0, sq = 0, max_abs = 0;
+  for (float x : g) {
+    sum += x;
+    sq += double{x} * x;
+    max_abs = std::max(max_abs, std::fabs(double{x}));
+  }
+  const double mean = sum / g.size(), sd = std::sqrt(sq / g.size() - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 1e-4);
+  EXPECT_NEAR(sd, 0.02, 2e-4);
+  EXPECT_LE(max_abs, 0.02 * 2 * std::sqrt(3.0) + 1e-6);
+}
+
+// ---- Tokenizers ----
+
+TEST(TokenizerTest, SentencePieceStories260k) {
+  REQUIRE_STORIES260K(dir);
+  auto tok = load_sentencepiece(dir + "/tokenizer.model");
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.vocab_size(), 512);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.eos_id(), 2);
+  EXPECT_EQ(t.piece(403), "\xE2\x96\x81Once");
+  EXPECT_EQ(t.piece(512), "");
+
+  const std::string prompt = "Once upon a time";
+  EXPECT_EQ(t.encode(prompt, false), (std::vector<int32_t>{403, 407, 261, 378}));
+  const std::vector<int32_t> with_bos = t.encode(prompt, true);
+  EXPECT_EQ(with_bos, (std::vector<int32_t>{1, 403, 407, 261, 378}));
+  // At the start of a sequence (after BOS) the dummy-prefix space is dropped; in a continuation
+  // it is kept, so the continuation prints right after the prompt.
+  EXPECT_EQ(t.decode(with_bos), prompt);
+  EXPECT_EQ(t.decode(t.encode(prompt, false)), " " + prompt);
+
+  const std::vector<int32_t> generated = {432, 383, 286, 261, 376, 298, 315, 421, 395,
+                                          317, 426, 338, 401, 396, 267, 337, 410, 408,
+                                          419, 292, 411, 322, 265, 282, 295, 433, 426};
+  const std::string text =
+      ", there was a little girl named Lily. She loved to play outside in the park.";
+  EXPECT_EQ(t.decode(generated), text);
+  std::vector<int32_t> all = with_bos;
+  all.insert(all.end(), generated.begin(), generated.end());
+  all.push_back(t.eos_id());
+  EXPECT_EQ(t.decode(all), prompt + text);
+
+  // Streaming: decoding in pieces concatenates to the whole, including chunks starting on a
+  // word ("\xE2\x96\x81there") and ids out of range being ignored.
+  std::string streamed = t.decode(with_bos);
+  for (size_t i = 0; i < generated.size(); i += 2) {
+    std::vector<int32_t> chunk(generated.begin() + i,
+                               generated.begin() + std::min(i + 2, generated.size()));
+    chunk.push_back(-5);
+    streamed += t.decode(chunk);
+  }
+  EXPECT_EQ(streamed, prompt + text);
+
+  auto missing = load_sentencepiece(dir + "/nope.model");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_TRUE(missing.status().IsNotFound());
+  auto not_sp = load_sentencepiece(dir + "/config.json");
+  ASSERT_FALSE(not_sp.ok());
+  EXPECT_THAT(not_sp.status().message(), HasSubstr("not a SentencePiece model"));
+}
+
+TEST(TokenizerTest, ByteRoundTrip) {
+  auto tok = make_byte_tokenizer();
+  ASSERT_TRUE(tok.ok());
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.vocab_size(), 512);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.eos_id(), 2);
+
+  std::string every_byte;
+  for (int b = 0; b < 256; ++b) every_byte += static_cast<char>(b);
+  const std::vector<int32_t> ids = t.encode(every_byte, true);
+  ASSERT_EQ(ids.size(), 257u);
+  EXPECT_EQ(ids[0], 1);
+  for (int b = 0; b < 256; ++b) EXPECT_EQ(ids[b + 1], 3 + b);
+  EXPECT_EQ(t.decode(ids), every_byte);
+
+  const std::string utf8 = "h\xC3\xA9llo, w\xE2\x82\xACrld";
+  std::vector<int32_t> with_specials = t.encode(utf8, false);
+  with_specials.insert(with_specials.begin() + 3, {0, 1, 2, 300, 511, -1, 512});
+  EXPECT_EQ(t.decode(with_specials), utf8);
+  EXPECT_EQ(t.encode("A", false), std::vector<int32_t>{3 + 'A'});
+  EXPECT_EQ(t.piece(3 + 'A'), "A");
+  EXPECT_EQ(t.piece(3 + '\n'), "<0x0A>");
+  EXPECT_EQ(t.piece(1), "<s>");
+  EXPECT_EQ(t.piece(512), "");
+
+  EXPECT_FALSE(make_byte_tokenizer(258).ok());
+}
+
+}  // namespace
+}  // namespace kvrt::model
