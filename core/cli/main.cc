@@ -11,6 +11,8 @@
 
 #include "core/capacity/capacity.h"
 #include "core/config/config.h"
+#include "core/exec/generate.h"
+#include "core/exec/runtime.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 
@@ -154,6 +156,89 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   return 0;
 }
 
+struct GenerateArgs {
+  std::string prompt;
+  std::string ids;  // "1,403,407"
+  std::string stop;
+  bool no_bos = false;
+  bool ignore_eos = false;
+  bool verbose = false;
+  exec::GenerateOptions options;
+};
+
+Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      return Status::InvalidArgument(std::string(flag) + ": '" + item + "' is not a token id");
+    }
+  }
+  return ids;
+}
+
+int run_generate(const std::string& path, const std::vector<std::string>& overrides,
+                 GenerateArgs args) {
+  Result<config::Config> cfg = load_config(path, overrides);
+  if (!cfg.ok()) return fail(cfg.status());
+  plugin::Registry registry;
+  wire(registry, *cfg);
+  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
+    const toml::table* t = cfg->plugin_table("kv", name);
+    return t != nullptr ? t : cfg->plugin_table("attention", name);
+  });
+  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  if (!rt.ok()) return fail(rt.status());
+  std::vector<int32_t> prompt;
+  if (!args.ids.empty()) {
+    Result<std::vector<int32_t>> ids = parse_ids(args.ids, "--ids");
+    if (!ids.ok()) return fail(ids.status());
+    prompt = *ids;
+  } else {
+    prompt = rt->tokenizer->encode(args.prompt, !args.no_bos);
+  }
+  if (!args.stop.empty()) {
+    Result<std::vector<int32_t>> stop = parse_ids(args.stop, "--stop");
+    if (!stop.ok()) return fail(stop.status());
+    args.options.stop_ids = *stop;
+  } else if (!args.ignore_eos) {
+    args.options.stop_ids = rt->model.eos_token_ids;
+  }
+  args.options.prefill_chunk = cfg->scheduler.chunked_prefill_size;
+  if (args.verbose) {
+    std::fprintf(stderr,
+                 "model %s, TP %d, kv %s, attention %s; KV pool %llu pages of %u tokens "
+                 "(%llu tokens, %llu bytes/token)\n",
+                 rt->model_name.c_str(), cfg->tp.size, cfg->kv.store.c_str(),
+                 cfg->attention.backend.c_str(),
+                 static_cast<unsigned long long>(rt->plan.num_pages), rt->plan.page_size,
+                 static_cast<unsigned long long>(rt->plan.max_total_num_tokens),
+                 static_cast<unsigned long long>(rt->plan.bytes_per_token()));
+  }
+  Result<exec::GenerateResult> out = exec::generate(*rt->engine, prompt, args.options);
+  if (!out.ok()) return fail(out.status());
+  std::cout << rt->tokenizer->decode(prompt) << rt->tokenizer->decode(out->ids) << std::endl;
+  if (args.verbose) {
+    std::string ids;
+    for (int32_t id : out->ids) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+    std::fprintf(stderr, "prompt ids:");
+    for (int32_t id : prompt) std::fprintf(stderr, " %d", id);
+    std::fprintf(stderr, "\ngenerated ids: %s\n", ids.c_str());
+    std::fprintf(stderr, "prefill: %zu tokens, %.1f tok/s; decode: %zu tokens, %.1f tok/s (%s)\n",
+                 prompt.size(), static_cast<double>(prompt.size()) / out->prefill_seconds,
+                 out->ids.size(),
+                 out->ids.size() > 1 ? static_cast<double>(out->ids.size() - 1) / out->decode_seconds
+                                     : 0.0,
+                 out->stop_reason.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace kvrt
 
@@ -186,7 +271,35 @@ int main(int argc, char** argv) {
   capacity->add_option("--weights-gib", shape.weights_gib, "weights, all ranks, GiB")
       ->capture_default_str();
 
+  CLI::App* generate = app.add_subcommand("generate", "generate tokens from a prompt");
+  kvrt::GenerateArgs gen;
+  generate->add_option("--config", config_path, "TOML file (model, device, tp, kv, attention)");
+  generate->add_option("--set", overrides, "override a key: section.key=value");
+  auto* prompt = generate->add_option("--prompt", gen.prompt, "text to continue");
+  auto* ids = generate->add_option("--ids", gen.ids, "prompt token ids, e.g. 1,403,407");
+  prompt->excludes(ids);
+  generate->add_option("--max-new-tokens", gen.options.max_new_tokens, "tokens to generate")
+      ->capture_default_str();
+  generate->add_option("--temperature", gen.options.sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  generate->add_option("--top-k", gen.options.sampling.top_k, "0 = all")->capture_default_str();
+  generate->add_option("--top-p", gen.options.sampling.top_p, "nucleus mass")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.options.sampling.seed, "sampling seed")
+      ->capture_default_str();
+  generate->add_option("--stop", gen.stop, "stop token ids (default: the model's EOS)");
+  generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at the model's EOS");
+  generate->add_flag("--no-bos", gen.no_bos, "do not prepend BOS to --prompt");
+  generate->add_flag("-v,--verbose", gen.verbose, "print ids, prefill and decode tok/s");
+
   CLI11_PARSE(app, argc, argv);
+  if (generate->parsed()) {
+    if (gen.prompt.empty() && gen.ids.empty()) {
+      std::cerr << "kvrt generate: give --prompt or --ids\n";
+      return 2;
+    }
+    return kvrt::run_generate(config_path, overrides, gen);
+  }
   if (plugins->parsed()) return kvrt::run_plugins(verbose);
   if (check->parsed()) return kvrt::run_config_check(config_path, overrides);
   if (capacity->parsed()) return kvrt::run_capacity(config_path, overrides, shape);

@@ -1,5 +1,7 @@
-// kvrt-conformance: runs the KV store conformance suite against one plugin.
+// kvrt-conformance: runs the conformance suite of the plugin's kind (KV store or attention)
+// against one plugin.
 //   kvrt-conformance --plugin path/to/kv_mine.so [--config kvrt.toml] [--set kv.kv_mine.x=1]
+//   kvrt-conformance --plugin attn_mine.so [--set attention.attn_mine.x=1]
 // Exit status 0 when every property passes (or is skipped as not applicable), 1 otherwise.
 #include <CLI/CLI.hpp>
 #include <iostream>
@@ -7,10 +9,11 @@
 #include "core/config/config.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
+#include "sdk/conformance/attention_conformance.h"
 #include "sdk/conformance/kv_conformance.h"
 
 int main(int argc, char** argv) {
-  CLI::App app{"Runs the kvrt KV store conformance suite against a plugin"};
+  CLI::App app{"Runs the kvrt conformance suite (KV store or attention) against a plugin"};
   std::string plugin_path, config_path;
   std::vector<std::string> overrides;
   kvrt::conformance::Options options;
@@ -30,18 +33,26 @@ int main(int argc, char** argv) {
   }
   kvrt::plugin::Registry registry;
   registry.add_search_dirs(config->plugin_paths);
-  registry.set_config_source(
-      [&config](const std::string& name) { return config->plugin_table("kv", name); });
-  kvrt::Result<const kvrt::plugin::LoadedPlugin*> plugin = registry.load_kv_store(plugin_path);
+  // A plugin's table is [kv.<name>] or [attention.<name>]: names are unique across kinds.
+  registry.set_config_source([&config](const std::string& name) {
+    const toml::table* kv = config->plugin_table("kv", name);
+    return kv != nullptr ? kv : config->plugin_table("attention", name);
+  });
+  kvrt::Result<const kvrt::plugin::LoadedPlugin*> plugin = registry.load(plugin_path);
   if (!plugin.ok()) {
     std::cerr << "kvrt-conformance: " << plugin.status().message() << "\n";
     return 2;
   }
-  if (kvrt::Status s = kvrt::plugin::check_plugin_section(registry, *config, "kv"); !s.ok()) {
-    std::cerr << "kvrt-conformance: " << s.message() << "\n";
-    return 2;
+  const bool attention = (*plugin)->kind() == KVRT_PLUGIN_ATTENTION;
+  for (const char* section : {"kv", "attention"}) {
+    if (kvrt::Status s = kvrt::plugin::check_plugin_section(registry, *config, section); !s.ok()) {
+      std::cerr << "kvrt-conformance: " << s.message() << "\n";
+      return 2;
+    }
   }
-  auto results = kvrt::conformance::run_kv_store_suite(registry, **plugin, options, std::cout);
+  auto results =
+      attention ? kvrt::conformance::run_attention_suite(registry, **plugin, options, std::cout)
+                : kvrt::conformance::run_kv_store_suite(registry, **plugin, options, std::cout);
   int passed = 0, failed = 0, skipped = 0;
   for (const auto& r : results) {
     using Outcome = kvrt::conformance::PropertyResult::Outcome;

@@ -403,6 +403,104 @@ inline kvrt_status query_entry(uint32_t host_major, uint32_t host_minor, const k
   return guard(host, [&] { *out = &describe(host); });
 }
 
+// ---- attention plugins -------------------------------------------------------------------
+
+// The sizes of the ABI 1.0 versions of the attention input structs (see kGeometryV1Size).
+inline constexpr uint32_t kAttentionParamsV1Size =
+    offsetof(kvrt_attention_params, device) + sizeof(kvrt_device);
+inline constexpr uint32_t kAttentionBatchV1Size =
+    offsetof(kvrt_attention_batch, kv_last_page_len) + sizeof(void*);
+inline constexpr uint32_t kAttentionRunArgsV1Size =
+    offsetof(kvrt_attention_run_args, stream) + sizeof(void*);
+inline constexpr uint32_t kKvLayoutV1Size =
+    offsetof(kvrt_kv_layout, scale_head_stride) + sizeof(int64_t);
+
+// Base of an attention class: keeps the host for error reporting and the creation parameters.
+class AttentionBase {
+ public:
+  AttentionBase(const kvrt_host_api* host, const kvrt_attention_params& params)
+      : host_(host), params_(params) {}
+  virtual ~AttentionBase() = default;
+  const kvrt_host_api* host() const { return host_; }
+  const kvrt_attention_params& params() const { return params_; }
+
+ private:
+  const kvrt_host_api* host_;
+  kvrt_attention_params params_;
+};
+
+namespace detail {
+template <class A>
+A* attention_self(kvrt_attention* a) {
+  return reinterpret_cast<A*>(a);
+}
+template <class A>
+const A* attention_self(const kvrt_attention* a) {
+  return reinterpret_cast<const A*>(a);
+}
+}  // namespace detail
+
+// A kvrt_attention_api whose callbacks forward to the class A (derived from AttentionBase):
+//   A(const kvrt_host_api*, const kvrt_attention_params&, ConfigView);   // throws to refuse
+//   void supports(const kvrt_kv_layout&) const;  // returns if native, else throws
+//                                                // Error(KVRT_ERR_UNSUPPORTED, why)
+//   uint64_t workspace_size(const kvrt_attention_batch&) const;
+//   void plan(const kvrt_attention_batch&, void* workspace, uint64_t workspace_bytes);
+//   void run(const kvrt_attention_run_args&);
+// Input structs reach A copied over zeroed ones of this SDK's size (read_input), the layout that
+// run() gets included: args.layout points at such a copy, never NULL. A NULL handle or output
+// pointer gives KVRT_ERR_INVALID_ARGUMENT before A is called.
+template <class A>
+const kvrt_attention_api& attention_table() {
+  using detail::attention_self;
+  static const kvrt_attention_api table = [] {
+    kvrt_attention_api t{};
+    t.struct_size = sizeof(kvrt_attention_api);
+    t.create = [](const kvrt_host_api* host, const kvrt_attention_params* p, const kvrt_config* cfg,
+                  kvrt_attention** out) -> kvrt_status {
+      return guard(host, [&] {
+        if (out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "out is NULL");
+        const kvrt_attention_params params = read_input(p, kAttentionParamsV1Size, "params");
+        *out = reinterpret_cast<kvrt_attention*>(new A(host, params, ConfigView(host, cfg)));
+      });
+    };
+    t.destroy = [](kvrt_attention* a) { delete attention_self<A>(a); };
+    t.supports = [](const kvrt_attention* a, const kvrt_kv_layout* layout) -> kvrt_status {
+      if (a == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(attention_self<A>(a)->host(), [&] {
+        attention_self<A>(a)->supports(read_input(layout, kKvLayoutV1Size, "layout"));
+      });
+    };
+    t.workspace_size = [](const kvrt_attention* a, const kvrt_attention_batch* batch,
+                          uint64_t* out) -> kvrt_status {
+      if (a == nullptr || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(attention_self<A>(a)->host(), [&] {
+        *out =
+            attention_self<A>(a)->workspace_size(read_input(batch, kAttentionBatchV1Size, "batch"));
+      });
+    };
+    t.plan = [](kvrt_attention* a, const kvrt_attention_batch* batch, void* workspace,
+                uint64_t workspace_bytes) -> kvrt_status {
+      if (a == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(attention_self<A>(a)->host(), [&] {
+        attention_self<A>(a)->plan(read_input(batch, kAttentionBatchV1Size, "batch"), workspace,
+                                   workspace_bytes);
+      });
+    };
+    t.run = [](kvrt_attention* a, const kvrt_attention_run_args* args) -> kvrt_status {
+      if (a == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+      return guard(attention_self<A>(a)->host(), [&] {
+        kvrt_attention_run_args copy = read_input(args, kAttentionRunArgsV1Size, "run args");
+        const kvrt_kv_layout layout = read_input(copy.layout, kKvLayoutV1Size, "layout");
+        copy.layout = &layout;
+        attention_self<A>(a)->run(copy);
+      });
+    };
+    return t;
+  }();
+  return table;
+}
+
 }  // namespace kvrt::sdk
 
 // Defines the library's one exported symbol, kvrt_plugin_query, around

@@ -1,0 +1,25 @@
+// One forward step's work: for each sequence, its new tokens (a prefill chunk, or one token
+// when decoding), where they start, and the pages that hold its KV (the core's page table).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvrt::exec {
+
+struct SequenceStep {
+  std::vector<int32_t> tokens;  // new tokens; their K/V are written this step
+  int32_t start = 0;            // position of tokens[0] == tokens already in the KV cache
+  std::vector<int32_t> pages;   // page ids for positions [0, start + tokens.size()), in order
+};
+
+struct Batch {
+  std::vector<SequenceStep> sequences;
+  int64_t num_tokens() const {
+    int64_t n = 0;
+    for (const SequenceStep& s : sequences) n += static_cast<int64_t>(s.tokens.size());
+    return n;
+  }
+};
+
+}  // namespace kvrt::exec

@@ -1,0 +1,82 @@
+#include "core/exec/engine.h"
+
+#include <thread>
+
+namespace kvrt::exec {
+
+Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
+    : config_(config), options_(options), comm_(std::make_unique<Communicator>(options.tp)) {}
+
+Engine::~Engine() = default;
+
+Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
+                                               const EngineOptions& options) {
+  if (options.tp < 1 || options.tp > 8) {
+    return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
+  }
+  if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
+  std::unique_ptr<Engine> engine(new Engine(weights.config, options));
+  const model::ModelConfig& c = weights.config;
+  for (int r = 0; r < options.tp; ++r) {
+    Result<RankShard> shard = shard_for(c.num_attention_heads, c.num_key_value_heads,
+                                        c.intermediate_size, c.vocab_size, r, options.tp);
+    if (!shard.ok()) return shard.status();
+    Result<std::unique_ptr<RankExecutor>> rank =
+        RankExecutor::create(weights, *shard, engine->comm_.get(), options.plugins,
+                             options.page_size, options.num_pages);
+    if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
+    engine->ranks_.push_back(std::move(*rank));
+  }
+  return engine;
+}
+
+Status Engine::check(const Batch& batch) const {
+  const int64_t total_slots = static_cast<int64_t>(options_.num_pages) * options_.page_size;
+  for (size_t i = 0; i < batch.sequences.size(); ++i) {
+    const SequenceStep& s = batch.sequences[i];
+    const std::string where = "sequence " + std::to_string(i) + ": ";
+    if (s.tokens.empty()) return Status::InvalidArgument(where + "no new tokens");
+    for (int32_t t : s.tokens) {
+      if (t < 0 || t >= config_.vocab_size) {
+        return Status::InvalidArgument(where + "token id " + std::to_string(t) +
+                                       " outside the vocabulary of " +
+                                       std::to_string(config_.vocab_size));
+      }
+    }
+    const int64_t kv_len = s.start + static_cast<int64_t>(s.tokens.size());
+    const int64_t needed = (kv_len + options_.page_size - 1) / options_.page_size;
+    if (s.start < 0 || static_cast<int64_t>(s.pages.size()) < needed) {
+      return Status::InvalidArgument(where + std::to_string(kv_len) + " tokens need " +
+                                     std::to_string(needed) + " pages, the page table has " +
+                                     std::to_string(s.pages.size()));
+    }
+    for (int64_t p = 0; p < needed; ++p) {
+      if (s.pages[p] < 0 || int64_t{s.pages[p]} * options_.page_size >= total_slots) {
+        return Status::OutOfRange(where + "page " + std::to_string(s.pages[p]) +
+                                  " outside the pool of " + std::to_string(options_.num_pages));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<float>> Engine::step(const Batch& batch) {
+  if (Status s = check(batch); !s.ok()) return s;
+  std::vector<float> logits;
+  std::vector<Status> results(ranks_.size());
+  if (ranks_.size() == 1) {
+    results[0] = ranks_[0]->forward(batch, &logits);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      threads.emplace_back([&, r] { results[r] = ranks_[r]->forward(batch, &logits); });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+  for (const Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return logits;
+}
+
+}  // namespace kvrt::exec

@@ -1,0 +1,51 @@
+// The execution engine: a model sharded over TP ranks (threads), each with its own KV store and
+// attention handle, stepping together. It knows nothing of requests or scheduling: the caller
+// owns page allocation and hands it batches.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/exec/batch.h"
+#include "core/exec/communicator.h"
+#include "core/exec/rank_executor.h"
+#include "core/model/weights.h"
+#include "core/plugin/registry.h"
+
+namespace kvrt::exec {
+
+struct EngineOptions {
+  int tp = 1;
+  uint32_t page_size = 16;
+  uint64_t num_pages = 0;
+  RankPlugins plugins;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> create(const model::Weights& weights,
+                                                const EngineOptions& options);
+  ~Engine();
+
+  // One forward step on every rank; logits [num_sequences][vocab] of each sequence's last new
+  // token. The batch is checked first (tokens in the vocabulary, pages in range and covering
+  // every position), so a bad batch fails before any rank starts.
+  Result<std::vector<float>> step(const Batch& batch);
+
+  const model::ModelConfig& config() const { return config_; }
+  int tp() const { return options_.tp; }
+  uint32_t page_size() const { return options_.page_size; }
+  uint64_t num_pages() const { return options_.num_pages; }
+  const RankExecutor& rank(int r) const { return *ranks_[r]; }
+
+ private:
+  Engine(const model::ModelConfig& config, const EngineOptions& options);
+  Status check(const Batch& batch) const;
+
+  model::ModelConfig config_;
+  EngineOptions options_;
+  std::unique_ptr<Communicator> comm_;
+  std::vector<std::unique_ptr<RankExecutor>> ranks_;
+};
+
+}  // namespace kvrt::exec

@@ -1,0 +1,86 @@
+#include "core/exec/runtime.h"
+
+#include "core/model/weights.h"
+
+namespace kvrt::exec {
+
+Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
+  Runtime rt;
+  Result<model::Weights> weights = Status::Internal("unset");
+  if (!cfg.model.path.empty()) {
+    rt.model_name = cfg.model.path;
+    weights = model::load_hf(cfg.model.path);
+    if (!weights.ok()) return weights.status();
+    Result<std::unique_ptr<model::Tokenizer>> tok =
+        model::load_sentencepiece(cfg.model.path + "/tokenizer.model");
+    if (!tok.ok()) return tok.status();
+    rt.tokenizer = std::move(*tok);
+  } else {
+    rt.model_name = cfg.model.preset;
+    weights = model::make_preset(cfg.model.preset);
+    if (!weights.ok()) return weights.status().WithContext("model.preset");
+    Result<std::unique_ptr<model::Tokenizer>> tok =
+        model::make_byte_tokenizer(static_cast<int32_t>(weights->config.vocab_size));
+    if (!tok.ok()) return tok.status();
+    rt.tokenizer = std::move(*tok);
+  }
+  rt.model = weights->config;
+  if (rt.model.sliding_window > 0) {
+    return Status::Unsupported(rt.model_name + ": sliding_window attention (" +
+                               std::to_string(rt.model.sliding_window) + ") is not supported yet");
+  }
+
+  RankPlugins plugins;
+  Result<const plugin::LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
+  if (!store.ok()) return store.status().WithContext("kv.store");
+  plugins.store = *store;
+  plugins.store_config = plugin::as_config(cfg.plugin_table("kv", cfg.kv.store));
+  Result<const plugin::LoadedPlugin*> attention = registry.load(cfg.attention.backend);
+  if (!attention.ok()) return attention.status().WithContext("attention.backend");
+  if ((*attention)->kind() != KVRT_PLUGIN_ATTENTION) {
+    return Status::ConfigError("attention.backend: '" + cfg.attention.backend +
+                               "' is not an attention plugin");
+  }
+  plugins.attention = *attention;
+  plugins.attention_config = plugin::as_config(cfg.plugin_table("attention", cfg.attention.backend));
+
+  // Capacity: weights are held in f32 on CPU, split over the ranks.
+  const int tp = cfg.tp.size;
+  Result<RankShard> shard0 = shard_for(rt.model.num_attention_heads, rt.model.num_key_value_heads,
+                                       rt.model.intermediate_size, rt.model.vocab_size, 0, tp);
+  if (!shard0.ok()) return shard0.status().WithContext("tp.size");
+  kvrt_kv_geometry g{};
+  g.struct_size = sizeof(g);
+  g.num_layers = static_cast<uint32_t>(rt.model.num_hidden_layers);
+  g.num_kv_heads = static_cast<uint32_t>(shard0->kv_heads.size());
+  g.total_kv_heads = static_cast<uint32_t>(rt.model.num_key_value_heads);
+  g.k_head_dim = g.v_head_dim = static_cast<uint32_t>(rt.model.head_dim);
+  g.page_size = static_cast<uint32_t>(cfg.scheduler.page_size);
+  g.input_dtype = KVRT_DTYPE_F32;
+  g.tp_size = static_cast<uint32_t>(tp);
+  g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  uint64_t page_bytes = 0;
+  plugin::clear_last_error();
+  kvrt_status st = plugins.store->kv.page_bytes(plugins.store->host_api(), &g,
+                                               plugins.store_config, &page_bytes);
+  if (st != KVRT_OK) return plugin::plugin_failure(cfg.kv.store, "page_bytes", st);
+  rt.budget.device_memory = cfg.device.memory_bytes;
+  rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(4)) / tp;
+  rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
+  Result<capacity::Plan> plan = capacity::plan(rt.budget, page_bytes, g.page_size);
+  if (!plan.ok()) return plan.status();
+  rt.plan = *plan;
+  registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
+
+  EngineOptions options;
+  options.tp = tp;
+  options.page_size = g.page_size;
+  options.num_pages = rt.plan.num_pages;
+  options.plugins = plugins;
+  Result<std::unique_ptr<Engine>> engine = Engine::create(*weights, options);
+  if (!engine.ok()) return engine.status();
+  rt.engine = std::move(*engine);
+  return rt;
+}
+
+}  // namespace kvrt::exec

@@ -1,0 +1,699 @@
+// attn_cpu: attention on the CPU over the pages of any KV store.
+//
+// Reads K/V natively through the store's layout when their dtypes are f32, bf16 or FP8 E4M3
+// with no scale, a per-tensor scale or per-token-head scales (the shipped stores' formats), and
+// through the store's gather() otherwise (a third-party format: slower, still correct).
+// v_head_dim 0 (an MLA-like latent) means V is K: the output has qk_head_dim elements per head.
+//
+// plan() splits the batch into work items in the caller's workspace: blocks of up to kRowBlock
+// query rows of one sequence, each over the KV positions its rows can see (causal masking
+// trims the end). Items of at most kSplitMaxRows rows (decode, short speculative chunks) over
+// more than decode_chunk_tokens positions are split over chunks of whole pages, flash-decoding
+// style: each chunk keeps its own running max, sum and unnormalised output, and a merge step
+// combines them. run() walks the items single-threaded (TP ranks are threads already) in tiles
+// of kTile positions; per tile and KV head, the SIMD kernels of kernels/cpu/attention.h score
+// every query head of the group against each K row once and add each V row once to all of them.
+// run() allocates nothing: all scratch lives in the workspace.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+#include "kvrt/plugin.hpp"
+
+namespace kvrt::plugins {
+namespace {
+
+using kernels::KvElem;
+
+constexpr uint32_t kQDtypes = KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16);
+constexpr uint32_t kTile = 32;         // KV positions per kernel call: scores stay in L1
+constexpr uint32_t kRowBlock = 16;     // query rows per work item: K/V tiles are reused from cache
+constexpr uint32_t kSplitMaxRows = 4;  // items up to this many rows split long contexts
+constexpr uint32_t kMaxHeadDim = 4096;
+constexpr int64_t kDefaultChunkTokens = 256;
+constexpr uint64_t kAlign = 64;
+constexpr uint64_t kMagic = 0x316e74617472766bull;  // "kvrtatn1"
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+const char* dtype_name(kvrt_dtype d) {
+  switch (d) {
+    case KVRT_DTYPE_F32:
+      return "f32";
+    case KVRT_DTYPE_BF16:
+      return "bf16";
+    case KVRT_DTYPE_F16:
+      return "f16";
+    case KVRT_DTYPE_FP8_E4M3:
+      return "fp8_e4m3";
+    case KVRT_DTYPE_INT8:
+      return "int8";
+    default:
+      return "unknown";
+  }
+}
+
+bool native_dtype(kvrt_dtype d) {
+  return d == KVRT_DTYPE_F32 || d == KVRT_DTYPE_BF16 || d == KVRT_DTYPE_FP8_E4M3;
+}
+
+KvElem kv_elem(kvrt_dtype d) {
+  return d == KVRT_DTYPE_F32 ? KvElem::kF32 : d == KVRT_DTYPE_BF16 ? KvElem::kBf16 : KvElem::kE4M3;
+}
+
+// One block of query rows of one sequence over KV positions [kv_begin, kv_end).
+struct WorkItem {
+  int32_t row_begin;    // index of its first query row in Q and out
+  int32_t rows;         // query rows
+  int32_t first_limit;  // last KV position its first row sees; row r sees first_limit + r
+                        // when causal, the same as row 0 otherwise
+  int32_t kv_begin;
+  int32_t kv_end;
+  int32_t page_base;  // index in kv_page_indices of the sequence's first page
+  int32_t merge;      // the merge this chunk feeds, or -1: the item writes out itself
+  int32_t reserved;
+  uint64_t partial;  // split items: workspace offset of the chunk's max, sum and output
+};
+
+// Combines the chunks (consecutive items) of one split block of rows.
+struct Merge {
+  int32_t row_begin;
+  int32_t rows;
+  int32_t first_item;
+  int32_t num_items;
+};
+
+// The workspace starts with this, then the items, the merges, the chunks' partial states and
+// the scratch run() works in.
+struct PlanHeader {
+  uint64_t magic;
+  uint32_t num_items;
+  uint32_t num_merges;
+  uint32_t page_size;
+  uint32_t causal;
+  int64_t total_rows;  // query rows of the batch: qo_indptr[batch_size]
+  int64_t first_page;  // kv_page_indices entries in use: [first_page, end_page)
+  int64_t end_page;
+  const int32_t* page_indices;
+  uint64_t items_offset;
+  uint64_t merges_offset;
+  uint64_t scratch_offset;
+  uint64_t total_bytes;
+};
+
+class CpuAttention : public sdk::AttentionBase {
+ public:
+  CpuAttention(const kvrt_host_api* host, const kvrt_attention_params& p, sdk::ConfigView config)
+      : AttentionBase(host, p) {
+    if (p.device.kind != KVRT_DEVICE_CPU) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED, "attn_cpu serves CPU devices only");
+    }
+    if (p.num_q_heads == 0 || p.num_kv_heads == 0) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "num_q_heads and num_kv_heads must be >= 1");
+    }
+    if (p.num_q_heads % p.num_kv_heads != 0) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "num_q_heads " + std::to_string(p.num_q_heads) +
+                                               " is not a multiple of num_kv_heads " +
+                                               std::to_string(p.num_kv_heads));
+    }
+    if (p.qk_head_dim == 0) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "qk_head_dim is 0");
+    check_dim("qk_head_dim", p.qk_head_dim);
+    if (p.v_head_dim != 0) check_dim("v_head_dim", p.v_head_dim);
+    if (!std::isfinite(p.softmax_scale)) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "softmax_scale is not finite");
+    }
+    const int64_t chunk = config.integer("decode_chunk_tokens", kDefaultChunkTokens);
+    if (chunk < 1 || chunk > (int64_t{1} << 30)) {
+      sdk::fail(KVRT_ERR_CONFIG,
+                "decode_chunk_tokens: expected 1 .. 2^30, found " + std::to_string(chunk));
+    }
+    chunk_tokens_ = static_cast<uint32_t>(chunk);
+    q_heads_ = p.num_q_heads;
+    kv_heads_ = p.num_kv_heads;
+    group_ = q_heads_ / kv_heads_;
+    qk_dim_ = p.qk_head_dim;
+    v_dim_ = p.v_head_dim == 0 ? p.qk_head_dim : p.v_head_dim;
+    layout_scratch();
+  }
+
+  void supports(const kvrt_kv_layout& layout) const {
+    if (std::string why = shape_mismatch(layout); !why.empty()) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED, why);
+    }
+    if (!readable(layout)) sdk::fail(KVRT_ERR_UNSUPPORTED, not_native(layout));
+  }
+
+  uint64_t workspace_size(const kvrt_attention_batch& batch) const {
+    return layout_plan(count(batch)).total_bytes + kAlign;  // kAlign: room to align the start
+  }
+
+  void plan(const kvrt_attention_batch& batch, void* workspace, uint64_t workspace_bytes) {
+    plan_ = nullptr;  // a failed plan leaves nothing to run
+    const Counts counts = count(batch);
+    PlanHeader header = layout_plan(counts);
+    const uint64_t needed = header.total_bytes + kAlign;
+    if (workspace == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "workspace is NULL");
+    if (workspace_bytes < needed) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT,
+                "workspace of " + std::to_string(workspace_bytes) +
+                    " bytes is smaller than workspace_size() = " + std::to_string(needed));
+    }
+    auto* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+    header.magic = kMagic;
+    header.page_size = batch.page_size;
+    header.causal = batch.causal != 0;
+    header.page_indices = batch.kv_page_indices;
+    if (batch.batch_size > 0) {
+      header.first_page = batch.kv_page_indptr[0];
+      header.end_page = batch.kv_page_indptr[batch.batch_size];
+      header.total_rows = batch.qo_indptr[batch.batch_size];
+    }
+    auto* items = reinterpret_cast<WorkItem*>(base + header.items_offset);
+    auto* merges = reinterpret_cast<Merge*>(base + header.merges_offset);
+    uint64_t partial = header.merges_offset + align_up(sizeof(Merge) * counts.merges);
+    uint32_t num_items = 0, num_merges = 0;
+    walk(
+        batch,
+        [&](const WorkItem& item) {
+          WorkItem& w = items[num_items++];
+          w = item;
+          if (item.merge >= 0) {  // a chunk of the merge that follows its chunks
+            w.merge = static_cast<int32_t>(num_merges);
+            w.partial = partial;
+            partial += partial_bytes(static_cast<uint32_t>(item.rows));
+          }
+        },
+        [&](const Merge& m) {
+          Merge& w = merges[num_merges++];
+          w = m;
+          w.first_item = static_cast<int32_t>(num_items) - m.num_items;
+        });
+    header.num_items = num_items;
+    header.num_merges = num_merges;
+    std::memcpy(base, &header, sizeof(header));
+    plan_ = base;
+  }
+
+  void run(const kvrt_attention_run_args& args) {
+    if (plan_ == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "run() without a successful plan()");
+    PlanHeader header;
+    std::memcpy(&header, plan_, sizeof(header));
+    if (header.magic != kMagic) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "the workspace was changed since plan()");
+    }
+    const kvrt_kv_layout& layout = *args.layout;
+    Layer layer = prepare(args, layout, header);
+    const auto* items = reinterpret_cast<const WorkItem*>(plan_ + header.items_offset);
+    const auto* merges = reinterpret_cast<const Merge*>(plan_ + header.merges_offset);
+    for (uint32_t i = 0; i < header.num_items; ++i) run_item(layer, header, items[i]);
+    for (uint32_t i = 0; i < header.num_merges; ++i) run_merge(layer, items, merges[i]);
+  }
+
+ private:
+  struct Counts {
+    uint64_t items = 0, merges = 0, partial_bytes = 0;
+  };
+
+  // Byte offsets of run()'s scratch, fixed by the shape; see layout_scratch().
+  struct Scratch {
+    uint64_t state, q, scores, rescale, k_off, v_off, s_off, k_rows, v_rows, k_scales, v_scales,
+        slots, gathered_k, gathered_v, out_row, total;
+  };
+
+  // What run() needs about the layer, checked once.
+  struct Layer {
+    const kvrt_attention_run_args* args;
+    const kvrt_kv_layout* layout;
+    bool native;
+    KvElem k_type, v_type;
+    float score_scale;  // softmax_scale times a per-tensor K scale
+    float out_scale;    // a per-tensor V scale
+    bool token_scales;  // per-token-head scales
+    int64_t q_stride, out_stride;
+    uint8_t* scratch;
+  };
+
+  // A query row block's running max [rows][q_heads], sum (likewise) and output
+  // [rows][q_heads][v_dim], in the scratch or in a chunk's partial.
+  struct State {
+    float* max;
+    float* sum;
+    float* acc;
+  };
+
+  static void check_dim(const char* name, uint32_t dim) {
+    if (dim % kernels::kDimMultiple != 0 || dim > kMaxHeadDim) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED, std::string(name) + " " + std::to_string(dim) +
+                                          " not served: attn_cpu takes multiples of " +
+                                          std::to_string(kernels::kDimMultiple) + " up to " +
+                                          std::to_string(kMaxHeadDim));
+    }
+  }
+
+  uint64_t state_floats(uint32_t rows) const { return uint64_t{rows} * q_heads_ * (v_dim_ + 2); }
+  uint64_t partial_bytes(uint32_t rows) const { return align_up(4 * state_floats(rows)); }
+
+  State state_at(uint8_t* p, uint32_t rows) const {
+    auto* f = reinterpret_cast<float*>(p);
+    const uint64_t n = uint64_t{rows} * q_heads_;
+    return {f, f + n, f + 2 * n};
+  }
+
+  void layout_scratch() {
+    uint64_t at = 0;
+    auto take = [&](uint64_t bytes) {
+      const uint64_t offset = at;
+      at += align_up(bytes);
+      return offset;
+    };
+    const uint64_t kv_row_floats = uint64_t{kTile} * kv_heads_;
+    scratch_.state = take(4 * state_floats(kRowBlock));
+    scratch_.q = take(4 * uint64_t{kRowBlock} * q_heads_ * qk_dim_);
+    scratch_.scores = take(4 * uint64_t{group_} * kTile);
+    scratch_.rescale = take(4 * uint64_t{group_});
+    scratch_.k_off = take(8 * 2 * kTile);  // this tile's and the next's
+    scratch_.v_off = take(8 * 2 * kTile);
+    scratch_.s_off = take(8 * 2 * kTile);
+    scratch_.k_rows = take(sizeof(void*) * kTile);
+    scratch_.v_rows = take(sizeof(void*) * kTile);
+    scratch_.k_scales = take(4 * kTile);
+    scratch_.v_scales = take(4 * kTile);
+    scratch_.slots = take(8 * 2 * kTile);
+    scratch_.gathered_k = take(4 * kv_row_floats * qk_dim_);
+    scratch_.gathered_v = take(params().v_head_dim == 0 ? 0 : 4 * kv_row_floats * v_dim_);
+    scratch_.out_row = take(4 * uint64_t{v_dim_});
+    scratch_.total = at;
+  }
+
+  Counts count(const kvrt_attention_batch& batch) const {
+    Counts counts;
+    walk(
+        batch, [&](const WorkItem&) { ++counts.items; },
+        [&](const Merge& m) {
+          ++counts.merges;
+          counts.partial_bytes += partial_bytes(static_cast<uint32_t>(m.rows)) * m.num_items;
+        });
+    return counts;
+  }
+
+  PlanHeader layout_plan(const Counts& c) const {
+    PlanHeader h{};
+    h.items_offset = align_up(sizeof(PlanHeader));
+    h.merges_offset = h.items_offset + align_up(sizeof(WorkItem) * c.items);
+    h.scratch_offset = h.merges_offset + align_up(sizeof(Merge) * c.merges) + c.partial_bytes;
+    h.total_bytes = h.scratch_offset + scratch_.total;
+    return h;
+  }
+
+  // Validates the batch and reports its work items and merges in order: a merge right after
+  // its chunks. The same walk sizes the workspace and fills it.
+  template <class OnItem, class OnMerge>
+  void walk(const kvrt_attention_batch& b, OnItem&& on_item, OnMerge&& on_merge) const {
+    auto invalid = [](const std::string& what) { sdk::fail(KVRT_ERR_INVALID_ARGUMENT, what); };
+    if (b.page_size == 0) invalid("batch.page_size is 0");
+    if (b.batch_size == 0) return;
+    if (b.qo_indptr == nullptr || b.kv_page_indptr == nullptr || b.kv_last_page_len == nullptr) {
+      invalid("batch arrays qo_indptr, kv_page_indptr and kv_last_page_len must not be NULL");
+    }
+    if (b.qo_indptr[0] < 0 || b.kv_page_indptr[0] < 0) invalid("batch indptr[0] is negative");
+    if (b.kv_page_indptr[b.batch_size] > b.kv_page_indptr[0] && b.kv_page_indices == nullptr) {
+      invalid("batch.kv_page_indices is NULL");
+    }
+    const int64_t chunk = (int64_t{chunk_tokens_} + b.page_size - 1) / b.page_size * b.page_size;
+    for (uint32_t s = 0; s < b.batch_size; ++s) {
+      auto seq = [s] { return "sequence " + std::to_string(s) + ": "; };  // for messages only
+      const int32_t q_begin = b.qo_indptr[s], q_len = b.qo_indptr[s + 1] - q_begin;
+      const int32_t page_begin = b.kv_page_indptr[s];
+      const int32_t pages = b.kv_page_indptr[s + 1] - page_begin;
+      if (q_len < 0) invalid(seq() + "qo_indptr decreases");
+      if (pages < 0) invalid(seq() + "kv_page_indptr decreases");
+      for (int32_t p = 0; p < pages; ++p) {
+        if (b.kv_page_indices[page_begin + p] < 0) {
+          invalid(seq() + "negative page id " + std::to_string(b.kv_page_indices[page_begin + p]));
+        }
+      }
+      const int32_t last = b.kv_last_page_len[s];
+      if (pages > 0 && (last < 1 || static_cast<uint32_t>(last) > b.page_size)) {
+        invalid(seq() + "kv_last_page_len " + std::to_string(last) + " outside 1.." +
+                std::to_string(b.page_size));
+      }
+      const int64_t kv_len64 = pages == 0 ? 0 : int64_t{pages - 1} * b.page_size + last;
+      if (kv_len64 > std::numeric_limits<int32_t>::max()) invalid(seq() + "too many KV tokens");
+      const auto kv_len = static_cast<int32_t>(kv_len64);
+      if (q_len > 0 && kv_len == 0) invalid(seq() + "query rows but no KV tokens");
+      if (b.causal != 0 && q_len > kv_len) {
+        invalid(seq() + std::to_string(q_len) + " causal query rows but only " +
+                std::to_string(kv_len) + " KV tokens (the new tokens' K/V must be written)");
+      }
+      for (int32_t r0 = 0; r0 < q_len; r0 += static_cast<int32_t>(kRowBlock)) {
+        WorkItem item{};
+        item.row_begin = q_begin + r0;
+        item.rows = std::min<int32_t>(static_cast<int32_t>(kRowBlock), q_len - r0);
+        item.first_limit = b.causal != 0 ? kv_len - q_len + r0 : kv_len - 1;
+        item.page_base = page_begin;
+        item.merge = -1;
+        const int32_t end = b.causal != 0 ? item.first_limit + item.rows : kv_len;
+        if (static_cast<uint32_t>(item.rows) <= kSplitMaxRows && end > chunk) {
+          Merge merge{item.row_begin, item.rows, 0, 0};
+          for (int64_t c = 0; c < end; c += chunk) {
+            item.kv_begin = static_cast<int32_t>(c);
+            item.kv_end = static_cast<int32_t>(std::min<int64_t>(end, c + chunk));
+            item.merge = 0;  // the caller only needs to know it is a chunk
+            on_item(item);
+            ++merge.num_items;
+          }
+          on_merge(merge);
+        } else {
+          item.kv_begin = 0;
+          item.kv_end = end;
+          on_item(item);
+        }
+      }
+    }
+  }
+
+  std::string shape_mismatch(const kvrt_kv_layout& l) const {
+    const kvrt_attention_params& p = params();
+    auto differs = [](const char* field, uint64_t got, uint64_t want) {
+      return std::string("layout.") + field + " is " + std::to_string(got) +
+             ", this attention was created for " + std::to_string(want);
+    };
+    if (l.num_kv_heads != p.num_kv_heads) return differs("num_kv_heads", l.num_kv_heads, kv_heads_);
+    if (l.k_head_dim != p.qk_head_dim) return differs("k_head_dim", l.k_head_dim, qk_dim_);
+    if (l.v_head_dim != p.v_head_dim) return differs("v_head_dim", l.v_head_dim, p.v_head_dim);
+    if (l.page_size == 0) return "layout.page_size is 0";
+    return "";
+  }
+
+  // Whether run() reads the layout's bytes itself; not_native() says why not.
+  static bool readable(const kvrt_kv_layout& l) {
+    const bool scaled =
+        l.scale_mode == KVRT_SCALE_PER_TENSOR || l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD;
+    return native_dtype(l.k_dtype) && native_dtype(l.v_dtype) && l.k_base != nullptr &&
+           l.v_base != nullptr && (l.scale_mode == KVRT_SCALE_NONE || scaled) &&
+           (!scaled || (l.k_scale != nullptr && l.v_scale != nullptr));
+  }
+
+  static std::string not_native(const kvrt_kv_layout& l) {
+    for (auto [part, dtype] : {std::pair{"K", l.k_dtype}, std::pair{"V", l.v_dtype}}) {
+      if (!native_dtype(dtype)) {
+        return std::string(part) + " dtype " + dtype_name(dtype) +
+               " is not read natively (f32, bf16 and fp8_e4m3 are); run() will use the "
+               "store's gather()";
+      }
+    }
+    if (l.k_base == nullptr || l.v_base == nullptr) return "layout K or V base pointer is NULL";
+    if (l.scale_mode != KVRT_SCALE_NONE && l.scale_mode != KVRT_SCALE_PER_TENSOR &&
+        l.scale_mode != KVRT_SCALE_PER_TOKEN_HEAD) {
+      return "scale mode " + std::to_string(l.scale_mode) + " is not read natively";
+    }
+    if (l.scale_mode != KVRT_SCALE_NONE && (l.k_scale == nullptr || l.v_scale == nullptr)) {
+      return "layout has a scale mode but a NULL scale pointer";
+    }
+    return "";
+  }
+
+  Layer prepare(const kvrt_attention_run_args& args, const kvrt_kv_layout& layout,
+                const PlanHeader& header) const {
+    auto invalid = [](const std::string& what) { sdk::fail(KVRT_ERR_INVALID_ARGUMENT, what); };
+    if (header.total_rows > 0 && (args.q == nullptr || args.out == nullptr)) {
+      invalid("q or out is NULL");
+    }
+    for (auto [name, dtype] :
+         {std::pair{"q_dtype", args.q_dtype}, std::pair{"out_dtype", args.out_dtype}}) {
+      if (dtype != KVRT_DTYPE_F32 && dtype != KVRT_DTYPE_BF16) {
+        sdk::fail(KVRT_ERR_UNSUPPORTED, std::string(name) + " " + dtype_name(dtype) +
+                                            " not supported (f32 and bf16 are)");
+      }
+    }
+    Layer layer{};
+    layer.args = &args;
+    layer.layout = &layout;
+    const int64_t q_row = int64_t{q_heads_} * qk_dim_, out_row = int64_t{q_heads_} * v_dim_;
+    layer.q_stride = args.q_row_stride == 0 ? q_row : args.q_row_stride;
+    layer.out_stride = args.out_row_stride == 0 ? out_row : args.out_row_stride;
+    if (layer.q_stride < q_row || layer.out_stride < out_row) {
+      invalid("q_row_stride / out_row_stride shorter than a row");
+    }
+    if (std::string why = shape_mismatch(layout); !why.empty()) invalid(why);
+    if (layout.page_size != header.page_size) {
+      invalid("layout.page_size " + std::to_string(layout.page_size) + " but the batch has " +
+              std::to_string(header.page_size));
+    }
+    for (int64_t i = header.first_page; i < header.end_page; ++i) {
+      if (static_cast<uint64_t>(header.page_indices[i]) >= layout.num_pages) {
+        sdk::fail(KVRT_ERR_OUT_OF_RANGE, "page id " + std::to_string(header.page_indices[i]) +
+                                             " beyond the store's " +
+                                             std::to_string(layout.num_pages) + " pages");
+      }
+    }
+    layer.native = readable(layout);  // no message built: run() allocates nothing
+    if (!layer.native &&
+        (args.store_api == nullptr || args.store_api->gather == nullptr || args.store == nullptr)) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED,
+                not_native(layout) + ", but no store with a gather() was given");
+    }
+    layer.score_scale = params().softmax_scale;
+    layer.out_scale = 1.0f;
+    if (layer.native) {
+      layer.k_type = kv_elem(layout.k_dtype);
+      layer.v_type = kv_elem(layout.v_dtype);
+      layer.token_scales = layout.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD;
+      if (layout.scale_mode == KVRT_SCALE_PER_TENSOR) {
+        layer.score_scale *= *layout.k_scale;
+        layer.out_scale = *layout.v_scale;
+      }
+    } else {  // gather() gives dequantized f32
+      layer.k_type = layer.v_type = KvElem::kF32;
+    }
+    layer.scratch = plan_ + header.scratch_offset;
+    return layer;
+  }
+
+  template <class T>
+  T* scratch(const Layer& layer, uint64_t offset) const {
+    return reinterpret_cast<T*>(layer.scratch + offset);
+  }
+
+  // Query row r of the item as f32 [q_heads][qk_dim]: in place for f32 input, else converted
+  // into the scratch once per item.
+  const float* q_rows(const Layer& layer, const WorkItem& item, float* converted) const {
+    const kvrt_attention_run_args& a = *layer.args;
+    if (a.q_dtype == KVRT_DTYPE_F32) return nullptr;
+    const size_t row = size_t{q_heads_} * qk_dim_;
+    for (int32_t r = 0; r < item.rows; ++r) {
+      const auto* src = static_cast<const uint16_t*>(a.q) + (item.row_begin + r) * layer.q_stride;
+      kernels::bf16_to_f32(src, converted + r * row, row);
+    }
+    return converted;
+  }
+
+  void run_item(const Layer& layer, const PlanHeader& header, const WorkItem& item) const {
+    const kvrt_attention_run_args& a = *layer.args;
+    const kvrt_kv_layout& l = *layer.layout;
+    uint8_t* state_base = item.merge < 0 ? layer.scratch + scratch_.state : plan_ + item.partial;
+    const State st = state_at(state_base, static_cast<uint32_t>(item.rows));
+    const size_t heads = size_t{static_cast<uint32_t>(item.rows)} * q_heads_;
+    std::fill(st.max, st.max + heads, kNegInf);
+    std::fill(st.sum, st.sum + heads, 0.0f);
+    std::fill(st.acc, st.acc + heads * v_dim_, 0.0f);
+
+    const float* converted = q_rows(layer, item, scratch<float>(layer, scratch_.q));
+    const size_t q_row = size_t{q_heads_} * qk_dim_;
+    auto q_of = [&](int32_t r) {
+      return converted != nullptr
+                 ? converted + r * q_row
+                 : static_cast<const float*>(a.q) + (item.row_begin + r) * layer.q_stride;
+    };
+    auto* scores = scratch<float>(layer, scratch_.scores);
+    auto* rescale = scratch<float>(layer, scratch_.rescale);
+    auto* k_off = scratch<int64_t>(layer, scratch_.k_off);
+    auto* v_off = scratch<int64_t>(layer, scratch_.v_off);
+    auto* s_off = scratch<int64_t>(layer, scratch_.s_off);
+    auto* k_rows = scratch<const void*>(layer, scratch_.k_rows);
+    auto* v_rows = scratch<const void*>(layer, scratch_.v_rows);
+    auto* k_scales = scratch<float>(layer, scratch_.k_scales);
+    auto* v_scales = scratch<float>(layer, scratch_.v_scales);
+    auto* slots = scratch<int64_t>(layer, scratch_.slots);
+    auto* gathered_k = scratch<float>(layer, scratch_.gathered_k);
+    float* gathered_v =
+        params().v_head_dim == 0 ? gathered_k : scratch<float>(layer, scratch_.gathered_v);
+    const auto* k_base = static_cast<const uint8_t*>(l.k_base);
+    const auto* v_base = static_cast<const uint8_t*>(l.v_base);
+    const auto* ks_base = reinterpret_cast<const uint8_t*>(l.k_scale);
+    const auto* vs_base = reinterpret_cast<const uint8_t*>(l.v_scale);
+    const int32_t page_size = static_cast<int32_t>(header.page_size);
+
+    // Byte offsets of each position's K row, V row and scales (head 0), for the current tile
+    // and the next: the page-table arithmetic, once per position for all heads.
+    auto tile_offsets = [&](int32_t t0, int32_t n, int which) {
+      for (int32_t i = 0; i < n; ++i) {
+        const int64_t page = header.page_indices[item.page_base + (t0 + i) / page_size];
+        const int64_t offset = (t0 + i) % page_size;
+        const int32_t at = which * static_cast<int32_t>(kTile) + i;
+        k_off[at] = page * l.k_page_stride + offset * l.k_token_stride;
+        v_off[at] = page * l.v_page_stride + offset * l.v_token_stride;
+        s_off[at] = page * l.scale_page_stride + offset * l.scale_token_stride;
+        slots[at] = page * page_size + offset;
+      }
+    };
+    // A head's rows of one tile are pieces of a few hundred bytes, KiBs apart (page-major
+    // layout, pages anywhere), a pattern the hardware prefetchers miss: while head h of a tile
+    // computes, head h of the next tile is prefetched, so the kernels find it in cache.
+    const uint32_t k_row_bytes = qk_dim_ * (layer.k_type == KvElem::kF32    ? 4
+                                            : layer.k_type == KvElem::kBf16 ? 2
+                                                                            : 1);
+    const uint32_t v_row_bytes = v_dim_ * (layer.v_type == KvElem::kF32    ? 4
+                                           : layer.v_type == KvElem::kBf16 ? 2
+                                                                           : 1);
+    auto prefetch = [&](int which, int32_t n, uint32_t h) {
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t at = which * static_cast<int32_t>(kTile) + i;
+        const uint8_t* k = k_base + k_off[at] + h * l.k_head_stride;
+        const uint8_t* v = v_base + v_off[at] + h * l.v_head_stride;
+        for (uint32_t b = 0; b < k_row_bytes; b += 64) __builtin_prefetch(k + b);
+        for (uint32_t b = 0; b < v_row_bytes; b += 64) __builtin_prefetch(v + b);
+      }
+    };
+    const auto tile = static_cast<int32_t>(kTile);
+    int cur = 0;
+    if (item.kv_begin < item.kv_end) {
+      tile_offsets(item.kv_begin, std::min(tile, item.kv_end - item.kv_begin), cur);
+    }
+    for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
+      const int32_t n = std::min(tile, item.kv_end - t0);
+      const int32_t next_n = std::clamp(item.kv_end - t0 - tile, 0, tile);
+      if (next_n > 0) tile_offsets(t0 + tile, next_n, cur ^ 1);
+      const int32_t base = cur * tile;
+      if (!layer.native) {
+        const kvrt_status s =
+            a.store_api->gather(a.store, a.layer, static_cast<uint32_t>(n), slots + base,
+                                gathered_k, params().v_head_dim == 0 ? nullptr : gathered_v);
+        if (s != KVRT_OK) throw sdk::Forwarded(s);  // the store recorded why
+      }
+      for (uint32_t h = 0; h < kv_heads_; ++h) {
+        for (int32_t i = 0; i < n; ++i) {
+          if (layer.native) {
+            k_rows[i] = k_base + k_off[base + i] + h * l.k_head_stride;
+            v_rows[i] = v_base + v_off[base + i] + h * l.v_head_stride;
+          } else {
+            k_rows[i] = gathered_k + (size_t{static_cast<uint32_t>(i)} * kv_heads_ + h) * qk_dim_;
+            v_rows[i] = gathered_v + (size_t{static_cast<uint32_t>(i)} * kv_heads_ + h) * v_dim_;
+          }
+        }
+        if (layer.native && next_n > 0) prefetch(cur ^ 1, next_n, h);
+        if (layer.token_scales) {
+          for (int32_t i = 0; i < n; ++i) {
+            std::memcpy(&k_scales[i], ks_base + s_off[base + i] + h * l.scale_head_stride, 4);
+            std::memcpy(&v_scales[i], vs_base + s_off[base + i] + h * l.scale_head_stride, 4);
+          }
+        }
+        const size_t head0 = size_t{h} * group_;
+        for (int32_t r = 0; r < item.rows; ++r) {
+          // Causal rows see positions up to their limit; later rows of a block see more.
+          const int32_t limit = header.causal != 0 ? item.first_limit + r : item.first_limit;
+          const int32_t valid = std::clamp(limit + 1 - t0, 0, n);
+          if (valid == 0) continue;
+          const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_ + head0;
+          kernels::qk_dots(layer.k_type, q_of(r) + head0 * qk_dim_, qk_dim_, group_, k_rows,
+                           static_cast<size_t>(valid), qk_dim_, scores, kTile);
+          kernels::online_softmax(scores, kTile, group_, static_cast<size_t>(valid),
+                                  layer.score_scale, layer.token_scales ? k_scales : nullptr,
+                                  layer.token_scales ? v_scales : nullptr, st.max + at, st.sum + at,
+                                  rescale);
+          kernels::pv_accumulate(layer.v_type, scores, kTile, group_, v_rows,
+                                 static_cast<size_t>(valid), v_dim_, rescale, st.acc + at * v_dim_,
+                                 v_dim_);
+        }
+      }
+      cur ^= 1;
+    }
+    if (item.merge >= 0) return;  // a chunk: its merge writes the output
+    for (int32_t r = 0; r < item.rows; ++r) {
+      for (uint32_t j = 0; j < q_heads_; ++j) {
+        const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_ + j;
+        write_out(layer, item.row_begin + r, j, st.acc + at * v_dim_, layer.out_scale / st.sum[at]);
+      }
+    }
+  }
+
+  // Flash-decoding merge: with chunk maxima m_c, sums s_c and outputs o_c (all unnormalised),
+  // M = max m_c and w_c = exp(m_c - M), the output is sum w_c o_c / sum w_c s_c.
+  void run_merge(const Layer& layer, const WorkItem* items, const Merge& merge) const {
+    auto* out_row = scratch<float>(layer, scratch_.out_row);
+    for (int32_t r = 0; r < merge.rows; ++r) {
+      for (uint32_t j = 0; j < q_heads_; ++j) {
+        const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_ + j;
+        float max = kNegInf;
+        for (int32_t c = 0; c < merge.num_items; ++c) {
+          const WorkItem& item = items[merge.first_item + c];
+          max = std::max(max, state_at(plan_ + item.partial, item.rows).max[at]);
+        }
+        std::fill(out_row, out_row + v_dim_, 0.0f);
+        float sum = 0;
+        for (int32_t c = 0; c < merge.num_items; ++c) {
+          const WorkItem& item = items[merge.first_item + c];
+          const State st = state_at(plan_ + item.partial, item.rows);
+          if (st.max[at] == kNegInf) continue;  // the row sees nothing of this chunk
+          const float w = std::exp(st.max[at] - max);
+          sum += w * st.sum[at];
+          const void* row = st.acc + at * v_dim_;
+          kernels::pv_accumulate(KvElem::kF32, &w, 1, 1, &row, 1, v_dim_, nullptr, out_row, v_dim_);
+        }
+        write_out(layer, merge.row_begin + r, j, out_row, layer.out_scale / sum);
+      }
+    }
+  }
+
+  void write_out(const Layer& layer, int64_t row, uint32_t head, const float* acc,
+                 float factor) const {
+    const kvrt_attention_run_args& a = *layer.args;
+    const int64_t at = row * layer.out_stride + int64_t{head} * v_dim_;
+    if (a.out_dtype == KVRT_DTYPE_F32) {
+      float* out = static_cast<float*>(a.out) + at;
+      for (uint32_t d = 0; d < v_dim_; ++d) out[d] = acc[d] * factor;
+      return;
+    }
+    auto* tmp = scratch<float>(layer, scratch_.out_row);
+    // acc may be tmp itself (a merge's output), so scale in place first.
+    for (uint32_t d = 0; d < v_dim_; ++d) tmp[d] = acc[d] * factor;
+    kernels::f32_to_bf16(tmp, static_cast<uint16_t*>(a.out) + at, v_dim_);
+  }
+
+  uint32_t q_heads_ = 0, kv_heads_ = 0, group_ = 0, qk_dim_ = 0, v_dim_ = 0;
+  uint32_t chunk_tokens_ = 0;
+  Scratch scratch_{};
+  uint8_t* plan_ = nullptr;  // the aligned workspace of the last successful plan()
+};
+
+const kvrt_option_desc kOptions[] = {
+    {sizeof(kvrt_option_desc), KVRT_OPTION_INT, "decode_chunk_tokens", "256",
+     "decode rows over more KV tokens than this are split into chunks (flash-decoding)"},
+};
+
+const kvrt_plugin_desc& describe(const kvrt_host_api*) {
+  static const kvrt_plugin_desc desc = {
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_ATTENTION,
+      "attn_cpu",
+      "0.1.0",
+      "CPU attention (SIMD): f32/bf16/fp8 KV natively, any store through gather()",
+      &sdk::attention_table<CpuAttention>(),
+      kOptions,
+      1,
+      kQDtypes,
+      nullptr};
+  return desc;
+}
+
+}  // namespace
+}  // namespace kvrt::plugins
+
+KVRT_PLUGIN_ENTRY(kvrt::plugins::describe)

@@ -1,0 +1,302 @@
+// Tests of the CPU attention kernels against their scalar references, on every SIMD target this
+// CPU supports (dispatch is forced to each in turn): exact decoding of every bf16 / E4M3 value,
+// dot products and axpys over all query-block and row-block shapes, online softmax with its tails
+// and scales, and a whole attention built from the three kernels against a naive softmax.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/convert.h"
+
+namespace kvrt::kernels {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+template <class Fn>
+void ForEachTarget(const Fn& fn) {
+  struct Restore {
+    ~Restore() { hwy::SetSupportedTargetsForTest(0); }
+  } restore;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("SIMD target ") + hwy::TargetName(target));
+    ASSERT_STREQ(attention_simd_target(), hwy::TargetName(target));
+    fn();
+  }
+}
+
+const char* Name(KvElem type) {
+  return type == KvElem::kF32 ? "f32" : type == KvElem::kBf16 ? "bf16" : "e4m3";
+}
+
+// n rows of dim elements of `type`, each row its own allocation (as pages are), values of
+// magnitude about `magnitude`.
+struct Rows {
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<const void*> ptrs;
+
+  Rows(KvElem type, size_t n, size_t dim, std::mt19937& rng, float magnitude = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, magnitude);
+    std::uniform_int_distribution<int> any_code(0, 255);
+    const size_t bytes = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
+    for (size_t t = 0; t < n; ++t) {
+      std::vector<uint8_t> row(dim * bytes);
+      std::vector<float> values(dim);
+      for (float& v : values) v = normal(rng);
+      if (type == KvElem::kF32) {
+        std::memcpy(row.data(), values.data(), dim * 4);
+      } else if (type == KvElem::kBf16) {
+        f32_to_bf16(values.data(), reinterpret_cast<uint16_t*>(row.data()), dim);
+      } else {
+        for (uint8_t& c : row) c = static_cast<uint8_t>(any_code(rng));
+      }
+      storage.push_back(std::move(row));
+    }
+    for (const auto& row : storage) ptrs.push_back(row.data());
+  }
+  float at(KvElem type, size_t t, size_t d) const {
+    return reference::kv_element(type, ptrs[t], d);
+  }
+};
+
+std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> out(n);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+constexpr KvElem kTypes[] = {KvElem::kF32, KvElem::kBf16, KvElem::kE4M3};
+
+TEST(AttentionKernels, DecodeEveryBf16AndE4M3ValueExactly) {
+  // A one-hot query picks out one element per dot product, so the scores are the decoded
+  // values themselves; E4M3 includes subnormals, zeros of both signs and the NaN codes (+-480).
+  std::vector<uint8_t> codes(256);
+  for (int c = 0; c < 256; ++c) codes[c] = static_cast<uint8_t>(c);
+  std::vector<uint16_t> bf16(256 * 8);
+  std::mt19937 rng(7);
+  for (uint16_t& b : bf16) {
+    b = static_cast<uint16_t>(rng());
+    if ((b & 0x7F80) == 0x7F80) b &= 0xBFFF;  // no inf / NaN: they would poison the sums
+  }
+  EXPECT_EQ(reference::kv_element(KvElem::kE4M3, codes.data(), 0x38), 1.0f);
+  EXPECT_EQ(reference::kv_element(KvElem::kE4M3, codes.data(), 0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(reference::kv_element(KvElem::kE4M3, codes.data(), 0xFE), -448.0f);
+  EXPECT_EQ(reference::kv_element(KvElem::kE4M3, codes.data(), 0x7F), 480.0f);
+  ForEachTarget([&] {
+    for (KvElem type : {KvElem::kBf16, KvElem::kE4M3}) {
+      const void* base = type == KvElem::kBf16 ? static_cast<const void*>(bf16.data())
+                                               : static_cast<const void*>(codes.data());
+      const size_t elem = type == KvElem::kBf16 ? 2 : 1;
+      const size_t dim = 8, n = (type == KvElem::kBf16 ? bf16.size() : codes.size()) / dim;
+      std::vector<const void*> rows(n);
+      for (size_t t = 0; t < n; ++t) rows[t] = static_cast<const uint8_t*>(base) + t * dim * elem;
+      for (size_t d = 0; d < dim; ++d) {
+        std::vector<float> q(dim, 0.0f);
+        q[d] = 1.0f;
+        std::vector<float> scores(n);
+        qk_dots(type, q.data(), dim, 1, rows.data(), n, dim, scores.data(), n);
+        for (size_t t = 0; t < n; ++t) {
+          ASSERT_EQ(scores[t], reference::kv_element(type, rows[t], d))
+              << Name(type) << " element " << t * dim + d;
+        }
+      }
+    }
+  });
+}
+
+TEST(AttentionKernels, QkDotsMatchReference) {
+  std::mt19937 rng(1);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      for (size_t dim : {8, 16, 24, 64, 128, 256}) {
+        // Every query block (4, 2, 1 and their mixes) and row block (8, 4, 2 and tails).
+        for (size_t num_q : {1, 2, 3, 4, 5, 7, 8, 9}) {
+          for (size_t n : {0, 1, 2, 3, 7, 8, 9, 17}) {
+            Rows rows(type, n, dim, rng);
+            const size_t q_stride = dim + 8, score_stride = n + 3;
+            std::vector<float> q = Normal(num_q * q_stride, rng);
+            std::vector<float> got(num_q * score_stride, -1.0f), want = got;
+            qk_dots(type, q.data(), q_stride, num_q, rows.ptrs.data(), n, dim, got.data(),
+                    score_stride);
+            reference::qk_dots(type, q.data(), q_stride, num_q, rows.ptrs.data(), n, dim,
+                               want.data(), score_stride);
+            for (size_t g = 0; g < num_q; ++g) {
+              for (size_t t = 0; t < score_stride; ++t) {
+                const size_t i = g * score_stride + t;
+                if (t >= n) {
+                  ASSERT_EQ(got[i], -1.0f) << "wrote beyond n";
+                  continue;
+                }
+                // f32 summation error: a few ulps of sum |q * k|.
+                double magnitude = 0;
+                for (size_t d = 0; d < dim; ++d) {
+                  magnitude += std::fabs(q[g * q_stride + d] * rows.at(type, t, d));
+                }
+                ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30)
+                    << Name(type) << " dim " << dim << " q " << g << "/" << num_q << " row " << t
+                    << "/" << n;
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(AttentionKernels, PvAccumulateMatchesReference) {
+  std::mt19937 rng(2);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      for (size_t dim : {8, 16, 40, 64, 128, 256}) {
+        for (size_t num_q : {1, 2, 3, 4, 5, 8, 9, 15}) {
+          for (size_t n : {0, 1, 5, 16}) {
+            for (bool with_rescale : {false, true}) {
+              Rows rows(type, n, dim, rng);
+              const size_t w_stride = n + 1, acc_stride = dim + 8;
+              std::vector<float> w(num_q * w_stride);
+              for (float& x : w) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+              std::vector<float> rescale(num_q);
+              for (float& x : rescale) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+              std::vector<float> got = Normal(num_q * acc_stride, rng), want = got;
+              const float* r = with_rescale ? rescale.data() : nullptr;
+              pv_accumulate(type, w.data(), w_stride, num_q, rows.ptrs.data(), n, dim, r,
+                            got.data(), acc_stride);
+              reference::pv_accumulate(type, w.data(), w_stride, num_q, rows.ptrs.data(), n, dim, r,
+                                       want.data(), acc_stride);
+              for (size_t g = 0; g < num_q; ++g) {
+                for (size_t d = 0; d < acc_stride; ++d) {
+                  const size_t i = g * acc_stride + d;
+                  if (d >= dim) {
+                    ASSERT_EQ(got[i], want[i]) << "changed padding beyond dim";
+                    continue;
+                  }
+                  double magnitude = std::fabs(want[i]);
+                  for (size_t t = 0; t < n; ++t) {
+                    magnitude += std::fabs(w[g * w_stride + t] * rows.at(type, t, d));
+                  }
+                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30)
+                      << Name(type) << " dim " << dim << " q " << g << "/" << num_q << " n " << n
+                      << " rescale " << with_rescale;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(AttentionKernels, OnlineSoftmaxMatchesReference) {
+  std::mt19937 rng(3);
+  ForEachTarget([&] {
+    for (size_t n : {0, 1, 3, 7, 8, 9, 16, 31, 64}) {
+      for (int scales = 0; scales < 4; ++scales) {
+        const size_t num_q = 5, stride = n + 2;
+        std::vector<float> ks = Normal(n, rng), vs = Normal(n, rng);
+        for (float& x : ks) x = std::fabs(x) + 0.1f;
+        const float* k_scales = (scales & 1) ? ks.data() : nullptr;
+        const float* v_scales = (scales & 2) ? vs.data() : nullptr;
+        // Three steps, so the running max and sum carry over (the first from -inf), with
+        // scores wide enough that the max moves between steps.
+        std::vector<float> max_got(num_q, kNegInf), sum_got(num_q, 0.0f);
+        std::vector<float> max_want = max_got, sum_want = sum_got;
+        for (int step = 0; step < 3; ++step) {
+          std::vector<float> got = Normal(num_q * stride, rng, 4.0f), want = got, raw = got;
+          std::vector<float> rescale_got(num_q, -1.0f), rescale_want(num_q, -1.0f);
+          online_softmax(got.data(), stride, num_q, n, 0.7f, k_scales, v_scales, max_got.data(),
+                         sum_got.data(), rescale_got.data());
+          reference::online_softmax(want.data(), stride, num_q, n, 0.7f, k_scales, v_scales,
+                                    max_want.data(), sum_want.data(), rescale_want.data());
+          for (size_t g = 0; g < num_q; ++g) {
+            SCOPED_TRACE("n " + std::to_string(n) + " scales " + std::to_string(scales) + " step " +
+                         std::to_string(step) + " q " + std::to_string(g));
+            if (std::isinf(max_want[g])) {
+              ASSERT_EQ(max_got[g], max_want[g]);
+            } else {  // x rounds once in the reference, twice (s * scale, * k_scale) in SIMD
+              ASSERT_NEAR(max_got[g], max_want[g], 1e-6 * std::fabs(max_want[g]));
+            }
+            // exp of differences of f32 maxima, each rounded to an ulp: relative error grows
+            // with their magnitude (see the weights below).
+            const double relative = 1e-6 + (n == 0 ? 0.0 : 1e-6 * std::fabs(max_want[g]));
+            ASSERT_NEAR(rescale_got[g], rescale_want[g], relative * rescale_want[g]);
+            ASSERT_NEAR(sum_got[g], sum_want[g], relative * sum_want[g]);
+            for (size_t t = 0; t < stride; ++t) {
+              const size_t i = g * stride + t;
+              if (t >= n) {
+                ASSERT_EQ(got[i], want[i]) << "wrote beyond n";
+              } else {
+                // x - max carries the f32 rounding of x and max (an ulp or two of each), which
+                // exp turns into a relative error of the weight.
+                const double x = double{raw[i]} * 0.7 * (k_scales ? k_scales[t] : 1.0f);
+                const double exponent_error = 2.4e-7 * (std::fabs(x) + std::fabs(max_want[g]));
+                ASSERT_NEAR(got[i], want[i], (1e-6 + exponent_error) * std::fabs(want[i]) + 1e-30)
+                    << "t " << t;
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+// The three kernels over tiles of a long sequence give the softmax attention of one group of
+// queries, as a naive two-pass softmax computes it: the contract composes.
+TEST(AttentionKernels, TilesComposeToAttention) {
+  std::mt19937 rng(4);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      const size_t num_q = 4, dim = 64, n = 300, tile = 32;
+      const float scale = 0.125f;
+      Rows k(type, n, dim, rng), v(type, n, dim, rng);
+      std::vector<float> q = Normal(num_q * dim, rng, type == KvElem::kE4M3 ? 0.02f : 1.0f);
+      std::vector<float> ks = Normal(n, rng), vs = Normal(n, rng);
+      for (float& x : ks) x = std::fabs(x) + 0.5f;
+      std::vector<float> acc(num_q * dim, 0.0f), running_max(num_q, kNegInf),
+          running_sum(num_q, 0.0f), scores(num_q * tile), rescale(num_q);
+      for (size_t t0 = 0; t0 < n; t0 += tile) {
+        const size_t len = std::min(tile, n - t0);
+        qk_dots(type, q.data(), dim, num_q, k.ptrs.data() + t0, len, dim, scores.data(), tile);
+        online_softmax(scores.data(), tile, num_q, len, scale, ks.data() + t0, vs.data() + t0,
+                       running_max.data(), running_sum.data(), rescale.data());
+        pv_accumulate(type, scores.data(), tile, num_q, v.ptrs.data() + t0, len, dim,
+                      rescale.data(), acc.data(), dim);
+      }
+      for (size_t g = 0; g < num_q; ++g) {
+        std::vector<double> s(n);
+        double max = -INFINITY, sum = 0, v_max = 0;
+        for (size_t t = 0; t < n; ++t) {
+          for (size_t d = 0; d < dim; ++d) s[t] += double{q[g * dim + d]} * k.at(type, t, d);
+          s[t] *= scale * ks[t];
+          max = std::max(max, s[t]);
+        }
+        for (size_t t = 0; t < n; ++t) sum += std::exp(s[t] - max);
+        for (size_t d = 0; d < dim; ++d) {
+          double out = 0;
+          for (size_t t = 0; t < n; ++t) {
+            out += std::exp(s[t] - max) / sum * vs[t] * v.at(type, t, d);
+            v_max = std::max(v_max, double{std::fabs(vs[t] * v.at(type, t, d))});
+          }
+          ASSERT_NEAR(acc[g * dim + d] / running_sum[g], out, 1e-5 * v_max)
+              << Name(type) << " q " << g << " d " << d;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace kvrt::kernels
