@@ -1,0 +1,159 @@
+// The engine on the synth-tiny preset: TP-N gives TP-1's ids, a batch mixing a prefill chunk and
+// a decode step gives what each sequence gets alone, bad batches are refused before any rank
+// runs, and sampling is reproducible.
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/exec/engine.h"
+#include "core/exec/generate.h"
+#include "core/exec/sampler.h"
+#include "core/exec/shard.h"
+#include "core/model/weights.h"
+#include "core/plugin/registry.h"
+
+namespace kvrt::exec {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+    weights_ = std::move(*model::make_preset("synth-tiny"));
+  }
+  std::unique_ptr<Engine> engine(int tp, const char* store = "kv_bf16_paged",
+                                 uint32_t page_size = 4) {
+    EngineOptions o;
+    o.tp = tp;
+    o.page_size = page_size;
+    o.num_pages = 64;
+    o.plugins.store = *registry_.load_kv_store(store);
+    o.plugins.attention = *registry_.load("attn_cpu");
+    Result<std::unique_ptr<Engine>> e = Engine::create(weights_, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  plugin::Registry registry_;
+  model::Weights weights_;
+};
+
+const std::vector<int32_t> kPrompt = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108};
+
+TEST_F(EngineTest, TensorParallelRanksGiveTheSameIds) {
+  GenerateOptions options;
+  options.max_new_tokens = 24;
+  std::vector<int32_t> reference;
+  std::vector<float> reference_logits;
+  for (int tp : {1, 2, 4, 8}) {  // synth-tiny: 4 heads, 2 KV heads; at TP 8 some ranks hold
+                                 // a replicated KV head and no query head at all
+    std::unique_ptr<Engine> e = engine(tp);
+    ASSERT_NE(e, nullptr);
+    Result<GenerateResult> out = generate(*e, kPrompt, options);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    if (tp == 1) {
+      reference = out->ids;
+      reference_logits = out->first_logits;
+      continue;
+    }
+    EXPECT_EQ(out->ids, reference) << "TP " << tp;
+    for (size_t i = 0; i < reference_logits.size(); ++i) {
+      ASSERT_NEAR(out->first_logits[i], reference_logits[i], 1e-4) << "TP " << tp;
+    }
+  }
+}
+
+TEST_F(EngineTest, MixedBatchMatchesSequencesAlone) {
+  std::unique_ptr<Engine> e = engine(2);
+  ASSERT_NE(e, nullptr);
+  // Sequence A: 10 tokens already cached, one decode token. Sequence B: a fresh prefill of 7.
+  SequenceStep a_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {0, 1, 2}};
+  ASSERT_TRUE(e->step(Batch{{a_prefill}}).ok());
+  SequenceStep a_decode{{kPrompt[10]}, 10, {0, 1, 2}};
+  SequenceStep b_prefill{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {9, 5}};
+  Result<std::vector<float>> both = e->step(Batch{{a_decode, b_prefill}});
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  // Alone, into fresh pages of the same engine.
+  SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
+  ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
+  Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
+  Result<std::vector<float>> b_alone = e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
+  ASSERT_TRUE(a_alone.ok() && b_alone.ok());
+  const size_t vocab = a_alone->size();
+  for (size_t i = 0; i < vocab; ++i) {
+    ASSERT_NEAR((*both)[i], (*a_alone)[i], 1e-4);
+    ASSERT_NEAR((*both)[vocab + i], (*b_alone)[i], 1e-4);
+  }
+}
+
+TEST_F(EngineTest, RefusesBadBatchesBeforeRunning) {
+  std::unique_ptr<Engine> e = engine(2);
+  ASSERT_NE(e, nullptr);
+  Result<std::vector<float>> bad = e->step(Batch{{{{600}, 0, {0}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("token id 600 outside the vocabulary of 512"),
+            std::string::npos);
+  bad = e->step(Batch{{{{1, 2, 3, 4, 5}, 0, {0}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("5 tokens need 2 pages, the page table has 1"),
+            std::string::npos);
+  bad = e->step(Batch{{{{1}, 0, {64}}}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("page 64 outside the pool of 64"), std::string::npos);
+  // The engine still works afterwards.
+  EXPECT_TRUE(e->step(Batch{{{{1}, 0, {0}}}}).ok());
+}
+
+TEST_F(EngineTest, RequestLongerThanThePoolIsRefused) {
+  std::unique_ptr<Engine> e = engine(1);
+  ASSERT_NE(e, nullptr);
+  GenerateOptions options;
+  options.max_new_tokens = 64 * 4;
+  Result<GenerateResult> out = generate(*e, kPrompt, options);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("the request needs 268 tokens (67 pages) but the KV pool "
+                                        "holds 256 tokens (64 pages)"),
+            std::string::npos)
+      << out.status().message();
+}
+
+TEST(Shard, UnevenAndReplicated) {
+  // stories260k at TP 8: 8 heads, 4 KV heads, MLP 172, vocab 512.
+  int64_t mlp = 0, vocab = 0;
+  for (int r = 0; r < 8; ++r) {
+    RankShard s = *shard_for(8, 4, 172, 512, r, 8);
+    EXPECT_EQ(s.kv_heads.begin, r / 2);
+    EXPECT_EQ(s.kv_heads.size(), 1);
+    EXPECT_EQ(s.q_heads.begin, r);
+    EXPECT_EQ(s.intermediate.size(), r < 4 ? 22 : 21);
+    mlp += s.intermediate.size();
+    vocab += s.vocab.size();
+  }
+  EXPECT_EQ(mlp, 172);
+  EXPECT_EQ(vocab, 512);
+  EXPECT_FALSE(shard_for(12, 3, 100, 512, 0, 8).ok());
+}
+
+TEST(Sampler, GreedyTopKAndSeeds) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
+  EXPECT_EQ(Sampler({}).sample(logits), 1);
+  EXPECT_EQ(Sampler({1.0f, 1, 1.0f, 7}).sample(logits), 1);      // top-k 1 is greedy
+  EXPECT_EQ(Sampler({1.0f, 0, 1e-6f, 7}).sample(logits), 1);     // a tiny nucleus too
+  std::vector<int32_t> a, b;
+  Sampler s1({1.0f, 0, 1.0f, 42}), s2({1.0f, 0, 1.0f, 42});
+  for (int i = 0; i < 200; ++i) a.push_back(s1.sample(logits)), b.push_back(s2.sample(logits));
+  EXPECT_EQ(a, b);
+  // Top-k 2 never picks outside {1, 3}.
+  Sampler s3({5.0f, 2, 1.0f, 1});
+  for (int i = 0; i < 200; ++i) {
+    int32_t t = s3.sample(logits);
+    EXPECT_TRUE(t == 1 || t == 3);
+  }
+}
+
+}  // namespace
+}  // namespace kvrt::exec
