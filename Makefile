@@ -44,14 +44,15 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
-# The threaded parts (the host tier's copy thread, concurrent writes) under ThreadSanitizer.
+# The threaded parts (the host tier's copy thread, concurrent writes, TP ranks) under TSan.
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVRT_SANITIZE=thread \
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
-	  kv_bf16_paged kv_fp8_e4m3 kv_host_tiered
-	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered)'
+	  engine_test stories260k_test kv_bf16_paged kv_fp8_e4m3 kv_host_tiered attn_cpu
+	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
+	  --output-on-failure -j $(JOBS) \
+	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|StoresTpPages/)'
 
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true

@@ -72,16 +72,6 @@ HWY_INLINE VF LoadRow(DF df, const void* row, size_t d) {
   }
 }
 
-// Makes the compiler materialise v in a register. Without it GCC folds the query load into
-// each of the kR FMAs that use it, which makes the dot products bound by loads, not FMAs.
-HWY_INLINE void KeepInRegister(VF& v) {
-#if HWY_ARCH_X86 && HWY_TARGET != HWY_EMU128 && HWY_TARGET != HWY_SCALAR && defined(__GNUC__)
-  asm("" : "+x"(v.raw));
-#else
-  (void)v;
-#endif
-}
-
 // kQ queries x kR rows of dot products, each K chunk decoded once for the kQ queries and each
 // query chunk loaded once for the kR rows; kQ * kR independent FMA chains hide the latency.
 template <KvElem kType, size_t kQ, size_t kR>
@@ -101,8 +91,7 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
     for (size_t r = 0; r < kR; ++r) k[r] = LoadRow<kType>(df, rows[r], d);
     KVRT_UNROLL
     for (size_t g = 0; g < kQ; ++g) {
-      VF qv = hn::LoadU(df, q + g * q_stride + d);
-      KeepInRegister(qv);
+      const VF qv = hn::LoadU(df, q + g * q_stride + d);
       KVRT_UNROLL
       for (size_t r = 0; r < kR; ++r) acc[g][r] = hn::MulAdd(qv, k[r], acc[g][r]);
     }

@@ -480,8 +480,8 @@ class CpuAttention : public sdk::AttentionBase {
     return reinterpret_cast<T*>(layer.scratch + offset);
   }
 
-  // Query row r of the item as f32 [q_heads][qk_dim]: in place for f32 input, else converted
-  // into the scratch once per item.
+  // bf16 Q: the item's rows converted to f32 [rows][q_heads][qk_dim] in the scratch, once per
+  // item. f32 Q: nullptr, the rows are read in place.
   const float* q_rows(const Layer& layer, const WorkItem& item, float* converted) const {
     const kvrt_attention_run_args& a = *layer.args;
     if (a.q_dtype == KVRT_DTYPE_F32) return nullptr;

@@ -119,10 +119,10 @@ TEST(AttentionKernels, QkDotsMatchReference) {
   std::mt19937 rng(1);
   ForEachTarget([&] {
     for (KvElem type : kTypes) {
-      for (size_t dim : {8, 16, 24, 64, 128, 256}) {
+      for (size_t dim : {8, 24, 128, 256}) {
         // Every query block (4, 2, 1 and their mixes) and row block (8, 4, 2 and tails).
-        for (size_t num_q : {1, 2, 3, 4, 5, 7, 8, 9}) {
-          for (size_t n : {0, 1, 2, 3, 7, 8, 9, 17}) {
+        for (size_t num_q : {1, 2, 3, 4, 5, 8, 9}) {
+          for (size_t n : {0, 1, 3, 8, 9, 17}) {
             Rows rows(type, n, dim, rng);
             const size_t q_stride = dim + 8, score_stride = n + 3;
             std::vector<float> q = Normal(num_q * q_stride, rng);
@@ -159,8 +159,8 @@ TEST(AttentionKernels, PvAccumulateMatchesReference) {
   std::mt19937 rng(2);
   ForEachTarget([&] {
     for (KvElem type : kTypes) {
-      for (size_t dim : {8, 16, 40, 64, 128, 256}) {
-        for (size_t num_q : {1, 2, 3, 4, 5, 8, 9, 15}) {
+      for (size_t dim : {8, 40, 64, 256}) {
+        for (size_t num_q : {1, 2, 3, 4, 5, 8, 15}) {
           for (size_t n : {0, 1, 5, 16}) {
             for (bool with_rescale : {false, true}) {
               Rows rows(type, n, dim, rng);
