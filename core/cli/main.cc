@@ -212,9 +212,10 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   args.options.prefill_chunk = cfg->scheduler.chunked_prefill_size;
   if (args.verbose) {
     std::fprintf(stderr,
-                 "model %s, TP %d, kv %s, attention %s; KV pool %llu pages of %u tokens "
-                 "(%llu tokens, %llu bytes/token)\n",
-                 rt->model_name.c_str(), cfg->tp.size, cfg->kv.store.c_str(),
+                 "model %s (%s weights), TP %d, kv %s, attention %s; KV pool %llu pages of %u "
+                 "tokens (%llu tokens, %llu bytes/token)\n",
+                 rt->model_name.c_str(), rt->bf16_weights ? "bf16" : "f32", cfg->tp.size,
+                 cfg->kv.store.c_str(),
                  cfg->attention.backend.c_str(),
                  static_cast<unsigned long long>(rt->plan.num_pages), rt->plan.page_size,
                  static_cast<unsigned long long>(rt->plan.max_total_num_tokens),

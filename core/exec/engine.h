@@ -18,6 +18,8 @@ struct EngineOptions {
   int tp = 1;
   uint32_t page_size = 16;
   uint64_t num_pages = 0;
+  bool bf16_weights = false;  // hold matrices in bf16 instead of f32
+  int threads = 0;            // threads for all ranks' products; 0 = the machine's cores
   RankPlugins plugins;
 };
 

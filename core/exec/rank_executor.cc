@@ -6,13 +6,15 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace kvrt::exec {
 namespace {
 
 // y[m][n] = x[m][k] * w[n][k]^T (w in Hugging Face's [out][in] layout).
-void matmul(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
+void sgemm(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     std::fill(y, y + m * n, 0.0f);
@@ -44,9 +46,42 @@ Status plugin_call(const plugin::LoadedPlugin* p, const char* what, kvrt_status 
 
 }  // namespace
 
+RankExecutor::Matrix RankExecutor::make_matrix(std::vector<float> data, int64_t rows,
+                                               int64_t cols) const {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  if (bf16_weights_) {
+    m.bf16.resize(data.size());
+    kernels::f32_to_bf16(data.data(), m.bf16.data(), data.size());
+  } else {
+    m.f32 = std::move(data);
+  }
+  return m;
+}
+
+// Decode-sized products stream bf16 weights through the SIMD kernel; larger ones widen the
+// weights once and use the BLAS, where the arithmetic, not the bytes, is the cost.
+void RankExecutor::matmul(const float* x, int64_t m, const Matrix& w, float* y) {
+  if (w.bf16.empty()) return sgemm(x, m, w.cols, w.f32.data(), w.rows, y);
+  if (m <= 16 || w.cols == 0) {
+    kernels::matmul_bf16(x, m, w.cols, w.bf16.data(), w.rows, y, threads_);
+    return;
+  }
+  scratch_.resize(w.bf16.size());
+  kernels::bf16_to_f32(w.bf16.data(), scratch_.data(), w.bf16.size());
+  sgemm(x, m, w.cols, scratch_.data(), w.rows, y);
+}
+
 RankExecutor::RankExecutor(const model::Weights& weights, const RankShard& shard,
-                           Communicator* comm, const RankPlugins& plugins)
-    : config_(weights.config), shard_(shard), comm_(comm), plugins_(plugins) {
+                           Communicator* comm, const RankPlugins& plugins, bool bf16_weights,
+                           int threads)
+    : config_(weights.config),
+      shard_(shard),
+      comm_(comm),
+      plugins_(plugins),
+      bf16_weights_(bf16_weights),
+      threads_(threads) {
   const model::ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   head_dim_ = c.head_dim;
@@ -54,26 +89,34 @@ RankExecutor::RankExecutor(const model::Weights& weights, const RankShard& shard
   nkv_ = shard.kv_heads.size();
   const Range q_rows{shard.q_heads.begin * head_dim_, shard.q_heads.end * head_dim_};
   const Range kv_rows{shard.kv_heads.begin * head_dim_, shard.kv_heads.end * head_dim_};
+  const int64_t qkv_rows = (nq_ + 2 * nkv_) * head_dim_, I = shard.intermediate.size();
   for (const model::LayerWeights& lw : weights.layers) {
     Layer l;
     l.input_norm = lw.input_norm;
     l.post_norm = lw.post_norm;
-    append_rows(lw.q, hidden, q_rows, &l.qkv);
-    append_rows(lw.k, hidden, kv_rows, &l.qkv);
-    append_rows(lw.v, hidden, kv_rows, &l.qkv);
+    std::vector<float> qkv, gate_up;
+    append_rows(lw.q, hidden, q_rows, &qkv);
+    append_rows(lw.k, hidden, kv_rows, &qkv);
+    append_rows(lw.v, hidden, kv_rows, &qkv);
+    l.qkv = make_matrix(std::move(qkv), qkv_rows, hidden);
     if (!lw.q_bias.empty()) {
       append_rows(lw.q_bias, 1, q_rows, &l.qkv_bias);
       append_rows(lw.k_bias, 1, kv_rows, &l.qkv_bias);
       append_rows(lw.v_bias, 1, kv_rows, &l.qkv_bias);
     }
-    l.o = columns(lw.o, hidden, c.num_attention_heads * head_dim_, q_rows);
-    append_rows(lw.gate, hidden, shard.intermediate, &l.gate_up);
-    append_rows(lw.up, hidden, shard.intermediate, &l.gate_up);
-    l.down = columns(lw.down, hidden, c.intermediate_size, shard.intermediate);
+    l.o = make_matrix(columns(lw.o, hidden, c.num_attention_heads * head_dim_, q_rows), hidden,
+                      nq_ * head_dim_);
+    append_rows(lw.gate, hidden, shard.intermediate, &gate_up);
+    append_rows(lw.up, hidden, shard.intermediate, &gate_up);
+    l.gate_up = make_matrix(std::move(gate_up), 2 * I, hidden);
+    l.down = make_matrix(columns(lw.down, hidden, c.intermediate_size, shard.intermediate), hidden,
+                         I);
     layers_.push_back(std::move(l));
   }
   append_rows(weights.embed, hidden, shard.vocab, &embed_);
-  append_rows(weights.output_embedding(), hidden, shard.vocab, &lm_head_);
+  std::vector<float> lm_head;
+  append_rows(weights.output_embedding(), hidden, shard.vocab, &lm_head);
+  lm_head_ = make_matrix(std::move(lm_head), shard.vocab.size(), hidden);
   final_norm_ = weights.final_norm;
 }
 
@@ -87,8 +130,10 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const model::Weights&
                                                            Communicator* comm,
                                                            const RankPlugins& plugins,
                                                            uint32_t page_size,
-                                                           uint64_t num_pages) {
-  std::unique_ptr<RankExecutor> r(new RankExecutor(weights, shard, comm, plugins));
+                                                           uint64_t num_pages, bool bf16_weights,
+                                                           int threads) {
+  std::unique_ptr<RankExecutor> r(
+      new RankExecutor(weights, shard, comm, plugins, bf16_weights, std::max(1, threads)));
   r->page_size_ = page_size;
   kvrt_kv_geometry g{};
   g.struct_size = sizeof(g);
@@ -231,7 +276,7 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
     kernels::rms_norm(x.data(), l.input_norm.data(), h.data(), T, H, eps);
     std::fill(partial.begin(), partial.end(), 0.0f);
     if (nq_ > 0 && status.ok()) {
-      matmul(h.data(), T, H, l.qkv.data(), qkv_width, qkv.data());
+      matmul(h.data(), T, l.qkv, qkv.data());
       if (!l.qkv_bias.empty()) {
         for (int64_t t = 0; t < T; ++t) kernels::add_inplace(&qkv[t * qkv_width], l.qkv_bias.data(), qkv_width);
       }
@@ -248,18 +293,18 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
       const plugin::LoadedPlugin* sp = plugins_.store;
       if (check(plugin_call(sp, "write", sp->kv.write(store_, &w))) &&
           check(attend(layer, qkv.data(), attn.data()))) {
-        matmul(attn.data(), T, nq_ * D, l.o.data(), H, partial.data());
+        matmul(attn.data(), T, l.o, partial.data());
       }
     }
     comm_->all_reduce_sum(shard_.rank, partial.data(), partial.size());
     kernels::add_inplace(x.data(), partial.data(), x.size());
 
     kernels::rms_norm(x.data(), l.post_norm.data(), h.data(), T, H, eps);
-    matmul(h.data(), T, H, l.gate_up.data(), 2 * I, gate_up.data());
+    matmul(h.data(), T, l.gate_up, gate_up.data());
     for (int64_t t = 0; t < T; ++t) {
       kernels::silu_mul(&gate_up[t * 2 * I], &gate_up[t * 2 * I + I], &act[t * I], I);
     }
-    matmul(act.data(), T, I, l.down.data(), H, partial.data());
+    matmul(act.data(), T, l.down, partial.data());
     if (I == 0) std::fill(partial.begin(), partial.end(), 0.0f);
     comm_->all_reduce_sum(shard_.rank, partial.data(), partial.size());
     kernels::add_inplace(x.data(), partial.data(), x.size());
@@ -275,7 +320,7 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   kernels::rms_norm(last.data(), final_norm_.data(), last.data(), B, H, eps);
   const int64_t Vr = shard_.vocab.size();
   std::vector<float> local(B * Vr);
-  matmul(last.data(), B, H, lm_head_.data(), Vr, local.data());
+  matmul(last.data(), B, lm_head_, local.data());
   std::vector<size_t> counts(shard_.tp);
   for (int r = 0; r < shard_.tp; ++r) counts[r] = B * split(c.vocab_size, shard_.tp, r).size();
   std::vector<float> gathered(B * c.vocab_size);

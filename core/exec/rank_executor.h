@@ -26,10 +26,13 @@ class RankExecutor {
  public:
   // Takes this rank's shard out of `weights` (which stay the caller's) and creates its KV store
   // of `num_pages` pages and its attention handle.
+  // With bf16_weights the matrices are held in bf16 (rounded to nearest even); `threads` is
+  // how many threads this rank's matrix products may use.
   static Result<std::unique_ptr<RankExecutor>> create(const model::Weights& weights,
                                                       const RankShard& shard, Communicator* comm,
                                                       const RankPlugins& plugins,
-                                                      uint32_t page_size, uint64_t num_pages);
+                                                      uint32_t page_size, uint64_t num_pages,
+                                                      bool bf16_weights = false, int threads = 1);
   ~RankExecutor();
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;
@@ -43,17 +46,26 @@ class RankExecutor {
   const kvrt_kv_info& kv_info() const { return kv_info_; }
 
  private:
+  // A weight matrix [rows][cols] held in f32 or in bf16 (half the bytes to stream per step).
+  struct Matrix {
+    std::vector<float> f32;
+    std::vector<uint16_t> bf16;
+    int64_t rows = 0, cols = 0;
+  };
   struct Layer {
     std::vector<float> input_norm, post_norm;
-    std::vector<float> qkv;       // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
+    Matrix qkv;                   // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
     std::vector<float> qkv_bias;  // [(nq + 2 nkv) * D] or empty
-    std::vector<float> o;         // [H][nq * D]: this rank's columns of o_proj
-    std::vector<float> gate_up;   // [2 I_r][H]: this rank's gate rows, then up rows
-    std::vector<float> down;      // [H][I_r]: this rank's columns of down_proj
+    Matrix o;                     // [H][nq * D]: this rank's columns of o_proj
+    Matrix gate_up;               // [2 I_r][H]: this rank's gate rows, then up rows
+    Matrix down;                  // [H][I_r]: this rank's columns of down_proj
   };
 
   RankExecutor(const model::Weights& weights, const RankShard& shard, Communicator* comm,
-               const RankPlugins& plugins);
+               const RankPlugins& plugins, bool bf16_weights, int threads);
+  Matrix make_matrix(std::vector<float> data, int64_t rows, int64_t cols) const;
+  // y[m][rows] = x[m][cols] * w^T.
+  void matmul(const float* x, int64_t m, const Matrix& w, float* y);
   Status attend(uint32_t layer, const float* q, float* out);
   Status plan_attention(const Batch& batch);
 
@@ -63,8 +75,11 @@ class RankExecutor {
   RankPlugins plugins_;
   int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
   std::vector<Layer> layers_;
-  std::vector<float> embed_;  // [V_r][H] rows of this rank's vocab range
-  std::vector<float> lm_head_;  // [V_r][H]
+  bool bf16_weights_ = false;
+  int threads_ = 1;
+  std::vector<float> scratch_;  // bf16 weights widened for large products
+  std::vector<float> embed_;    // [V_r][H] rows of this rank's vocab range
+  Matrix lm_head_;              // [V_r][H]
   std::vector<float> final_norm_;
 
   kvrt_kv_store* store_ = nullptr;

@@ -44,7 +44,15 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   plugins.attention = *attention;
   plugins.attention_config = plugin::as_config(cfg.plugin_table("attention", cfg.attention.backend));
 
-  // Capacity: weights are held in f32 on CPU, split over the ranks.
+  // Weights in bf16 or f32: [model] dtype, or with "auto" the checkpoint's own dtype (presets
+  // are bf16 models).
+  bool bf16 = cfg.model.dtype == "bf16";
+  if (cfg.model.dtype == "auto") {
+    bf16 = cfg.model.path.empty() || rt.model.torch_dtype == "bfloat16";
+  }
+  rt.bf16_weights = bf16;
+
+  // Capacity: the weights, split over the ranks, then the KV pool.
   const int tp = cfg.tp.size;
   Result<RankShard> shard0 = shard_for(rt.model.num_attention_heads, rt.model.num_key_value_heads,
                                        rt.model.intermediate_size, rt.model.vocab_size, 0, tp);
@@ -65,7 +73,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                                plugins.store_config, &page_bytes);
   if (st != KVRT_OK) return plugin::plugin_failure(cfg.kv.store, "page_bytes", st);
   rt.budget.device_memory = cfg.device.memory_bytes;
-  rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(4)) / tp;
+  rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
   Result<capacity::Plan> plan = capacity::plan(rt.budget, page_bytes, g.page_size);
   if (!plan.ok()) return plan.status();
@@ -76,6 +84,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.tp = tp;
   options.page_size = g.page_size;
   options.num_pages = rt.plan.num_pages;
+  options.bf16_weights = bf16;
   options.plugins = plugins;
   Result<std::unique_ptr<Engine>> engine = Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();

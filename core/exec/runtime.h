@@ -17,6 +17,7 @@ namespace kvrt::exec {
 struct Runtime {
   std::string model_name;  // the directory or the preset
   model::ModelConfig model;
+  bool bf16_weights = false;  // matrices held in bf16 rather than f32
   std::unique_ptr<model::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;
