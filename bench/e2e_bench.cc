@@ -1,0 +1,137 @@
+// End to end on the synth-76m preset (bf16 weights, seeded), the shape compared with llama.cpp:
+//   decode/batch1     one sequence, short context: decode tokens per second
+//   batch64           64 sequences of 128 prompt + 128 generated tokens, all in one batch:
+//                     total (prompt + generated) tokens per second and generated per second
+//   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store
+// Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
+//   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "core/exec/engine.h"
+#include "core/exec/generate.h"
+#include "core/model/weights.h"
+#include "core/plugin/registry.h"
+
+namespace {
+
+using namespace kvrt;
+using Clock = std::chrono::steady_clock;
+
+const model::Weights& weights() {
+  static model::Weights* w = new model::Weights(std::move(*model::make_preset("synth-76m")));
+  return *w;
+}
+
+plugin::Registry& registry() {
+  static plugin::Registry* r = new plugin::Registry();
+  return *r;
+}
+
+std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint64_t pages) {
+  exec::EngineOptions o;
+  o.tp = tp;
+  o.page_size = 16;
+  o.num_pages = pages;
+  o.bf16_weights = true;
+  o.plugins.store = *registry().load_kv_store(store);
+  o.plugins.attention = *registry().load("attn_cpu");
+  return std::move(*exec::Engine::create(weights(), o));
+}
+
+std::vector<int32_t> prompt(size_t n, int32_t salt) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = 3 + static_cast<int32_t>((i * 7 + salt * 13) % 256);
+  p[0] = 1;
+  return p;
+}
+
+void BM_DecodeBatch1(benchmark::State& state) {
+  const int tp = static_cast<int>(state.range(0));
+  auto engine = make_engine(tp, "kv_bf16_paged", 64);
+  exec::GenerateOptions o;
+  o.max_new_tokens = 65;
+  double seconds = 0;
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    auto out = exec::generate(*engine, prompt(16, 1), o);
+    seconds += out->decode_seconds;
+    tokens += static_cast<int64_t>(out->ids.size()) - 1;  // the first id comes from prefill
+  }
+  state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / seconds;
+}
+
+void BM_Batch64(benchmark::State& state) {
+  const int tp = static_cast<int>(state.range(0));
+  const int seqs = 64, prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
+  auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq);
+  double seconds = 0;
+  int64_t generated = 0;
+  for (auto _ : state) {
+    exec::Batch batch;
+    for (int s = 0; s < seqs; ++s) {
+      exec::SequenceStep step;
+      step.tokens = prompt(prompt_len, s);
+      step.pages.resize(pages_per_seq);
+      std::iota(step.pages.begin(), step.pages.end(), s * pages_per_seq);
+      batch.sequences.push_back(std::move(step));
+    }
+    const auto start = Clock::now();
+    auto logits = engine->step(batch);  // all prefills in one step
+    const int64_t vocab = engine->config().vocab_size;
+    for (int t = 0; t < gen - 1; ++t) {
+      for (int s = 0; s < seqs; ++s) {
+        exec::SequenceStep& step = batch.sequences[s];
+        const float* row = logits->data() + s * vocab;
+        const int32_t next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+        step.start += static_cast<int32_t>(step.tokens.size());
+        step.tokens.assign(1, next);
+      }
+      logits = engine->step(batch);
+    }
+    seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    generated += int64_t{seqs} * gen;
+  }
+  state.counters["total_tok_per_s"] =
+      static_cast<double>(generated + generated / gen * prompt_len) / seconds;
+  state.counters["generated_tok_per_s"] = static_cast<double>(generated) / seconds;
+}
+
+void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
+  auto engine = make_engine(1, store, 4096 / 16 + 8);
+  exec::GenerateOptions o;
+  o.max_new_tokens = 33;
+  o.prefill_chunk = 512;
+  double seconds = 0;
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    auto out = exec::generate(*engine, prompt(4096, 2), o);
+    seconds += out->decode_seconds;
+    tokens += static_cast<int64_t>(out->ids.size()) - 1;
+  }
+  state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / seconds;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::RegisterBenchmark("decode/batch1", BM_DecodeBatch1)
+      ->Arg(1)->Arg(2)->ArgName("tp")->Iterations(3)->Unit(benchmark::kSecond);
+  benchmark::RegisterBenchmark("batch64/128+128", BM_Batch64)
+      ->Arg(1)->Arg(2)->ArgName("tp")->Iterations(1)->Unit(benchmark::kSecond);
+  for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3"}) {
+    benchmark::RegisterBenchmark((std::string("decode/ctx4096/") + store).c_str(),
+                                 BM_DecodeLongContext, std::string(store))
+        ->Iterations(1)->Unit(benchmark::kSecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
