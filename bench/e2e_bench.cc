@@ -5,14 +5,14 @@
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
+#include <benchmark/benchmark.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "core/exec/engine.h"
 #include "core/exec/generate.h"
@@ -123,13 +123,22 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RegisterBenchmark("decode/batch1", BM_DecodeBatch1)
-      ->Arg(1)->Arg(2)->ArgName("tp")->Iterations(3)->Unit(benchmark::kSecond);
+      ->Arg(1)
+      ->Arg(2)
+      ->ArgName("tp")
+      ->Iterations(3)
+      ->Unit(benchmark::kSecond);
   benchmark::RegisterBenchmark("batch64/128+128", BM_Batch64)
-      ->Arg(1)->Arg(2)->ArgName("tp")->Iterations(1)->Unit(benchmark::kSecond);
+      ->Arg(1)
+      ->Arg(2)
+      ->ArgName("tp")
+      ->Iterations(1)
+      ->Unit(benchmark::kSecond);
   for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3"}) {
     benchmark::RegisterBenchmark((std::string("decode/ctx4096/") + store).c_str(),
                                  BM_DecodeLongContext, std::string(store))
-        ->Iterations(1)->Unit(benchmark::kSecond);
+        ->Iterations(1)
+        ->Unit(benchmark::kSecond);
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

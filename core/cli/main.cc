@@ -215,8 +215,7 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
                  "model %s (%s weights), TP %d, kv %s, attention %s; KV pool %llu pages of %u "
                  "tokens (%llu tokens, %llu bytes/token)\n",
                  rt->model_name.c_str(), rt->bf16_weights ? "bf16" : "f32", cfg->tp.size,
-                 cfg->kv.store.c_str(),
-                 cfg->attention.backend.c_str(),
+                 cfg->kv.store.c_str(), cfg->attention.backend.c_str(),
                  static_cast<unsigned long long>(rt->plan.num_pages), rt->plan.page_size,
                  static_cast<unsigned long long>(rt->plan.max_total_num_tokens),
                  static_cast<unsigned long long>(rt->plan.bytes_per_token()));
@@ -230,12 +229,11 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
     std::fprintf(stderr, "prompt ids:");
     for (int32_t id : prompt) std::fprintf(stderr, " %d", id);
     std::fprintf(stderr, "\ngenerated ids: %s\n", ids.c_str());
-    std::fprintf(stderr, "prefill: %zu tokens, %.1f tok/s; decode: %zu tokens, %.1f tok/s (%s)\n",
-                 prompt.size(), static_cast<double>(prompt.size()) / out->prefill_seconds,
-                 out->ids.size(),
-                 out->ids.size() > 1 ? static_cast<double>(out->ids.size() - 1) / out->decode_seconds
-                                     : 0.0,
-                 out->stop_reason.c_str());
+    std::fprintf(
+        stderr, "prefill: %zu tokens, %.1f tok/s; decode: %zu tokens, %.1f tok/s (%s)\n",
+        prompt.size(), static_cast<double>(prompt.size()) / out->prefill_seconds, out->ids.size(),
+        out->ids.size() > 1 ? static_cast<double>(out->ids.size() - 1) / out->decode_seconds : 0.0,
+        out->stop_reason.c_str());
   }
   return 0;
 }
@@ -286,8 +284,7 @@ int main(int argc, char** argv) {
   generate->add_option("--top-k", gen.options.sampling.top_k, "0 = all")->capture_default_str();
   generate->add_option("--top-p", gen.options.sampling.top_p, "nucleus mass")
       ->capture_default_str();
-  generate->add_option("--seed", gen.options.sampling.seed, "sampling seed")
-      ->capture_default_str();
+  generate->add_option("--seed", gen.options.sampling.seed, "sampling seed")->capture_default_str();
   generate->add_option("--stop", gen.stop, "stop token ids (default: the model's EOS)");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at the model's EOS");
   generate->add_flag("--no-bos", gen.no_bos, "do not prepend BOS to --prompt");

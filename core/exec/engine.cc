@@ -18,17 +18,16 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
   std::unique_ptr<Engine> engine(new Engine(weights.config, options));
   const model::ModelConfig& c = weights.config;
-  const int cores = options.threads > 0 ? options.threads
-                                        : static_cast<int>(std::thread::hardware_concurrency());
+  const int cores =
+      options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
   const int threads_per_rank = std::max(1, cores / options.tp);
   for (int r = 0; r < options.tp; ++r) {
     Result<RankShard> shard = shard_for(c.num_attention_heads, c.num_key_value_heads,
                                         c.intermediate_size, c.vocab_size, r, options.tp);
     if (!shard.ok()) return shard.status();
-    Result<std::unique_ptr<RankExecutor>> rank =
-        RankExecutor::create(weights, *shard, engine->comm_.get(), options.plugins,
-                             options.page_size, options.num_pages, options.bf16_weights,
-                             threads_per_rank);
+    Result<std::unique_ptr<RankExecutor>> rank = RankExecutor::create(
+        weights, *shard, engine->comm_.get(), options.plugins, options.page_size, options.num_pages,
+        options.bf16_weights, threads_per_rank);
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
   }

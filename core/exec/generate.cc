@@ -29,8 +29,8 @@ Result<GenerateResult> generate(Engine& engine, std::span<const int32_t> prompt,
   };
 
   // Prefill in chunks; the last chunk's logits pick the first token.
-  const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk
-                                                  : static_cast<int64_t>(prompt.size());
+  const int64_t chunk =
+      options.prefill_chunk > 0 ? options.prefill_chunk : static_cast<int64_t>(prompt.size());
   auto start = Clock::now();
   std::vector<float> logits;
   for (int64_t at = 0; at < static_cast<int64_t>(prompt.size()); at += chunk) {

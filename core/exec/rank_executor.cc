@@ -109,8 +109,8 @@ RankExecutor::RankExecutor(const model::Weights& weights, const RankShard& shard
     append_rows(lw.gate, hidden, shard.intermediate, &gate_up);
     append_rows(lw.up, hidden, shard.intermediate, &gate_up);
     l.gate_up = make_matrix(std::move(gate_up), 2 * I, hidden);
-    l.down = make_matrix(columns(lw.down, hidden, c.intermediate_size, shard.intermediate), hidden,
-                         I);
+    l.down =
+        make_matrix(columns(lw.down, hidden, c.intermediate_size, shard.intermediate), hidden, I);
     layers_.push_back(std::move(l));
   }
   append_rows(weights.embed, hidden, shard.vocab, &embed_);
@@ -129,9 +129,8 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const model::Weights&
                                                            const RankShard& shard,
                                                            Communicator* comm,
                                                            const RankPlugins& plugins,
-                                                           uint32_t page_size,
-                                                           uint64_t num_pages, bool bf16_weights,
-                                                           int threads) {
+                                                           uint32_t page_size, uint64_t num_pages,
+                                                           bool bf16_weights, int threads) {
   std::unique_ptr<RankExecutor> r(
       new RankExecutor(weights, shard, comm, plugins, bf16_weights, std::max(1, threads)));
   r->page_size_ = page_size;
@@ -148,8 +147,9 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const model::Weights&
   g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
   const plugin::LoadedPlugin* sp = plugins.store;
   plugin::clear_last_error();
-  if (Status s = plugin_call(sp, "create", sp->kv.create(sp->host_api(), &g, num_pages,
-                                                        plugins.store_config, &r->store_));
+  if (Status s = plugin_call(
+          sp, "create",
+          sp->kv.create(sp->host_api(), &g, num_pages, plugins.store_config, &r->store_));
       !s.ok()) {
     return s;
   }
@@ -164,9 +164,9 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const model::Weights&
     p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(r->head_dim_));
     p.device = g.device;
     const plugin::LoadedPlugin* ap = plugins.attention;
-    if (Status s = plugin_call(ap, "create", ap->attention.create(ap->host_api(), &p,
-                                                                 plugins.attention_config,
-                                                                 &r->attention_));
+    if (Status s = plugin_call(
+            ap, "create",
+            ap->attention.create(ap->host_api(), &p, plugins.attention_config, &r->attention_));
         !s.ok()) {
       return s;
     }
@@ -199,8 +199,8 @@ Status RankExecutor::plan_attention(const Batch& batch) {
   b.kv_last_page_len = kv_last_page_len_.data();
   const plugin::LoadedPlugin* ap = plugins_.attention;
   uint64_t bytes = 0;
-  if (Status s = plugin_call(ap, "workspace_size",
-                             ap->attention.workspace_size(attention_, &b, &bytes));
+  if (Status s =
+          plugin_call(ap, "workspace_size", ap->attention.workspace_size(attention_, &b, &bytes));
       !s.ok()) {
     return s;
   }
@@ -266,7 +266,7 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
 
   std::vector<float> cos(T * D / 2), sin(T * D / 2);
   kernels::rope_tables(positions.data(), T, D, static_cast<float>(c.rope_theta), cos.data(),
-                        sin.data());
+                       sin.data());
   std::vector<float> h(T * H), qkv(T * qkv_width), attn(T * nq_ * D), partial(T * H);
   std::vector<float> gate_up(T * 2 * I), act(T * I);
   std::vector<float> k_rows(T * nkv_ * D), v_rows(T * nkv_ * D);
@@ -278,7 +278,8 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
     if (nq_ > 0 && status.ok()) {
       matmul(h.data(), T, l.qkv, qkv.data());
       if (!l.qkv_bias.empty()) {
-        for (int64_t t = 0; t < T; ++t) kernels::add_inplace(&qkv[t * qkv_width], l.qkv_bias.data(), qkv_width);
+        for (int64_t t = 0; t < T; ++t)
+          kernels::add_inplace(&qkv[t * qkv_width], l.qkv_bias.data(), qkv_width);
       }
       kernels::apply_rope(qkv.data(), T, nq_ + nkv_, D, qkv_width, cos.data(), sin.data());
       kvrt_kv_write w{};

@@ -42,7 +42,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                "' is not an attention plugin");
   }
   plugins.attention = *attention;
-  plugins.attention_config = plugin::as_config(cfg.plugin_table("attention", cfg.attention.backend));
+  plugins.attention_config =
+      plugin::as_config(cfg.plugin_table("attention", cfg.attention.backend));
 
   // Weights in bf16 or f32: [model] dtype, or with "auto" the checkpoint's own dtype (presets
   // are bf16 models).
@@ -69,8 +70,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
   uint64_t page_bytes = 0;
   plugin::clear_last_error();
-  kvrt_status st = plugins.store->kv.page_bytes(plugins.store->host_api(), &g,
-                                               plugins.store_config, &page_bytes);
+  kvrt_status st = plugins.store->kv.page_bytes(plugins.store->host_api(), &g, plugins.store_config,
+                                                &page_bytes);
   if (st != KVRT_OK) return plugin::plugin_failure(cfg.kv.store, "page_bytes", st);
   rt.budget.device_memory = cfg.device.memory_bytes;
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;

@@ -33,8 +33,9 @@ Result<RankShard> shard_for(int64_t num_heads, int64_t num_kv_heads, int64_t int
     const Range part = split(group, replicas, rank % replicas);
     s.q_heads = {kv * group + part.begin, kv * group + part.end};
   } else {
-    return Status::InvalidArgument(std::to_string(num_kv_heads) + " KV heads cannot be split over " +
-                                   std::to_string(tp) + " TP ranks (need one to divide the other)");
+    return Status::InvalidArgument(std::to_string(num_kv_heads) +
+                                   " KV heads cannot be split over " + std::to_string(tp) +
+                                   " TP ranks (need one to divide the other)");
   }
   s.intermediate = split(intermediate, tp, rank);
   s.vocab = split(vocab, tp, rank);

@@ -57,10 +57,17 @@ void MatmulBf16(const float* x, size_t m, size_t k, const uint16_t* w, size_t n,
     size_t r = 0;
     for (; r + 4 <= m; r += 4) Rows<4>(x + r * k, k, wj, y + r * n, n, j);
     switch (m - r) {
-      case 3: Rows<3>(x + r * k, k, wj, y + r * n, n, j); break;
-      case 2: Rows<2>(x + r * k, k, wj, y + r * n, n, j); break;
-      case 1: Rows<1>(x + r * k, k, wj, y + r * n, n, j); break;
-      default: break;
+      case 3:
+        Rows<3>(x + r * k, k, wj, y + r * n, n, j);
+        break;
+      case 2:
+        Rows<2>(x + r * k, k, wj, y + r * n, n, j);
+        break;
+      case 1:
+        Rows<1>(x + r * k, k, wj, y + r * n, n, j);
+        break;
+      default:
+        break;
     }
   }
 }

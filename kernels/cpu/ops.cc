@@ -6,9 +6,9 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/ops.cc"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvrt::kernels {
@@ -20,8 +20,7 @@ using DF = hn::ScalableTag<float>;
 
 }  // namespace
 
-void RmsNorm(const float* x, const float* weight, float* out, size_t rows, size_t dim,
-             float eps) {
+void RmsNorm(const float* x, const float* weight, float* out, size_t rows, size_t dim, float eps) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
   for (size_t r = 0; r < rows; ++r) {
@@ -108,8 +107,7 @@ HWY_EXPORT(SiluMul);
 HWY_EXPORT(AddInplace);
 HWY_EXPORT(ApplyRope);
 
-void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim,
-              float eps) {
+void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim, float eps) {
   HWY_DYNAMIC_DISPATCH(RmsNorm)(x, weight, out, rows, dim, eps);
 }
 void silu_mul(const float* gate, const float* up, float* out, size_t n) {
@@ -121,8 +119,8 @@ void apply_rope(float* x, size_t tokens, size_t heads, size_t head_dim, size_t r
   HWY_DYNAMIC_DISPATCH(ApplyRope)(x, tokens, heads, head_dim, row_stride, cos, sin);
 }
 
-void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta,
-                 float* cos, float* sin) {
+void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta, float* cos,
+                 float* sin) {
   const size_t half = head_dim / 2;
   for (size_t i = 0; i < half; ++i) {
     const float inv_freq =
@@ -137,8 +135,7 @@ void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float
 
 namespace reference {
 
-void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim,
-              float eps) {
+void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim, float eps) {
   for (size_t r = 0; r < rows; ++r) {
     double sum = 0;
     for (size_t i = 0; i < dim; ++i) sum += double{x[r * dim + i]} * x[r * dim + i];

@@ -26,8 +26,8 @@ void apply_rope(float* x, size_t tokens, size_t heads, size_t head_dim, size_t r
 
 // The tables, computed as Hugging Face does in float32: inv_freq[i] = 1 / theta^(2i / head_dim),
 // angle = position * inv_freq[i].
-void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta,
-                 float* cos, float* sin);
+void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta, float* cos,
+                 float* sin);
 
 namespace reference {
 void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim, float eps);

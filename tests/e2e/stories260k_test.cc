@@ -1,13 +1,13 @@
 // The real model end to end: greedy decoding of "Once upon a time" with stories260k must give
 // the reference ids, with every KV store, at TP 1, 2, 4 and 8 and page sizes 1, 16 and 64.
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "core/config/config.h"
 #include "core/exec/generate.h"
@@ -32,12 +32,10 @@ struct ModelRun {
   config::Config cfg;
   Result<Runtime> runtime = Status::Internal("unset");
 
-  ModelRun(const std::string& store, int tp, int page_size,
-        std::vector<std::string> extra = {}) {
+  ModelRun(const std::string& store, int tp, int page_size, std::vector<std::string> extra = {}) {
     setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
     std::vector<std::string> sets = {"model.path=\"" + model_dir() + "\"",
-                                     "device.memory=\"16MiB\"",
-                                     "tp.size=" + std::to_string(tp),
+                                     "device.memory=\"16MiB\"", "tp.size=" + std::to_string(tp),
                                      "scheduler.page_size=" + std::to_string(page_size),
                                      "kv.store=" + store};
     sets.insert(sets.end(), extra.begin(), extra.end());
@@ -58,8 +56,7 @@ Result<GenerateResult> greedy(ModelRun& s, int n) {
   return generate(*s.runtime->engine, kPrompt, options);
 }
 
-class Stories260k
-    : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {
+class Stories260k : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {
  protected:
   void SetUp() override {
     if (!std::filesystem::exists(model_dir() + "/model.safetensors")) {
@@ -79,14 +76,15 @@ TEST_P(Stories260k, GreedyIdsMatchTheReference) {
             ", there was a little girl named Lily. She loved to play outside in the park.");
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    StoresTpPages, Stories260k,
-    ::testing::Combine(::testing::Values("kv_bf16_paged", "kv_host_tiered"),
-                       ::testing::Values(1, 2, 4, 8), ::testing::Values(1, 16, 64)),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_tp" + std::to_string(std::get<1>(info.param)) +
-             "_page" + std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(StoresTpPages, Stories260k,
+                         ::testing::Combine(::testing::Values("kv_bf16_paged", "kv_host_tiered"),
+                                            ::testing::Values(1, 2, 4, 8),
+                                            ::testing::Values(1, 16, 64)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" +
+                                  std::to_string(std::get<1>(info.param)) + "_page" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
 
 // fp8 changes the numbers, so it gets a tolerance instead of exact ids. Where it comes from:
 // E4M3 keeps 3 mantissa bits, so each stored K or V element is within 2^-4 of its value
@@ -114,8 +112,10 @@ TEST(Stories260kFp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
   int same = 0;
   for (size_t i = 0; i < a->ids.size() && i < b->ids.size(); ++i) same += a->ids[i] == b->ids[i];
   RecordProperty("fp8_ids_matching_bf16_of_60", same);
-  std::printf("kv_fp8_e4m3: %d of the first 60 greedy ids match kv_bf16_paged's; first-step "
-              "logits differ by %.5f (relative L2)\n", same, relative);
+  std::printf(
+      "kv_fp8_e4m3: %d of the first 60 greedy ids match kv_bf16_paged's; first-step "
+      "logits differ by %.5f (relative L2)\n",
+      same, relative);
   EXPECT_LE(relative, std::ldexp(1.0, -4));
 }
 

@@ -2,11 +2,11 @@
 // decode and small prefill chunks take, with and without threads.
 #include "kernels/cpu/gemm.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "kernels/cpu/convert.h"
 

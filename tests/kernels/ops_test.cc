@@ -1,11 +1,11 @@
 // The SIMD elementwise kernels against their scalar references (which compute in double).
 #include "kernels/cpu/ops.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace kvrt::kernels {
 namespace {

@@ -1,15 +1,16 @@
 // The engine on the synth-tiny preset: TP-N gives TP-1's ids, a batch mixing a prefill chunk and
 // a decode step gives what each sequence gets alone, bad batches are refused before any rank
 // runs, and sampling is reproducible.
+#include "core/exec/engine.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "core/exec/engine.h"
 #include "core/exec/generate.h"
 #include "core/exec/sampler.h"
 #include "core/exec/shard.h"
@@ -67,6 +68,40 @@ TEST_F(EngineTest, TensorParallelRanksGiveTheSameIds) {
   }
 }
 
+TEST_F(EngineTest, QkvBiasIsShardedWithItsRows) {
+  // Qwen2-style q/k/v biases: TP 2 and 4 must agree with TP 1, and the bias must matter.
+  GenerateOptions options;
+  options.max_new_tokens = 8;
+  std::unique_ptr<Engine> plain = engine(1);
+  std::vector<float> without = generate(*plain, kPrompt, options)->first_logits;
+  weights_.config.attention_bias = true;
+  uint32_t seed = 1;
+  auto fill = [&seed](std::vector<float>* v, size_t n) {
+    v->resize(n);
+    for (float& x : *v)
+      x = static_cast<float>((seed = seed * 1664525u + 1013904223u) >> 8) / (1 << 24) - 0.5f;
+  };
+  for (model::LayerWeights& l : weights_.layers) {
+    fill(&l.q_bias, weights_.config.q_dim());
+    fill(&l.k_bias, weights_.config.kv_dim());
+    fill(&l.v_bias, weights_.config.kv_dim());
+  }
+  std::vector<float> reference;
+  for (int tp : {1, 2, 4}) {
+    std::unique_ptr<Engine> e = engine(tp);
+    ASSERT_NE(e, nullptr);
+    std::vector<float> logits = generate(*e, kPrompt, options)->first_logits;
+    if (tp == 1) {
+      reference = logits;
+      double moved = 0;
+      for (size_t i = 0; i < logits.size(); ++i) moved += std::fabs(logits[i] - without[i]);
+      EXPECT_GT(moved, 1e-3) << "the biases changed nothing";
+      continue;
+    }
+    for (size_t i = 0; i < logits.size(); ++i) ASSERT_NEAR(logits[i], reference[i], 1e-4);
+  }
+}
+
 TEST_F(EngineTest, MixedBatchMatchesSequencesAlone) {
   std::unique_ptr<Engine> e = engine(2);
   ASSERT_NE(e, nullptr);
@@ -81,7 +116,8 @@ TEST_F(EngineTest, MixedBatchMatchesSequencesAlone) {
   SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
   ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
   Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
-  Result<std::vector<float>> b_alone = e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
+  Result<std::vector<float>> b_alone =
+      e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
   ASSERT_TRUE(a_alone.ok() && b_alone.ok());
   const size_t vocab = a_alone->size();
   for (size_t i = 0; i < vocab; ++i) {
@@ -141,8 +177,8 @@ TEST(Shard, UnevenAndReplicated) {
 TEST(Sampler, GreedyTopKAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
   EXPECT_EQ(Sampler({}).sample(logits), 1);
-  EXPECT_EQ(Sampler({1.0f, 1, 1.0f, 7}).sample(logits), 1);      // top-k 1 is greedy
-  EXPECT_EQ(Sampler({1.0f, 0, 1e-6f, 7}).sample(logits), 1);     // a tiny nucleus too
+  EXPECT_EQ(Sampler({1.0f, 1, 1.0f, 7}).sample(logits), 1);   // top-k 1 is greedy
+  EXPECT_EQ(Sampler({1.0f, 0, 1e-6f, 7}).sample(logits), 1);  // a tiny nucleus too
   std::vector<int32_t> a, b;
   Sampler s1({1.0f, 0, 1.0f, 42}), s2({1.0f, 0, 1.0f, 42});
   for (int i = 0; i < 200; ++i) a.push_back(s1.sample(logits)), b.push_back(s2.sample(logits));
