@@ -18,9 +18,6 @@ using plugin::take_last_error;
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-struct Skip : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Unwinds out of check_attention_case with its one-line answer.
 struct CaseFailure {
@@ -679,26 +676,14 @@ std::vector<PropertyResult> run_attention_suite(plugin::Registry& registry,
   std::vector<PropertyResult> results;
   for (const Property& p : properties()) {
     Suite suite(registry, plugin, options);
-    PropertyResult r{p.name, PropertyResult::Outcome::kPass, ""};
-    try {
-      (suite.*p.run)();
-    } catch (const Skip& e) {
-      r.outcome = PropertyResult::Outcome::kSkip;
-      r.detail = e.what();
-    } catch (const CaseFailure& e) {
-      r.outcome = PropertyResult::Outcome::kFail;
-      r.detail = e.message;
-    } catch (const std::exception& e) {
-      r.outcome = PropertyResult::Outcome::kFail;
-      r.detail = e.what();
-    }
-    take_last_error();
-    const char* tag = r.outcome == PropertyResult::Outcome::kPass   ? "[ PASS ] "
-                      : r.outcome == PropertyResult::Outcome::kSkip ? "[ SKIP ] "
-                                                                    : "[ FAIL ] ";
-    log << tag << plugin.name << ": " << r.property << (r.detail.empty() ? "" : ": ") << r.detail
-        << std::endl;
-    results.push_back(std::move(r));
+    auto body = [&] {
+      try {
+        (suite.*p.run)();
+      } catch (const CaseFailure& e) {
+        throw Failure(e.message);
+      }
+    };
+    results.push_back(run_property(plugin.name, p.name, body, log));
   }
   return results;
 }

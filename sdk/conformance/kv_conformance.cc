@@ -21,9 +21,6 @@ using plugin::take_last_error;
 struct Failure : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-struct Skip : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 #define KVRT_REQUIRE(cond, message)                   \
   do {                                                \
@@ -1036,29 +1033,35 @@ std::vector<std::string> kv_store_properties() {
   return names;
 }
 
+PropertyResult run_property(const std::string& plugin, const std::string& property,
+                            const std::function<void()>& body, std::ostream& log) {
+  PropertyResult r{property, PropertyResult::Outcome::kPass, ""};
+  try {
+    body();
+  } catch (const Skip& e) {
+    r.outcome = PropertyResult::Outcome::kSkip;
+    r.detail = e.what();
+  } catch (const std::exception& e) {
+    r.outcome = PropertyResult::Outcome::kFail;
+    r.detail = e.what();
+  }
+  take_last_error();  // nothing a property left behind leaks into the next
+  const char* tag = r.outcome == PropertyResult::Outcome::kPass   ? "[ PASS ] "
+                    : r.outcome == PropertyResult::Outcome::kSkip ? "[ SKIP ] "
+                                                                  : "[ FAIL ] ";
+  log << tag << plugin << ": " << r.property << (r.detail.empty() ? "" : ": ") << r.detail
+      << std::endl;
+  return r;
+}
+
 std::vector<PropertyResult> run_kv_store_suite(plugin::Registry& registry,
                                                const plugin::LoadedPlugin& plugin,
                                                const Options& options, std::ostream& log) {
   std::vector<PropertyResult> results;
   for (const Property& p : properties()) {
     Suite suite(registry, plugin, options);
-    PropertyResult r{p.name, PropertyResult::Outcome::kPass, ""};
-    try {
-      (suite.*p.run)();
-    } catch (const Skip& e) {
-      r.outcome = PropertyResult::Outcome::kSkip;
-      r.detail = e.what();
-    } catch (const std::exception& e) {
-      r.outcome = PropertyResult::Outcome::kFail;
-      r.detail = e.what();
-    }
-    take_last_error();
-    const char* tag = r.outcome == PropertyResult::Outcome::kPass   ? "[ PASS ] "
-                      : r.outcome == PropertyResult::Outcome::kSkip ? "[ SKIP ] "
-                                                                    : "[ FAIL ] ";
-    log << tag << plugin.name << ": " << r.property << (r.detail.empty() ? "" : ": ") << r.detail
-        << std::endl;
-    results.push_back(std::move(r));
+    results.push_back(run_property(
+        plugin.name, p.name, [&] { (suite.*p.run)(); }, log));
   }
   return results;
 }

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,12 @@ struct PropertyResult {
   std::string property;
   enum class Outcome { kPass, kFail, kSkip } outcome;
   std::string detail;  // why it failed or was skipped; "" on pass
+};
+
+// Thrown by a property that does not apply to the plugin under test (e.g. tier properties for
+// a store without tier callbacks).
+struct Skip : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 struct Options {
@@ -30,5 +37,10 @@ std::vector<PropertyResult> run_kv_store_suite(plugin::Registry& registry,
 
 // The names of the properties, in the order they run.
 std::vector<std::string> kv_store_properties();
+
+// Runs one property of any suite: PASS, SKIP (`body` threw Skip) or FAIL (any other exception,
+// whose message becomes the detail), logged as "[ FAIL ] <plugin>: <property>: <detail>".
+PropertyResult run_property(const std::string& plugin, const std::string& property,
+                            const std::function<void()>& body, std::ostream& log);
 
 }  // namespace kvrt::conformance
