@@ -306,7 +306,6 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
       kernels::silu_mul(&gate_up[t * 2 * I], &gate_up[t * 2 * I + I], &act[t * I], I);
     }
     matmul(act.data(), T, l.down, partial.data());
-    if (I == 0) std::fill(partial.begin(), partial.end(), 0.0f);
     comm_->all_reduce_sum(shard_.rank, partial.data(), partial.size());
     kernels::add_inplace(x.data(), partial.data(), x.size());
   }
