@@ -29,9 +29,16 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+STORIES = ../shared/models/stories260k
+
 demo: build
 	./$(BUILD)/bin/kvrt plugins
 	./$(BUILD)/bin/kvrt capacity --config configs/capacity-demo.toml
+	@if [ -f $(STORIES)/model.safetensors ]; then \
+	  echo "./$(BUILD)/bin/kvrt generate (stories260k, TP 2, kv_fp8_e4m3)"; \
+	  ./$(BUILD)/bin/kvrt generate --set 'model.path="$(STORIES)"' --set tp.size=2 \
+	    --set kv.store=kv_fp8_e4m3 --prompt "Once upon a time" --max-new-tokens 40 -v; \
+	else echo "($(STORIES) not found: skipping the generation demo)"; fi
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
