@@ -1,6 +1,7 @@
 #include "core/exec/rank_executor.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -236,6 +237,9 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   const int64_t qkv_width = (nq_ + 2 * nkv_) * D, I = shard_.intermediate.size();
   const int64_t B = static_cast<int64_t>(batch.sequences.size());
   const float eps = static_cast<float>(c.rms_norm_eps);
+  // This rank's share of the cores, for what runs on OpenMP in this thread (the bf16 products
+  // and the attention plugin's work items).
+  omp_set_num_threads(threads_);
   Status status;  // the first failure; collectives go on regardless
   auto check = [&status](Status s) {
     if (status.ok() && !s.ok()) status = s;

@@ -20,6 +20,8 @@
 #include <limits>
 #include <string>
 
+#include <omp.h>
+
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
 #include "kvrt/plugin.hpp"
@@ -103,6 +105,8 @@ struct PlanHeader {
   uint64_t items_offset;
   uint64_t merges_offset;
   uint64_t scratch_offset;
+  uint64_t scratch_stride;  // run()'s scratch per thread
+  uint32_t threads;         // threads planned for: OpenMP's max for the planning thread
   uint64_t total_bytes;
 };
 
@@ -210,7 +214,31 @@ class CpuAttention : public sdk::AttentionBase {
     Layer layer = prepare(args, layout, header);
     const auto* items = reinterpret_cast<const WorkItem*>(plan_ + header.items_offset);
     const auto* merges = reinterpret_cast<const Merge*>(plan_ + header.merges_offset);
-    for (uint32_t i = 0; i < header.num_items; ++i) run_item(layer, header, items[i]);
+    // Work items write disjoint rows or partials, so they run in parallel, each thread in its
+    // own scratch. The gather fallback stays serial: the ABI does not make a store's gather()
+    // safe to call from several threads.
+    const int threads = layer.native ? static_cast<int>(header.threads) : 1;
+    bool failed = false;
+    kvrt_status status = KVRT_OK;
+    std::string message;
+#pragma omp parallel num_threads(threads) if (threads > 1 && header.num_items > 1)
+    {
+      Layer mine = layer;
+      mine.scratch += header.scratch_stride * static_cast<uint64_t>(omp_get_thread_num());
+#pragma omp for schedule(dynamic)
+      for (uint32_t i = 0; i < header.num_items; ++i) {
+        try {
+          run_item(mine, header, items[i]);
+        } catch (const sdk::Error& e) {  // exceptions must not leave an OpenMP region
+#pragma omp critical(attn_cpu_failure)
+          if (!failed) failed = true, status = e.status(), message = e.what();
+        } catch (const std::exception& e) {
+#pragma omp critical(attn_cpu_failure)
+          if (!failed) failed = true, status = KVRT_ERR_INTERNAL, message = e.what();
+        }
+      }
+    }
+    if (failed) sdk::fail(status, message);
     for (uint32_t i = 0; i < header.num_merges; ++i) run_merge(layer, items, merges[i]);
   }
 
@@ -306,7 +334,9 @@ class CpuAttention : public sdk::AttentionBase {
     h.items_offset = align_up(sizeof(PlanHeader));
     h.merges_offset = h.items_offset + align_up(sizeof(WorkItem) * c.items);
     h.scratch_offset = h.merges_offset + align_up(sizeof(Merge) * c.merges) + c.partial_bytes;
-    h.total_bytes = h.scratch_offset + scratch_.total;
+    h.scratch_stride = align_up(scratch_.total);
+    h.threads = static_cast<uint32_t>(std::max(1, omp_get_max_threads()));
+    h.total_bytes = h.scratch_offset + h.scratch_stride * h.threads;
     return h;
   }
 
