@@ -29,8 +29,6 @@ class Communicator {
   // root's data[0..bytes) is copied to every other rank's data.
   void broadcast(int rank, int root, void* data, size_t bytes);
 
-  void barrier() { barrier_.arrive_and_wait(); }
-
  private:
   int size_;
   std::barrier<> barrier_;

@@ -38,7 +38,6 @@ class Engine {
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
   uint64_t num_pages() const { return options_.num_pages; }
-  const RankExecutor& rank(int r) const { return *ranks_[r]; }
 
  private:
   Engine(const model::ModelConfig& config, const EngineOptions& options);

@@ -154,8 +154,6 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(const model::Weights&
       !s.ok()) {
     return s;
   }
-  r->kv_info_.struct_size = sizeof(r->kv_info_);
-  if (Status s = plugin_call(sp, "info", sp->kv.info(r->store_, &r->kv_info_)); !s.ok()) return s;
   if (r->nq_ > 0) {
     kvrt_attention_params p{};
     p.struct_size = sizeof(p);

@@ -43,7 +43,6 @@ class RankExecutor {
   Status forward(const Batch& batch, std::vector<float>* logits);
 
   const RankShard& shard() const { return shard_; }
-  const kvrt_kv_info& kv_info() const { return kv_info_; }
 
  private:
   // A weight matrix [rows][cols] held in f32 or in bf16 (half the bytes to stream per step).
@@ -83,7 +82,6 @@ class RankExecutor {
   std::vector<float> final_norm_;
 
   kvrt_kv_store* store_ = nullptr;
-  kvrt_kv_info kv_info_{};
   uint32_t page_size_ = 0;
   kvrt_attention* attention_ = nullptr;
   std::vector<uint8_t> workspace_;

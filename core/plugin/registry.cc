@@ -119,23 +119,6 @@ std::string device_name(const kvrt_device& device) {
 
 }  // namespace
 
-const char* dtype_name(kvrt_dtype dtype) {
-  switch (dtype) {
-    case KVRT_DTYPE_F32:
-      return "f32";
-    case KVRT_DTYPE_BF16:
-      return "bf16";
-    case KVRT_DTYPE_F16:
-      return "f16";
-    case KVRT_DTYPE_FP8_E4M3:
-      return "fp8_e4m3";
-    case KVRT_DTYPE_INT8:
-      return "int8";
-    default:
-      return "invalid";
-  }
-}
-
 const char* kind_name(kvrt_plugin_kind kind) {
   switch (kind) {
     case KVRT_PLUGIN_KV_STORE:

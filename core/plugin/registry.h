@@ -14,6 +14,7 @@
 #include "kvrt/abi.h"
 #include "kvrt/attention.h"
 #include "kvrt/kv_store.h"
+#include "kvrt/plugin.hpp"
 
 namespace kvrt::plugin {
 
@@ -93,7 +94,7 @@ class Registry {
   std::map<std::string, Status> refused_;
 };
 
-const char* dtype_name(kvrt_dtype dtype);
+using sdk::dtype_name;  // one name table, shared with the plugins
 const char* kind_name(kvrt_plugin_kind kind);
 
 }  // namespace kvrt::plugin

@@ -14,13 +14,13 @@
 // of kTile positions; per tile and KV head, the SIMD kernels of kernels/cpu/attention.h score
 // every query head of the group against each K row once and add each V row once to all of them.
 // run() allocates nothing: all scratch lives in the workspace.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
-
-#include <omp.h>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
@@ -43,22 +43,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-const char* dtype_name(kvrt_dtype d) {
-  switch (d) {
-    case KVRT_DTYPE_F32:
-      return "f32";
-    case KVRT_DTYPE_BF16:
-      return "bf16";
-    case KVRT_DTYPE_F16:
-      return "f16";
-    case KVRT_DTYPE_FP8_E4M3:
-      return "fp8_e4m3";
-    case KVRT_DTYPE_INT8:
-      return "int8";
-    default:
-      return "unknown";
-  }
-}
+using sdk::dtype_name;
 
 bool native_dtype(kvrt_dtype d) {
   return d == KVRT_DTYPE_F32 || d == KVRT_DTYPE_BF16 || d == KVRT_DTYPE_FP8_E4M3;

@@ -664,12 +664,6 @@ std::string check_attention_case(plugin::Registry& registry, const LoadedPlugin&
   }
 }
 
-std::vector<std::string> attention_properties() {
-  std::vector<std::string> names;
-  for (const Property& p : properties()) names.emplace_back(p.name);
-  return names;
-}
-
 std::vector<PropertyResult> run_attention_suite(plugin::Registry& registry,
                                                 const LoadedPlugin& plugin, const Options& options,
                                                 std::ostream& log) {

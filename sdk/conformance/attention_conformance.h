@@ -22,9 +22,6 @@ std::vector<PropertyResult> run_attention_suite(plugin::Registry& registry,
                                                 const plugin::LoadedPlugin& plugin,
                                                 const Options& options, std::ostream& log);
 
-// The names of the properties, in the order they run.
-std::vector<std::string> attention_properties();
-
 // ---- one checked attention call, for the suite and for plugin tests -------------------------
 
 struct AttentionSequence {

@@ -1027,12 +1027,6 @@ const std::vector<Property>& properties() {
 
 }  // namespace
 
-std::vector<std::string> kv_store_properties() {
-  std::vector<std::string> names;
-  for (const Property& p : properties()) names.emplace_back(p.name);
-  return names;
-}
-
 PropertyResult run_property(const std::string& plugin, const std::string& property,
                             const std::function<void()>& body, std::ostream& log) {
   PropertyResult r{property, PropertyResult::Outcome::kPass, ""};

@@ -35,9 +35,6 @@ std::vector<PropertyResult> run_kv_store_suite(plugin::Registry& registry,
                                                const plugin::LoadedPlugin& plugin,
                                                const Options& options, std::ostream& log);
 
-// The names of the properties, in the order they run.
-std::vector<std::string> kv_store_properties();
-
 // Runs one property of any suite: PASS, SKIP (`body` threw Skip) or FAIL (any other exception,
 // whose message becomes the detail), logged as "[ FAIL ] <plugin>: <property>: <detail>".
 PropertyResult run_property(const std::string& plugin, const std::string& property,

@@ -54,6 +54,24 @@ class Forwarded : public std::exception {
   kvrt_status status_;
 };
 
+// "f32", "bf16", "f16", "fp8_e4m3", "int8"; "unknown" for a dtype this SDK does not know.
+inline const char* dtype_name(kvrt_dtype dtype) {
+  switch (dtype) {
+    case KVRT_DTYPE_F32:
+      return "f32";
+    case KVRT_DTYPE_BF16:
+      return "bf16";
+    case KVRT_DTYPE_F16:
+      return "f16";
+    case KVRT_DTYPE_FP8_E4M3:
+      return "fp8_e4m3";
+    case KVRT_DTYPE_INT8:
+      return "int8";
+    default:
+      return "unknown";
+  }
+}
+
 // ---- struct_size: readers use min(their size, struct_size) ---------------------------------
 
 // The sizes of the ABI 1.0 versions of the input structs: a host built against 1.0 passes at

@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/exec/communicator.h"
 #include "core/exec/generate.h"
 #include "core/exec/sampler.h"
 #include "core/exec/shard.h"
@@ -155,6 +157,31 @@ TEST_F(EngineTest, RequestLongerThanThePoolIsRefused) {
                                         "holds 256 tokens (64 pages)"),
             std::string::npos)
       << out.status().message();
+}
+
+TEST(Communicator, CollectivesAcrossRankThreads) {
+  const int tp = 4;
+  Communicator comm(tp);
+  std::vector<std::vector<float>> reduced(tp), gathered(tp), broadcast(tp);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < tp; ++r) {
+    ranks.emplace_back([&, r] {
+      reduced[r] = {1.0f * r, 10.0f * r, 1.0f};
+      comm.all_reduce_sum(r, reduced[r].data(), 3);
+      const std::vector<size_t> counts = {1, 2, 0, 1};  // uneven, one rank empty
+      std::vector<float> mine(counts[r], static_cast<float>(r));
+      gathered[r].resize(4);
+      comm.all_gather(r, mine.data(), counts, gathered[r].data());
+      broadcast[r] = {static_cast<float>(r), static_cast<float>(r)};
+      comm.broadcast(r, 2, broadcast[r].data(), 2 * sizeof(float));
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < tp; ++r) {
+    EXPECT_EQ(reduced[r], (std::vector<float>{6, 60, 4}));
+    EXPECT_EQ(gathered[r], (std::vector<float>{0, 1, 1, 3}));
+    EXPECT_EQ(broadcast[r], (std::vector<float>{2, 2}));
+  }
 }
 
 TEST(Shard, UnevenAndReplicated) {
