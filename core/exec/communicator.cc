@@ -27,7 +27,8 @@ void Communicator::all_gather(int rank, const float* in, const std::vector<size_
   barrier_.arrive_and_wait();
   size_t offset = 0;
   for (int r = 0; r < size_; ++r) {
-    std::memcpy(out + offset, slots_[r], counts[r] * sizeof(float));
+    // A rank may contribute nothing (its slice is empty, its pointer may be null).
+    if (counts[r] > 0) std::memcpy(out + offset, slots_[r], counts[r] * sizeof(float));
     offset += counts[r];
   }
   barrier_.arrive_and_wait();
@@ -37,7 +38,7 @@ void Communicator::broadcast(int rank, int root, void* data, size_t bytes) {
   if (size_ == 1) return;
   if (rank == root) slots_[root] = data;
   barrier_.arrive_and_wait();
-  if (rank != root) std::memcpy(data, slots_[root], bytes);
+  if (rank != root && bytes > 0) std::memcpy(data, slots_[root], bytes);
   barrier_.arrive_and_wait();
 }
 
