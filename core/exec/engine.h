@@ -34,6 +34,8 @@ class Engine {
   // every position), so a bad batch fails before any rank starts.
   Result<std::vector<float>> step(const Batch& batch);
 
+  // Every rank's executor (rank r at index r), e.g. to reach its KV store's tier.
+  const std::vector<std::unique_ptr<RankExecutor>>& ranks() const { return ranks_; }
   const model::ModelConfig& config() const { return config_; }
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }

@@ -43,6 +43,9 @@ class RankExecutor {
   Status forward(const Batch& batch, std::vector<float>* logits);
 
   const RankShard& shard() const { return shard_; }
+  // This rank's KV store and its plugin (for the tier operations the scheduler drives).
+  kvrt_kv_store* store() const { return store_; }
+  const plugin::LoadedPlugin* store_plugin() const { return plugins_.store; }
 
  private:
   // A weight matrix [rows][cols] held in f32 or in bf16 (half the bytes to stream per step).

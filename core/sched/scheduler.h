@@ -1,0 +1,220 @@
+// Continuous batching (DESIGN.md, Scheduler; SGLang's semantics): a waiting queue and a running
+// batch over one pool of KV pages shared with a radix prefix cache. Each step either prefills
+// (newly admitted requests, chunked) or decodes every running request by one token.
+//
+// Admission: a request is admitted when free + evictable pages, minus what running requests
+// reserve for their future tokens (remaining max_new tokens * new_token_ratio, clipped), cover
+// its uncached prompt plus min(max_new_tokens, clip). new_token_ratio decays every decode step
+// and resets when a request is retracted. When decode runs out of pages the scheduler evicts
+// unreferenced cached prefixes (LRU), then retracts the running requests with the least
+// progress (their pages are freed, they go back to the queue and are recomputed later). A
+// request that can never fit is aborted with the reason. Every request ends exactly once.
+//
+// Page ownership: every page is in exactly one place -- the free list, the prefix cache, or one
+// request's private tail. check_invariants() verifies it (after every step in debug builds).
+//
+// Not thread-safe: one thread calls submit / abort / step.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/exec/sampler.h"
+#include "core/sched/kv_tier.h"
+#include "core/sched/prefix_cache.h"
+#include "core/util/status.h"
+
+namespace kvrt::sched {
+
+using Clock = std::chrono::steady_clock;
+
+struct RequestSpec {
+  uint64_t id = 0;
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 128;
+  exec::SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // generation ends after one of these (empty: only length)
+};
+
+enum class FinishKind { kLength, kStop, kAborted };
+
+struct Request {
+  RequestSpec spec;
+  std::vector<int32_t> tokens;  // prompt, then every generated token
+  int32_t prompt_len = 0;
+  int32_t kv_len = 0;          // tokens whose K/V are in `pages`
+  std::vector<int32_t> pages;  // page table: positions [0, pages.size() * page_size)
+  int32_t tree_pages = 0;      // leading pages owned by the prefix cache, locked via `locked`
+  PrefixCache::Node* locked = nullptr;
+  int64_t cached_tokens = 0;  // served from the cache (device or tier), all admissions
+  int32_t retractions = 0;
+  uint64_t arrival_order = 0;
+  Clock::time_point arrival, first_token, last_token;
+  exec::Sampler sampler;
+
+  explicit Request(RequestSpec s);
+  int32_t output_len() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
+  std::span<const int32_t> output() const {
+    return std::span<const int32_t>(tokens).subspan(prompt_len);
+  }
+};
+
+// One sequence of a step. Spans point into the scheduler's requests and stay valid until the
+// step returns.
+struct ScheduledSequence {
+  Request* request = nullptr;
+  std::span<const int32_t> tokens;  // new tokens; their K/V are written this step
+  int32_t start = 0;                // tokens already in the KV cache
+  std::span<const int32_t> pages;   // pages for positions [0, start + tokens.size())
+  bool samples = false;             // the step's last token produces a next token
+};
+
+struct ScheduledBatch {
+  bool prefill = false;
+  std::vector<ScheduledSequence> sequences;
+  int64_t num_tokens() const {
+    int64_t n = 0;
+    for (const ScheduledSequence& s : sequences) n += static_cast<int64_t>(s.tokens.size());
+    return n;
+  }
+};
+
+// Runs the model for a batch: next[i] = the token sampled for sequences[i] where it samples
+// (anything elsewhere). A failure leaves the batch's requests as they were before the step.
+class StepExecutor {
+ public:
+  virtual ~StepExecutor() = default;
+  virtual Status run(const ScheduledBatch& batch, std::vector<int32_t>* next) = 0;
+};
+
+struct SchedulerOptions {
+  uint32_t page_size = 16;
+  uint64_t num_pages = 0;
+  int32_t vocab_size = 0;   // prompts with ids outside are aborted
+  int64_t max_context = 0;  // prompt + max_new_tokens limit (0: only the pool limits it)
+  uint64_t root_hash = 0;   // page_hash.h root for this model
+  int64_t chunked_prefill_size = 2048;  // <= 0: no chunking
+  int max_running_requests = 256;
+  int64_t max_prefill_tokens = 16384;
+  int num_continuous_decode_steps = 1;
+  double new_token_ratio = 0.7;
+  double new_token_ratio_decay = 0.001;
+  double min_new_token_ratio = 0.1;
+  int64_t max_new_tokens_clip = 4096;
+  bool longest_prefix_first = false;  // "lpm" policy (fcfs past 128 waiting requests)
+  uint64_t tier_min_hit_pages = 1;    // load from the tier when it holds at least this many
+  int log_interval = 40;              // decode steps between log lines; 0: no log lines
+  bool check_invariants = false;      // after every step (on in debug builds by default)
+};
+
+// What one step did, for metrics and diagnosis.
+struct StepStats {
+  bool ran = false;  // false: nothing to do
+  bool prefill = false;
+  int batch_size = 0;
+  int64_t new_tokens = 0;     // tokens computed this step
+  int64_t cached_tokens = 0;  // prompt tokens admitted from the cache this step
+  int new_requests = 0;       // admitted this step
+  int running = 0;            // after the step
+  int queued = 0;
+  uint64_t pages_in_use = 0;  // held by requests (private + locked cached pages)
+  uint64_t cached_pages = 0;
+  uint64_t free_pages = 0;
+  double token_usage = 0;
+  uint64_t live_tokens = 0;  // sum of running requests' lengths
+  bool admission_blocked_by_kv = false;
+  int retracted = 0;
+  int finished = 0;
+  double seconds = 0;
+};
+
+struct SchedulerCounters {
+  uint64_t submitted = 0, finished = 0, aborted = 0, retractions = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, tier_loaded_tokens = 0;
+  uint64_t evicted_pages = 0;
+};
+
+class Scheduler {
+ public:
+  // Called for each generated token (after it is appended) and once per request at its end.
+  using TokenCallback = std::function<void(const Request&, int32_t token)>;
+  using FinishCallback =
+      std::function<void(const Request&, FinishKind kind, const std::string& reason)>;
+
+  // `executor` and `tier` (optional) must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, StepExecutor* executor, KvTier* tier = nullptr);
+  ~Scheduler();
+
+  void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
+  void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
+
+  // Queues a request; one that can never be served (empty prompt, ids outside the vocabulary,
+  // longer than the pool or the model's context) ends at once as aborted, with the reason.
+  void submit(RequestSpec spec);
+  // Ends a waiting or running request as aborted; returns false for an unknown id.
+  bool abort(uint64_t id, const std::string& reason);
+  // Admits, runs one batch (or num_continuous_decode_steps decode batches) and applies the
+  // results. An executor failure is returned and leaves every request as it was.
+  Result<StepStats> step();
+
+  bool idle() const { return waiting_.empty() && running_.empty() && !chunked_; }
+  size_t num_waiting() const { return waiting_.size(); }
+  size_t num_running() const { return running_.size() + (chunked_ ? 1 : 0); }
+  const SchedulerCounters& counters() const { return counters_; }
+  const PrefixCache& cache() const { return cache_; }
+  uint64_t free_pages() const { return free_pages_.size(); }
+  double new_token_ratio() const { return new_token_ratio_; }
+  const SchedulerOptions& options() const { return options_; }
+
+  // Every page owned exactly once; used + free + cached = total; cache locks match the
+  // requests' locked paths; token usage <= 1. Returns the first violation.
+  Status check_invariants() const;
+
+ private:
+  using RequestPtr = std::unique_ptr<Request>;
+
+  Result<StepStats> prefill_step(Clock::time_point t0);
+  Result<StepStats> decode_step(Clock::time_point t0);
+  // Admits requests and builds the prefill batch; false when there is none.
+  bool schedule_prefill(StepStats* stats);
+  bool take_pages(uint64_t n, std::vector<int32_t>* into);  // evicting as needed
+  void grow_pages(Request& r, int64_t tokens);              // pages for [0, tokens)
+  uint64_t reserved_tokens() const;
+  // Longest usable cached prefix (device, then tier) for r; locks it into r's page table.
+  void attach_prefix(Request& r);
+  void cache_computed_pages(Request& r);         // inserts r's full computed pages into the cache
+  void release(Request& r, bool keep_in_cache);  // gives back r's pages and lock
+  void retract(RequestPtr r);
+  void finish(RequestPtr r, FinishKind kind, const std::string& reason);
+  void fill_stats(StepStats* stats) const;
+  void log_step(const StepStats& stats);
+
+  SchedulerOptions options_;
+  StepExecutor* executor_;
+  KvTier* tier_;
+  PrefixCache cache_;
+  std::vector<int32_t> free_pages_;
+  std::deque<RequestPtr> waiting_;
+  std::vector<RequestPtr> running_;
+  RequestPtr chunked_;                  // the request whose prompt is being prefilled in chunks
+  std::vector<RequestPtr> prefilling_;  // admitted this step (the batch's other prefills)
+  double new_token_ratio_;
+  uint64_t arrivals_ = 0;
+  uint64_t decode_steps_ = 0;
+  uint64_t log_tokens_ = 0;
+  Clock::time_point log_since_;
+  SchedulerCounters counters_;
+  TokenCallback on_token_;
+  FinishCallback on_finish_;
+  ScheduledBatch batch_;
+  std::vector<int32_t> next_;
+  std::vector<int32_t> scratch_pages_;
+};
+
+}  // namespace kvrt::sched
