@@ -8,8 +8,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "core/capacity/capacity.h"
+#include "core/capacity/model_shape.h"
+#include "core/capacity/stores.h"
+#include "core/cli/bench.h"
 #include "core/config/config.h"
 #include "core/exec/generate.h"
 #include "core/exec/runtime.h"
@@ -75,84 +79,126 @@ int run_config_check(const std::string& path, const std::vector<std::string>& ov
   return 0;
 }
 
-struct Shape {
-  uint32_t layers = 32, kv_heads = 8, head_dim = 128, v_head_dim = 128;
-  double weights_gib = 14.96;  // Llama-3-8B in bf16: 8.03e9 parameters * 2 bytes
+struct CapacityArgs {
+  std::string model;  // a directory, a config.json, a preset or a named shape
+  std::optional<uint32_t> layers, kv_heads, head_dim, v_head_dim, kv_lora_rank, qk_rope_head_dim;
+  std::optional<double> weights_gib;  // all ranks
+  std::optional<uint32_t> tp, gpus;
+  std::string gpu_memory;  // per GPU; "" = [device] memory
 };
 
+// The model the file's [model] names, or "" when the file leaves it at its default: the
+// default preset is a toy, and `kvrt capacity` alone has always planned for Llama-3-8B.
+std::string configured_model(const config::Config& cfg) {
+  if (!cfg.model.path.empty()) return cfg.model.path;
+  const toml::node* preset = cfg.table().at_path("model.preset").node();
+  return preset != nullptr && preset->source().begin.line > 0 ? cfg.model.preset : "";
+}
+
 int run_capacity(const std::string& path, const std::vector<std::string>& overrides,
-                 const Shape& shape) {
+                 const CapacityArgs& args) {
   Result<config::Config> cfg = load_config(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
-  plugin::Registry registry;
-  wire(registry, *cfg);
-  registry.discover();
+  std::string model = !args.model.empty() ? args.model : configured_model(*cfg);
+  if (model.empty()) model = "llama3-8b-shape";
+  Result<capacity::ModelShape> shape = capacity::read_model_shape(model);
+  if (!shape.ok()) return fail(shape.status());
 
-  const uint32_t tp = static_cast<uint32_t>(cfg->tp.size);
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = shape.layers;
-  g.total_kv_heads = shape.kv_heads;
-  Result<uint32_t> heads = capacity::kv_heads_per_rank(shape.kv_heads, tp);
-  if (!heads.ok()) return fail(heads.status());
-  g.num_kv_heads = *heads;
-  g.k_head_dim = shape.head_dim;
-  g.v_head_dim = shape.v_head_dim;
-  g.page_size = static_cast<uint32_t>(cfg->scheduler.page_size);
-  g.input_dtype = KVRT_DTYPE_BF16;
-  g.tp_size = tp;
-  g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  // Flags override the model's fields one by one; --head-dim alone sets V's too.
+  capacity::KvShape kv = shape->kv;
+  if (args.layers) kv.layers = *args.layers;
+  if (args.kv_heads) kv.kv_heads = *args.kv_heads;
+  if (args.head_dim) kv.head_dim = kv.v_head_dim = *args.head_dim;
+  if (args.v_head_dim) kv.v_head_dim = *args.v_head_dim;
+  if (args.kv_lora_rank) kv.kv_lora_rank = *args.kv_lora_rank;
+  if (args.qk_rope_head_dim) kv.qk_rope_head_dim = *args.qk_rope_head_dim;
 
+  const uint32_t tp = args.tp.value_or(static_cast<uint32_t>(cfg->tp.size));
+  const uint32_t gpus = args.gpus.value_or(tp);
+  if (tp == 0 || gpus % tp != 0) {
+    return fail(Status::InvalidArgument("--gpus " + std::to_string(gpus) +
+                                        " must be a positive multiple of TP " +
+                                        std::to_string(tp)));
+  }
   capacity::Budget budget;
   budget.device_memory = cfg->device.memory_bytes;
-  budget.weights_per_rank = static_cast<uint64_t>(shape.weights_gib * (1ull << 30) / tp);
+  if (!args.gpu_memory.empty()) {
+    std::optional<uint64_t> bytes = config::parse_size(args.gpu_memory);
+    if (!bytes || *bytes == 0) {
+      return fail(Status::InvalidArgument("--gpu-memory: expected a size such as 80GiB, found '" +
+                                          args.gpu_memory + "'"));
+    }
+    budget.device_memory = *bytes;
+  }
+  uint64_t weights = 0;
+  if (args.weights_gib) {
+    weights = static_cast<uint64_t>(*args.weights_gib * (1ull << 30));
+  } else {
+    Result<uint64_t> derived = capacity::weight_bytes(*shape, cfg->model.dtype);
+    if (!derived.ok()) return fail(derived.status());
+    weights = *derived;
+  }
+  budget.weights_per_rank = weights / tp;
   budget.mem_fraction_static = cfg->scheduler.mem_fraction_static;
-  std::printf("geometry: %u layers, %u KV heads (%u per rank at TP %u), head dim %u/%u, page %u\n",
-              g.num_layers, g.total_kv_heads, g.num_kv_heads, tp, g.k_head_dim, g.v_head_dim,
-              g.page_size);
-  std::printf("device memory %s, weights per rank %s, mem_fraction_static %.2f\n\n",
-              capacity::format_bytes(budget.device_memory).c_str(),
+
+  Result<kvrt_kv_geometry> g = capacity::kv_geometry(
+      kv, tp, static_cast<uint32_t>(cfg->scheduler.page_size), KVRT_DTYPE_BF16);
+  if (!g.ok()) return fail(g.status());
+  plugin::Registry registry;
+  wire(registry, *cfg);
+  std::vector<capacity::StoreCapacity> stores = capacity::compare_stores(registry, *g, budget);
+
+  const bool flags = args.layers || args.kv_heads || args.head_dim || args.v_head_dim ||
+                     args.kv_lora_rank || args.qk_rope_head_dim;
+  std::string label = "model " + model;
+  if (!shape->architecture.empty()) label += " (" + shape->architecture + ")";
+  if (flags) label += " with the shape flags";
+  if (kv.mla()) {
+    std::printf("%s: %u layers, MLA latent %u + rope %u (one copy on every rank), page %u\n",
+                label.c_str(), g->num_layers, kv.kv_lora_rank, kv.qk_rope_head_dim, g->page_size);
+  } else {
+    std::printf("%s: %u layers, %u KV heads (%u per rank), head dim %u/%u, page %u\n",
+                label.c_str(), g->num_layers, g->total_kv_heads, g->num_kv_heads, g->k_head_dim,
+                g->v_head_dim, g->page_size);
+  }
+  const std::string weights_source =
+      args.weights_gib ? "--weights-gib" : "from " + model + ", dtype " + cfg->model.dtype;
+  std::printf("%u GPU%s of %s at TP %u; weights %s (%s; %s per rank), mem_fraction_static %.2f\n\n",
+              gpus, gpus == 1 ? "" : "s", capacity::format_bytes(budget.device_memory).c_str(), tp,
+              capacity::format_bytes(weights).c_str(), weights_source.c_str(),
               capacity::format_bytes(budget.weights_per_rank).c_str(), budget.mem_fraction_static);
   std::printf("%-16s %10s %12s %12s %22s %8s %8s %8s %14s\n", "STORE", "BYTES/TOK", "PAGE",
               "KV BUDGET", "MAX_TOTAL_NUM_TOKENS", "@1K", "@4K", "@16K", "HOST TIER TOK");
-  for (const plugin::LoadedPlugin* p : registry.loaded()) {
-    if (p->kind() != KVRT_PLUGIN_KV_STORE) continue;
-    const kvrt_config* own = plugin::as_config(registry.plugin_config(p->name));
-    uint64_t page_bytes = 0;
-    plugin::clear_last_error();
-    kvrt_status st = p->kv.page_bytes(p->host_api(), &g, own, &page_bytes);
-    if (st != KVRT_OK) {
-      std::printf("%-16s %s\n", p->name.c_str(),
-                  plugin::plugin_failure(p->name, "page_bytes", st).message().c_str());
+  for (const capacity::StoreCapacity& s : stores) {
+    if (!s.error.ok()) {
+      std::printf("%-16s %s\n", s.store.c_str(), s.error.message().c_str());
       continue;
     }
-    Result<capacity::Plan> plan = capacity::plan(budget, page_bytes, g.page_size);
-    if (!plan.ok()) {
-      std::printf("%-16s %s\n", p->name.c_str(), plan.status().message().c_str());
-      continue;
-    }
-    // A host tier's size is its own (ratio of the device pool or GiB); it adds no decode room.
-    std::string host_tokens = "-";
-    if (p->kv.tier_info != nullptr) {
-      const toml::table* t = registry.plugin_config(p->name);
-      double gib = t ? t->at_path("host_pool_gib").value_or(0.0) : 0.0;
-      double ratio = t ? t->at_path("host_pool_ratio").value_or(2.0) : 2.0;
-      uint64_t pages = gib > 0 ? static_cast<uint64_t>(gib * (1ull << 30)) / page_bytes
-                               : static_cast<uint64_t>(ratio * plan->num_pages);
-      host_tokens = std::to_string(pages * g.page_size);
-    }
-    std::printf(
-        "%-16s %10llu %12s %12s %22llu %8llu %8llu %8llu %14s\n", p->name.c_str(),
-        static_cast<unsigned long long>(plan->bytes_per_token()),
-        capacity::format_bytes(page_bytes).c_str(), capacity::format_bytes(plan->kv_budget).c_str(),
-        static_cast<unsigned long long>(plan->max_total_num_tokens),
-        static_cast<unsigned long long>(plan->concurrent_decodes(1024)),
-        static_cast<unsigned long long>(plan->concurrent_decodes(4096)),
-        static_cast<unsigned long long>(plan->concurrent_decodes(16384)), host_tokens.c_str());
+    const capacity::Plan& p = s.plan;
+    std::printf("%-16s %10llu %12s %12s %22llu %8llu %8llu %8llu %14s\n", s.store.c_str(),
+                static_cast<unsigned long long>(p.bytes_per_token()),
+                capacity::format_bytes(p.page_bytes).c_str(),
+                capacity::format_bytes(p.kv_budget).c_str(),
+                static_cast<unsigned long long>(p.max_total_num_tokens),
+                static_cast<unsigned long long>(p.concurrent_decodes(1024)),
+                static_cast<unsigned long long>(p.concurrent_decodes(4096)),
+                static_cast<unsigned long long>(p.concurrent_decodes(16384)),
+                s.host_tier ? std::to_string(s.host_tier_tokens).c_str() : "-");
   }
   std::printf(
       "\n@N: requests that can decode at once when each holds N tokens of KV.\n"
       "A host tier keeps evicted prefixes for reuse; it does not raise @N.\n");
+  if (gpus > tp) {
+    std::printf(
+        "%u GPUs at TP %u are %u replicas, each with its own KV pool: the node holds %ux "
+        "MAX_TOTAL_NUM_TOKENS and %ux @N.\n",
+        gpus, tp, gpus / tp, gpus / tp, gpus / tp);
+  }
+  for (const capacity::StoreCapacity& s : stores) {
+    if (s.store == cfg->kv.store && s.error.ok()) {
+      std::printf("\n%s", capacity::format_report(s, budget).c_str());
+    }
+  }
   return 0;
 }
 
@@ -238,6 +284,52 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   return 0;
 }
 
+struct BenchArgs {
+  std::string workload, trace;
+};
+
+int run_bench(const std::string& path, const std::vector<std::string>& overrides,
+              const BenchArgs& args) {
+  if (args.workload.empty() == args.trace.empty()) {
+    return fail(Status::InvalidArgument("kvrt bench: give one of --workload FILE or --trace FILE"));
+  }
+  Result<bench::WorkloadSpec> workload = args.trace.empty()
+                                             ? bench::load_workload_toml(args.workload)
+                                             : bench::load_trace_jsonl(args.trace);
+  if (!workload.ok()) return fail(workload.status());
+  Result<config::Config> cfg = load_config(path, overrides);
+  if (!cfg.ok()) return fail(cfg.status());
+  plugin::Registry registry;
+  wire(registry, *cfg);
+  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
+    const toml::table* t = cfg->plugin_table("kv", name);
+    return t != nullptr ? t : cfg->plugin_table("attention", name);
+  });
+  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  if (!rt.ok()) return fail(rt.status());
+  spdlog::info("model {} ({} weights), TP {}, kv {}, attention {}", rt->model_name,
+               rt->bf16_weights ? "bf16" : "f32", cfg->tp.size, cfg->kv.store,
+               cfg->attention.backend);
+  std::fprintf(stderr, "%s", rt->capacity_report.c_str());
+  // Every loadable store on the same budget, for the diagnosis's "what would X give".
+  std::vector<metrics::StoreCeiling> ceilings;
+  for (const capacity::StoreCapacity& c :
+       capacity::compare_stores(registry, rt->geometry, rt->budget)) {
+    if (c.error.ok()) ceilings.push_back({c.store, c.plan.max_total_num_tokens, c.host_tier});
+  }
+  const bench::WorkloadSpec& w = *workload;
+  spdlog::info("workload {}: {} requests, concurrency {}, rate {}, input {}, output {}{}", w.source,
+               w.num_requests, w.concurrency > 0 ? std::to_string(w.concurrency) : "unlimited",
+               w.request_rate > 0 ? std::to_string(w.request_rate) + "/s" : "all at once",
+               w.trace.empty() ? w.input.describe() : "from the trace",
+               w.trace.empty() ? w.output.describe() : "from the trace",
+               w.turns > 1 ? ", " + std::to_string(w.turns) + " turns per conversation" : "");
+  Result<bench::BenchReport> report = bench::run_bench(*rt, *cfg, w, ceilings);
+  if (!report.ok()) return fail(report.status());
+  std::cout << bench::format_report(*report);
+  return 0;
+}
+
 }  // namespace
 }  // namespace kvrt
 
@@ -259,16 +351,24 @@ int main(int argc, char** argv) {
   check->add_option("--set", overrides, "override a key: section.key=value");
 
   CLI::App* capacity = app.add_subcommand("capacity", "KV capacity of every store, side by side");
-  kvrt::Shape shape;
+  kvrt::CapacityArgs cap;
   capacity->add_option("--config", config_path, "TOML file (device, tp, scheduler, kv tables)");
   capacity->add_option("--set", overrides, "override a key: section.key=value");
-  capacity->add_option("--layers", shape.layers, "model layers")->capture_default_str();
-  capacity->add_option("--kv-heads", shape.kv_heads, "model KV heads")->capture_default_str();
-  capacity->add_option("--head-dim", shape.head_dim, "K head dim")->capture_default_str();
-  capacity->add_option("--v-head-dim", shape.v_head_dim, "V head dim (0: shares K, MLA)")
-      ->capture_default_str();
-  capacity->add_option("--weights-gib", shape.weights_gib, "weights, all ranks, GiB")
-      ->capture_default_str();
+  capacity->add_option("--model", cap.model,
+                       "HF directory or config.json, preset, or shape (llama3-8b-shape, "
+                       "kimi-k2-shape); default: the file's [model], else llama3-8b-shape");
+  capacity->add_option("--layers", cap.layers, "model layers");
+  capacity->add_option("--kv-heads", cap.kv_heads, "model KV heads (MHA/GQA)");
+  capacity->add_option("--head-dim", cap.head_dim, "K head dim (and V's unless --v-head-dim)");
+  capacity->add_option("--v-head-dim", cap.v_head_dim, "V head dim (0: V shares K's storage)");
+  capacity->add_option("--kv-lora-rank", cap.kv_lora_rank, "MLA latent rank (> 0 selects MLA)");
+  capacity->add_option("--qk-rope-head-dim", cap.qk_rope_head_dim, "MLA rope dims per token");
+  capacity->add_option("--weights-gib", cap.weights_gib,
+                       "weights, all ranks, GiB (default: from the model)");
+  capacity->add_option("--tp", cap.tp, "TP ranks per replica (default: [tp] size)");
+  capacity->add_option("--gpus", cap.gpus, "GPUs, a multiple of TP (default: TP)");
+  capacity->add_option("--gpu-memory", cap.gpu_memory,
+                       "memory per GPU, e.g. 80GiB (default: [device] memory)");
 
   CLI::App* generate = app.add_subcommand("generate", "generate tokens from a prompt");
   kvrt::GenerateArgs gen;
@@ -290,7 +390,22 @@ int main(int argc, char** argv) {
   generate->add_flag("--no-bos", gen.no_bos, "do not prepend BOS to --prompt");
   generate->add_flag("-v,--verbose", gen.verbose, "print ids, prefill and decode tok/s");
 
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "run a workload in process through the scheduler and report throughput, latency, "
+      "capacity use and the bottleneck");
+  kvrt::BenchArgs bench_args;
+  bench->add_option("--config", config_path, "TOML file (model, device, tp, kv, scheduler)");
+  bench->add_option("--set", overrides, "override a key: section.key=value");
+  auto* workload = bench->add_option("--workload", bench_args.workload,
+                                     "workload TOML ([workload], see bench/workloads/)");
+  auto* trace =
+      bench->add_option("--trace", bench_args.trace,
+                        "JSONL trace: {\"timestamp\", \"input_len\", \"output_len\"} per line");
+  workload->excludes(trace);
+
   CLI11_PARSE(app, argc, argv);
+  if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);
   if (generate->parsed()) {
     if (gen.prompt.empty() && gen.ids.empty()) {
       std::cerr << "kvrt generate: give --prompt or --ids\n";
@@ -300,6 +415,6 @@ int main(int argc, char** argv) {
   }
   if (plugins->parsed()) return kvrt::run_plugins(verbose);
   if (check->parsed()) return kvrt::run_config_check(config_path, overrides);
-  if (capacity->parsed()) return kvrt::run_capacity(config_path, overrides, shape);
+  if (capacity->parsed()) return kvrt::run_capacity(config_path, overrides, cap);
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "core/exec/runtime.h"
 
+#include "core/capacity/stores.h"
 #include "core/model/weights.h"
 
 namespace kvrt::exec {
@@ -68,17 +69,17 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   g.input_dtype = KVRT_DTYPE_F32;
   g.tp_size = static_cast<uint32_t>(tp);
   g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
-  uint64_t page_bytes = 0;
-  plugin::clear_last_error();
-  kvrt_status st = plugins.store->kv.page_bytes(plugins.store->host_api(), &g, plugins.store_config,
-                                                &page_bytes);
-  if (st != KVRT_OK) return plugin::plugin_failure(cfg.kv.store, "page_bytes", st);
   rt.budget.device_memory = cfg.device.memory_bytes;
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
-  Result<capacity::Plan> plan = capacity::plan(rt.budget, page_bytes, g.page_size);
-  if (!plan.ok()) return plan.status();
-  rt.plan = *plan;
+  // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
+  // budget that cannot hold one page is refused here, before the pool is allocated.
+  capacity::StoreCapacity planned =
+      capacity::store_capacity(*plugins.store, cfg.plugin_table("kv", cfg.kv.store), g, rt.budget);
+  if (!planned.error.ok()) return planned.error;
+  rt.plan = planned.plan;
+  rt.capacity_report = capacity::format_report(planned, rt.budget);
+  rt.geometry = g;
   registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
 
   EngineOptions options;

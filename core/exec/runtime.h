@@ -21,6 +21,11 @@ struct Runtime {
   std::unique_ptr<model::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;
+  // capacity::format_report() of the store and budget above: every term of the plan, for the
+  // start-up log.
+  std::string capacity_report;
+  // The KV geometry of one rank that the plan is for (what other stores are compared on).
+  kvrt_kv_geometry geometry{};
   std::unique_ptr<Engine> engine;
 };
 

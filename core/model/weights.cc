@@ -85,6 +85,9 @@ struct Preset {
 constexpr Preset kPresets[] = {
     {"synth-76m", 768, 12, 12, 4, 64, 2048, 512, 8192},
     {"synth-tiny", 64, 2, 4, 2, 16, 128, 512, 2048},
+    // Cheap enough to run 150 concurrent requests on 2 cores, with head_dim 64 so fp8's
+    // per-token-head scales weigh what they do on real models (kvrt bench scenarios).
+    {"synth-bench", 256, 2, 4, 2, 64, 512, 512, 8192},
 };
 
 ModelConfig ConfigOf(const Preset& p) {

@@ -179,7 +179,6 @@ void Scheduler::retract(RequestPtr r) {
   // Its computed pages stay in the prefix cache as evictable pages: reclaimed if needed, reused
   // when the request comes back before they are.
   release(*r, /*keep_in_cache=*/true);
-  new_token_ratio_ = options_.new_token_ratio;
   // Back in arrival order, so it is readmitted before requests that came after it.
   auto pos = std::find_if(waiting_.begin(), waiting_.end(),
                           [&](const RequestPtr& w) { return w->arrival_order > r->arrival_order; });
@@ -429,6 +428,7 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
       return static_cast<uint64_t>(r.kv_len) >= r.pages.size() * ps;
     };
     uint64_t need = 0;
+    int retracted_now = 0;
     for (const RequestPtr& r : running_) need += needs_page(*r) ? 1 : 0;
     while (free_pages_.size() < need) {
       if (cache_.evictable_pages() > 0) {
@@ -452,6 +452,23 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
       running_.erase(victim);
       retract(std::move(r));
       ++stats.retracted;
+      ++retracted_now;
+    }
+    if (retracted_now > 0) {
+      // SGLang's reset: the share of their max_new_tokens the remaining requests have decoded,
+      // plus a margin of kRetractDecodeSteps tokens each -- how much of the reservation they
+      // actually turn out to use.
+      double decoded = 0, max_new = 0;
+      for (const RequestPtr& r : running_) {
+        decoded += r->output_len();
+        max_new += r->spec.max_new_tokens;
+      }
+      constexpr double kRetractDecodeSteps = 20;
+      new_token_ratio_ = max_new > 0
+                             ? std::min(1.0, (decoded + kRetractDecodeSteps *
+                                                            static_cast<double>(running_.size())) /
+                                                 max_new)
+                             : options_.new_token_ratio;
     }
     if (free_pages_.size() < need) {
       // One request alone cannot grow: only possible if the pool shrank under it.
@@ -507,8 +524,10 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
     }
     running_.resize(kept);
     ++decode_steps_;
-    new_token_ratio_ =
-        std::max(options_.min_new_token_ratio, new_token_ratio_ - options_.new_token_ratio_decay);
+    if (retracted_now == 0) {
+      new_token_ratio_ =
+          std::max(options_.min_new_token_ratio, new_token_ratio_ - options_.new_token_ratio_decay);
+    }
   }
   fill_stats(&stats);
   return stats;

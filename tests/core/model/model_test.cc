@@ -576,10 +576,11 @@ TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
 // ---- Presets ----
 
 TEST(PresetTest, NamesAndUnknown) {
-  EXPECT_EQ(preset_names(), (std::vector<std::string>{"synth-76m", "synth-tiny"}));
+  EXPECT_EQ(preset_names(),
+            (std::vector<std::string>{"synth-76m", "synth-tiny", "synth-bench"}));
   auto w = make_preset("synth-7b");
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny)");
+  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench)");
   EXPECT_FALSE(preset_config("").ok());
 }
 

@@ -1,0 +1,30 @@
+// The capacity of real KV store plugins: their page bytes for a geometry, planned on a budget,
+// one store or every loadable one side by side (DESIGN.md, Capacity and Diagnosis).
+#pragma once
+
+#include <toml++/toml.h>
+
+#include <vector>
+
+#include "core/capacity/capacity.h"
+#include "core/plugin/registry.h"
+
+namespace kvrt::capacity {
+
+// Asks `store` for its page bytes on `geometry` with its option table `config` (nullptr: its
+// defaults) and plans them on `budget`. A refusal (page_bytes failing, or a budget with no room
+// for one page) is returned in .error, naming the plugin or the shortfall in bytes; the host
+// tier's size is read from the store's host_pool_gib / host_pool_ratio options (the table's
+// value, else the default the plugin declares), as kv_host_tiered sizes its tier. Thread:
+// whichever thread may call the plugin's page_bytes (any).
+StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::table* config,
+                             const kvrt_kv_geometry& geometry, const Budget& budget);
+
+// store_capacity() of every KV store `registry` can load (it runs registry.discover() first),
+// each with its own table from the registry's config source, in the registry's order. What
+// the diagnosis prints as "the ceiling each other loadable store would give on the same
+// budget". Stores that cannot serve the geometry are listed with their error, not dropped.
+std::vector<StoreCapacity> compare_stores(plugin::Registry& registry,
+                                          const kvrt_kv_geometry& geometry, const Budget& budget);
+
+}  // namespace kvrt::capacity

@@ -1,0 +1,297 @@
+#include "core/cli/bench.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+
+#include "core/sched/engine_executor.h"
+#include "core/sched/page_hash.h"
+
+namespace kvrt::bench {
+namespace {
+
+using Clock = sched::Clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  auto at = [&](double q) {
+    const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+    return v[std::min(i, v.size() - 1)];
+  };
+  double sum = 0;
+  for (double x : v) sum += x;
+  p.mean = sum / static_cast<double>(v.size());
+  p.p50 = at(0.50);
+  p.p90 = at(0.90);
+  p.p99 = at(0.99);
+  return p;
+}
+
+struct InFlight {
+  Clock::time_point sent, last;
+  bool has_token = false;
+};
+
+}  // namespace
+
+sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec::Runtime& rt) {
+  sched::SchedulerOptions o;
+  const config::Config::Scheduler& s = cfg.scheduler;
+  o.page_size = static_cast<uint32_t>(s.page_size);
+  o.num_pages = rt.plan.num_pages;
+  o.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
+  o.max_context = rt.model.max_position_embeddings;
+  o.root_hash = sched::root_hash(rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32"));
+  o.chunked_prefill_size = s.chunked_prefill_size;
+  o.max_running_requests = s.max_running_requests;
+  o.max_prefill_tokens = s.max_prefill_tokens;
+  o.num_continuous_decode_steps = s.num_continuous_decode_steps;
+  o.new_token_ratio = s.new_token_ratio;
+  o.new_token_ratio_decay = s.new_token_ratio_decay;
+  o.min_new_token_ratio = s.min_new_token_ratio;
+  o.max_new_tokens_clip = s.max_new_tokens_clip;
+  o.longest_prefix_first = s.schedule_policy == "lpm";
+  o.log_interval = s.log_interval;
+#ifndef NDEBUG
+  o.check_invariants = true;
+#endif
+  return o;
+}
+
+Result<BenchReport> run_bench(exec::Runtime& rt, const config::Config& cfg,
+                              const WorkloadSpec& workload,
+                              const std::vector<metrics::StoreCeiling>& other_stores,
+                              const BenchOptions& options) {
+  sched::EngineExecutor executor(rt.engine.get());
+  std::unique_ptr<sched::EngineTier> tier = sched::EngineTier::create(rt.engine.get());
+  sched::SchedulerOptions so = scheduler_options(cfg, rt);
+  if (!options.log) so.log_interval = 0;
+  return run_workload(so, &executor, tier.get(), static_cast<int32_t>(rt.model.vocab_size),
+                      cfg.kv.store, workload, other_stores, options);
+}
+
+Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
+                                 sched::StepExecutor* executor, sched::KvTier* tier,
+                                 int32_t vocab_size, const std::string& store,
+                                 const WorkloadSpec& workload,
+                                 const std::vector<metrics::StoreCeiling>& other_stores,
+                                 const BenchOptions& options) {
+  sched::Scheduler scheduler(sched_options, executor, tier);
+  WorkloadPlan plan(workload, vocab_size);
+  BenchReport report;
+  report.store = store;
+  report.max_total_num_tokens = sched_options.num_pages * sched_options.page_size;
+  report.requests = plan.total_requests();
+
+  std::deque<PlannedRequest> pending(plan.initial().begin(), plan.initial().end());
+  std::deque<PlannedRequest> ready;  // later turns, sent as soon as the limit allows
+  std::unordered_map<uint64_t, InFlight> in_flight;
+  std::unordered_map<uint64_t, std::pair<int64_t, int>> turn_of;  // id -> (conversation, turn)
+  std::vector<double> ttft, itl, e2e, effective;
+
+  scheduler.on_token([&](const sched::Request& r, int32_t) {
+    const Clock::time_point now = Clock::now();
+    InFlight& f = in_flight[r.spec.id];
+    if (r.output_len() == 1) {
+      ttft.push_back(seconds(now - f.sent));
+    } else if (f.has_token) {
+      itl.push_back(seconds(now - f.last));
+    }
+    f.last = now;
+    f.has_token = true;
+  });
+  scheduler.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string&) {
+    const Clock::time_point now = Clock::now();
+    auto it = in_flight.find(r.spec.id);
+    if (kind == sched::FinishKind::kAborted) {
+      ++report.aborted;
+    } else {
+      ++report.completed;
+      if (it != in_flight.end()) {
+        const double latency = seconds(now - it->second.sent);
+        e2e.push_back(latency);
+        if (latency > 0) effective.push_back(static_cast<double>(r.output_len()) / latency);
+      }
+    }
+    if (it != in_flight.end()) in_flight.erase(it);
+    auto t = turn_of.find(r.spec.id);
+    if (t != turn_of.end()) {
+      PlannedRequest next;
+      if (kind != sched::FinishKind::kAborted &&
+          plan.next_turn(t->second.first, t->second.second, &next)) {
+        // The conversation so far (its prompt and answer), then the user's new input.
+        std::vector<int32_t> prompt = r.tokens;
+        prompt.insert(prompt.end(), next.prompt.begin(), next.prompt.end());
+        next.prompt = std::move(prompt);
+        ready.push_back(std::move(next));
+      } else {
+        // Later turns that will never be sent still count as requests of the workload.
+        report.requests -= static_cast<uint64_t>(workload.turns - 1 - t->second.second);
+      }
+      turn_of.erase(t);
+    }
+  });
+
+  metrics::DiagnosisWindow whole, interval;
+  const int diag_every = options.diagnosis_interval > 0
+                             ? options.diagnosis_interval
+                             : std::max(1, 5 * sched_options.log_interval);
+  uint64_t decode_since_diag = 0;
+  double running_sum = 0, usage_sum = 0, queue_sum = 0;
+  double sat_running = 0, sat_live = 0;
+  bool saturated = false;
+  Clock::time_point first_send{}, last_end{};
+  const Clock::time_point start = Clock::now();
+
+  auto send = [&](PlannedRequest& p) {
+    sched::RequestSpec spec;
+    spec.id = p.id;
+    spec.prompt = std::move(p.prompt);
+    spec.max_new_tokens = p.max_new_tokens;
+    in_flight[p.id] = InFlight{Clock::now(), {}, false};
+    if (p.conversation >= 0) turn_of[p.id] = {p.conversation, p.turn};
+    if (first_send == Clock::time_point{}) first_send = Clock::now();
+    scheduler.submit(std::move(spec));
+  };
+
+  while (true) {
+    const double now_s = seconds(Clock::now() - start);
+    auto room = [&] {
+      return workload.concurrency <= 0 || static_cast<int>(in_flight.size()) < workload.concurrency;
+    };
+    while (!ready.empty() && room()) {
+      send(ready.front());
+      ready.pop_front();
+    }
+    while (!pending.empty() && pending.front().arrival_s <= now_s && room()) {
+      send(pending.front());
+      pending.pop_front();
+    }
+    if (scheduler.idle()) {
+      if (pending.empty() && ready.empty()) break;
+      if (!pending.empty() && ready.empty() && room()) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(
+            std::max(0.0, pending.front().arrival_s - seconds(Clock::now() - start))));
+      }
+      continue;
+    }
+    Result<sched::StepStats> st = scheduler.step();
+    if (!st.ok()) return st.status();
+    const sched::StepStats& s = *st;
+    if (!s.ran) continue;
+    ++report.steps;
+    report.decode_steps += s.prefill ? 0 : 1;
+    metrics::StepSample sample;
+    sample.running = s.running;
+    sample.queued = s.queued;
+    sample.tokens_in_use = s.pages_in_use * sched_options.page_size;
+    sample.live_tokens = s.live_tokens;
+    sample.admission_blocked_by_kv = s.admission_blocked_by_kv;
+    sample.new_admissions = s.new_requests;
+    sample.step_seconds = s.seconds;
+    sample.decode_tokens = s.prefill ? 0 : static_cast<int>(s.new_tokens);
+    sample.prefill_tokens = s.prefill ? static_cast<int>(s.new_tokens) : 0;
+    whole.add(sample);
+    interval.add(sample);
+    report.max_running = std::max(report.max_running, s.running);
+    running_sum += s.running;
+    usage_sum += s.token_usage;
+    queue_sum += s.queued;
+    if (s.admission_blocked_by_kv) saturated = true;
+    if (saturated && s.queued > 0 && !s.prefill) {
+      ++report.saturated_steps;
+      sat_running += s.running;
+      sat_live += static_cast<double>(s.live_tokens);
+    }
+    if (!s.prefill && ++decode_since_diag >= static_cast<uint64_t>(diag_every)) {
+      if (options.log) {
+        spdlog::info(interval.diagnose(report.max_total_num_tokens, store, other_stores).line);
+      }
+      interval.reset();
+      decode_since_diag = 0;
+    }
+    last_end = Clock::now();
+  }
+
+  const sched::SchedulerCounters& c = scheduler.counters();
+  report.duration_s = seconds(Clock::now() - start);
+  report.prompt_tokens = c.prompt_tokens;
+  report.generated_tokens = c.generated_tokens;
+  report.cached_tokens = c.cached_tokens;
+  report.tier_loaded_tokens = c.tier_loaded_tokens;
+  report.retractions = c.retractions;
+  const double active_s = first_send == Clock::time_point{} ? 0 : seconds(last_end - first_send);
+  report.server_gen_throughput =
+      active_s > 0 ? static_cast<double>(c.generated_tokens) / active_s : 0;
+  report.total_output_throughput =
+      report.duration_s > 0 ? static_cast<double>(c.generated_tokens) / report.duration_s : 0;
+  report.ttft_s = percentiles(ttft);
+  report.itl_s = percentiles(itl);
+  report.e2e_s = percentiles(e2e);
+  report.decode_rate_per_request = report.itl_s.mean > 0 ? 1.0 / report.itl_s.mean : 0;
+  report.client_effective_throughput = percentiles(effective).mean;
+  if (report.steps > 0) {
+    const double n = static_cast<double>(report.steps);
+    report.mean_running = running_sum / n;
+    report.mean_token_usage = usage_sum / n;
+    report.mean_queue = queue_sum / n;
+  }
+  if (report.saturated_steps > 0 && sat_running > 0) {
+    report.saturated_running = sat_running / static_cast<double>(report.saturated_steps);
+    report.saturated_live_length = sat_live / sat_running;
+    report.saturated_ceiling =
+        static_cast<double>(report.max_total_num_tokens) / report.saturated_live_length;
+  }
+  report.diagnosis = whole.diagnose(report.max_total_num_tokens, store, other_stores);
+  return report;
+}
+
+std::string format_report(const BenchReport& r) {
+  std::string out;
+  char line[256];
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(line, sizeof(line), fmt, args...);
+    out += line;
+    out += '\n';
+  };
+  using ull = unsigned long long;
+  add("%-38s %s", "KV store", r.store.c_str());
+  add("%-38s %llu", "max_total_num_tokens", static_cast<ull>(r.max_total_num_tokens));
+  add("%-38s %llu completed, %llu aborted of %llu", "requests", static_cast<ull>(r.completed),
+      static_cast<ull>(r.aborted), static_cast<ull>(r.requests));
+  add("%-38s %.2f", "duration (s)", r.duration_s);
+  add("%-38s %llu prompt, %llu generated, %llu cached (%llu from the tier)", "tokens",
+      static_cast<ull>(r.prompt_tokens), static_cast<ull>(r.generated_tokens),
+      static_cast<ull>(r.cached_tokens), static_cast<ull>(r.tier_loaded_tokens));
+  add("%-38s %.1f", "server gen throughput (tok/s)", r.server_gen_throughput);
+  add("%-38s %.1f", "decode rate per running request (tok/s)", r.decode_rate_per_request);
+  add("%-38s %.2f", "client effective throughput (tok/s/req)", r.client_effective_throughput);
+  add("%-38s %.1f", "all clients' output (tok/s)", r.total_output_throughput);
+  add("%-38s mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f", "TTFT (ms)", r.ttft_s.mean * 1e3,
+      r.ttft_s.p50 * 1e3, r.ttft_s.p90 * 1e3, r.ttft_s.p99 * 1e3);
+  add("%-38s mean %.2f  p50 %.2f  p90 %.2f  p99 %.2f", "ITL (ms)", r.itl_s.mean * 1e3,
+      r.itl_s.p50 * 1e3, r.itl_s.p90 * 1e3, r.itl_s.p99 * 1e3);
+  add("%-38s mean %.2f  p50 %.2f  p99 %.2f", "end-to-end latency (s)", r.e2e_s.mean, r.e2e_s.p50,
+      r.e2e_s.p99);
+  add("%-38s max %d, mean %.1f", "running requests", r.max_running, r.mean_running);
+  add("%-38s %.2f", "mean token usage", r.mean_token_usage);
+  add("%-38s %.1f", "mean queue", r.mean_queue);
+  add("%-38s %llu", "retractions", static_cast<ull>(r.retractions));
+  if (r.saturated_steps > 0) {
+    add("%-38s %llu steps: running %.1f, ceiling %.1f (%llu / %.0f mean live tokens)",
+        "saturated phase", static_cast<ull>(r.saturated_steps), r.saturated_running,
+        r.saturated_ceiling, static_cast<ull>(r.max_total_num_tokens), r.saturated_live_length);
+  }
+  out += r.diagnosis.line + "\n";
+  return out;
+}
+
+}  // namespace kvrt::bench

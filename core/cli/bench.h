@@ -1,0 +1,72 @@
+// `kvrt bench`: a workload run in process through the real scheduler and engine, reported the
+// way an operator needs it -- server-side generation throughput beside what clients see,
+// latency percentiles, running / queue / token usage, retractions, cached tokens -- and the
+// bottleneck diagnosis with the capacity ceiling of every other store on the same budget.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/cli/workload.h"
+#include "core/config/config.h"
+#include "core/exec/runtime.h"
+#include "core/metrics/diagnosis.h"
+#include "core/sched/scheduler.h"
+
+namespace kvrt::bench {
+
+// The scheduler options a configuration gives for a runtime's model and pool.
+sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec::Runtime& rt);
+
+struct Percentiles {
+  double mean = 0, p50 = 0, p90 = 0, p99 = 0;
+};
+
+struct BenchReport {
+  std::string store;
+  uint64_t max_total_num_tokens = 0;
+  double duration_s = 0;
+  uint64_t requests = 0, completed = 0, aborted = 0;
+  uint64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, tier_loaded_tokens = 0;
+  uint64_t retractions = 0, steps = 0, decode_steps = 0;
+  // Server side: generated tokens per second of wall time while requests ran -- the figure
+  // the scheduler's log prints. Client side: what one request experienced, its output tokens
+  // over its whole latency including the wait for admission; and all clients together.
+  double server_gen_throughput = 0;
+  double decode_rate_per_request = 0;      // tokens/s of a running request (1 / mean ITL)
+  double client_effective_throughput = 0;  // mean over requests: output / (end - send)
+  double total_output_throughput = 0;      // generated tokens / duration
+  Percentiles ttft_s, itl_s, e2e_s;
+  int max_running = 0;
+  double mean_running = 0, mean_token_usage = 0, mean_queue = 0;
+  // The saturated phase: steps with requests queued, from the first admission blocked by KV
+  // on. Its ceiling is max_total_num_tokens / the mean live length of running requests.
+  uint64_t saturated_steps = 0;
+  double saturated_running = 0, saturated_live_length = 0, saturated_ceiling = 0;
+  metrics::Diagnosis diagnosis;  // over the whole run
+};
+
+struct BenchOptions {
+  bool log = true;             // scheduler log lines and a diagnosis line per interval
+  int diagnosis_interval = 0;  // decode steps per diagnosis line; 0: 5 * log_interval
+};
+
+// Runs `workload` through a fresh scheduler over the runtime's engine (and its store's tier,
+// when it has one). `other_stores` are the ceilings the diagnosis compares with.
+Result<BenchReport> run_bench(exec::Runtime& rt, const config::Config& cfg,
+                              const WorkloadSpec& workload,
+                              const std::vector<metrics::StoreCeiling>& other_stores,
+                              const BenchOptions& options = {});
+
+// The same loop over any executor and tier (the scheduler benchmark's instant executor).
+Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
+                                 sched::StepExecutor* executor, sched::KvTier* tier,
+                                 int32_t vocab_size, const std::string& store,
+                                 const WorkloadSpec& workload,
+                                 const std::vector<metrics::StoreCeiling>& other_stores,
+                                 const BenchOptions& options = {});
+
+// A table of the report's figures, one per line.
+std::string format_report(const BenchReport& report);
+
+}  // namespace kvrt::bench
