@@ -39,6 +39,8 @@ demo: build
 	  ./$(BUILD)/bin/kvrt generate --set 'model.path="$(STORIES)"' --set tp.size=2 \
 	    --set kv.store=kv_fp8_e4m3 --prompt "Once upon a time" --max-new-tokens 40 -v; \
 	else echo "($(STORIES) not found: skipping the generation demo)"; fi
+	./$(BUILD)/bin/kvrt bench --config configs/kv-bound.toml \
+	  --workload bench/workloads/kv-bound.toml --set kv.store=kv_fp8_e4m3
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -56,10 +58,11 @@ test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVRT_SANITIZE=thread \
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
-	  engine_test stories260k_test kv_bf16_paged kv_fp8_e4m3 kv_host_tiered attn_cpu
+	  engine_test stories260k_test stories260k_scheduler_test kv_bf16_paged kv_fp8_e4m3 \
+	  kv_host_tiered attn_cpu
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|StoresTpPages/)'
+	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|StoresTpPages/|Stores/Stories260kScheduler)'
 
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true

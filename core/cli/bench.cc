@@ -85,6 +85,9 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
                                  const std::vector<metrics::StoreCeiling>& other_stores,
                                  const BenchOptions& options) {
   sched::Scheduler scheduler(sched_options, executor, tier);
+  metrics::Registry registry;
+  metrics::ServerMetrics server_metrics(registry);
+  scheduler.set_metrics(&server_metrics);
   WorkloadPlan plan(workload, vocab_size);
   BenchReport report;
   report.store = store;
@@ -251,6 +254,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
         static_cast<double>(report.max_total_num_tokens) / report.saturated_live_length;
   }
   report.diagnosis = whole.diagnose(report.max_total_num_tokens, store, other_stores);
+  report.prometheus = registry.render_prometheus();
   return report;
 }
 

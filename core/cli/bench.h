@@ -44,6 +44,7 @@ struct BenchReport {
   uint64_t saturated_steps = 0;
   double saturated_running = 0, saturated_live_length = 0, saturated_ceiling = 0;
   metrics::Diagnosis diagnosis;  // over the whole run
+  std::string prometheus;        // the scheduler's metrics at the end, as /metrics serves them
 };
 
 struct BenchOptions {

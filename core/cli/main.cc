@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -285,7 +286,7 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
 }
 
 struct BenchArgs {
-  std::string workload, trace;
+  std::string workload, trace, metrics_out;
 };
 
 int run_bench(const std::string& path, const std::vector<std::string>& overrides,
@@ -327,6 +328,11 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   Result<bench::BenchReport> report = bench::run_bench(*rt, *cfg, w, ceilings);
   if (!report.ok()) return fail(report.status());
   std::cout << bench::format_report(*report);
+  if (!args.metrics_out.empty()) {
+    std::ofstream out(args.metrics_out);
+    out << report->prometheus;
+    if (!out) return fail(Status::NotFound(args.metrics_out + ": cannot write the metrics"));
+  }
   return 0;
 }
 
@@ -403,6 +409,8 @@ int main(int argc, char** argv) {
       bench->add_option("--trace", bench_args.trace,
                         "JSONL trace: {\"timestamp\", \"input_len\", \"output_len\"} per line");
   workload->excludes(trace);
+  bench->add_option("--metrics-out", bench_args.metrics_out,
+                    "write the Prometheus metrics (TTFT, ITL, tokens, ...) to FILE at the end");
 
   CLI11_PARSE(app, argc, argv);
   if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);

@@ -77,6 +77,7 @@ void Scheduler::submit(RequestSpec spec) {
                       std::to_string(options_.max_context) + " tokens");
   }
   counters_.prompt_tokens += r->tokens.size();
+  if (metrics_ != nullptr) metrics_->prompt_tokens_total.add(static_cast<double>(r->tokens.size()));
   waiting_.push_back(std::move(r));
 }
 
@@ -165,12 +166,24 @@ void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason)
   } else {
     ++counters_.finished;
   }
+  if (metrics_ != nullptr) {
+    if (kind == FinishKind::kAborted) {
+      metrics_->num_aborted_requests_total.add();
+    } else {
+      metrics_->num_requests_total.add();
+      metrics_->e2e_request_latency_seconds.observe(
+          std::chrono::duration<double>(Clock::now() - r->arrival).count());
+      metrics_->prompt_tokens.observe(r->prompt_len);
+      metrics_->generation_tokens.observe(r->output_len());
+    }
+  }
   if (on_finish_) on_finish_(*r, kind, reason);
 }
 
 void Scheduler::retract(RequestPtr r) {
   ++counters_.retractions;
   ++r->retractions;
+  if (metrics_ != nullptr) metrics_->num_retractions_total.add();
   spdlog::warn(
       "Retract request {}: {} of {} tokens generated, {} tokens of KV freed; #running-req: {}, "
       "#queue-req: {}",
@@ -299,6 +312,7 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
     r.cached_tokens += cached;
     stats->cached_tokens += cached;
     counters_.cached_tokens += cached;
+    if (metrics_ != nullptr) metrics_->cached_tokens_total.add(static_cast<double>(cached));
 
     const int64_t left = static_cast<int64_t>(r.tokens.size()) - r.kv_len;
     const int64_t n = std::min(left, budget);
@@ -323,6 +337,25 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
     }
   }
   return !batch_.sequences.empty();
+}
+
+void Scheduler::emit(Request& r, int32_t token, Clock::time_point now) {
+  r.tokens.push_back(token);
+  ++counters_.generated_tokens;
+  ++log_tokens_;
+  if (metrics_ != nullptr) {
+    metrics_->generation_tokens_total.add();
+    if (r.output_len() == 1) {
+      metrics_->time_to_first_token_seconds.observe(
+          std::chrono::duration<double>(now - r.arrival).count());
+    } else {
+      metrics_->inter_token_latency_seconds.observe(
+          std::chrono::duration<double>(now - r.last_token).count());
+    }
+  }
+  if (r.output_len() == 1) r.first_token = now;
+  r.last_token = now;
+  if (on_token_) on_token_(r, token);
 }
 
 Result<StepStats> Scheduler::step() {
@@ -350,6 +383,11 @@ Result<StepStats> Scheduler::step() {
   }
   if (!result.ok()) return result;
   result->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (metrics_ != nullptr) {
+    metrics_->num_running_reqs.set(result->running);
+    metrics_->num_queue_reqs.set(result->queued);
+    metrics_->token_usage.set(result->token_usage);
+  }
   log_step(*result);
   if (options_.check_invariants) {
     if (Status s = check_invariants(); !s.ok()) return s.WithContext("scheduler invariant");
@@ -383,14 +421,7 @@ Result<StepStats> Scheduler::prefill_step(Clock::time_point t0) {
     Request& r = *s.request;
     r.kv_len += static_cast<int32_t>(s.tokens.size());
     cache_computed_pages(r);
-    if (s.samples) {
-      r.tokens.push_back(next_[i]);
-      ++counters_.generated_tokens;
-      ++log_tokens_;
-      if (r.output_len() == 1) r.first_token = now;
-      r.last_token = now;
-      if (on_token_) on_token_(r, next_[i]);
-    }
+    if (s.samples) emit(r, next_[i], now);
   }
   auto done = [&](const Request& r) -> int {  // 0 running, 1 length, 2 stop
     if (r.output_len() == 0) return 0;
@@ -504,11 +535,7 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
       RequestPtr& rp = running_[i];
       Request& r = *rp;
       ++r.kv_len;
-      r.tokens.push_back(next_[i]);
-      ++counters_.generated_tokens;
-      ++log_tokens_;
-      r.last_token = now;
-      if (on_token_) on_token_(r, next_[i]);
+      emit(r, next_[i], now);
       const bool stop = std::find(r.spec.stop_ids.begin(), r.spec.stop_ids.end(), next_[i]) !=
                         r.spec.stop_ids.end();
       const bool length = r.output_len() >= r.spec.max_new_tokens ||
@@ -561,6 +588,7 @@ void Scheduler::log_step(const StepStats& stats) {
   const Clock::time_point now = Clock::now();
   const double seconds = std::chrono::duration<double>(now - log_since_).count();
   const double throughput = seconds > 0 ? static_cast<double>(log_tokens_) / seconds : 0.0;
+  if (metrics_ != nullptr) metrics_->gen_throughput.set(throughput);
   spdlog::info(metrics::decode_log_line({stats.running, stats.pages_in_use * options_.page_size,
                                          stats.token_usage, throughput, stats.queued}));
   log_since_ = now;

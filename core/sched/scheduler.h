@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/exec/sampler.h"
+#include "core/metrics/metrics.h"
 #include "core/sched/kv_tier.h"
 #include "core/sched/prefix_cache.h"
 #include "core/util/status.h"
@@ -152,6 +153,9 @@ class Scheduler {
   ~Scheduler();
 
   void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
+  // Counters, gauges and histograms (TTFT, ITL, latency, tokens, retractions) for /metrics;
+  // not owned, may be null.
+  void set_metrics(metrics::ServerMetrics* m) { metrics_ = m; }
   void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
 
   // Queues a request; one that can never be served (empty prompt, ids outside the vocabulary,
@@ -192,6 +196,7 @@ class Scheduler {
   void release(Request& r, bool keep_in_cache);  // gives back r's pages and lock
   void retract(RequestPtr r);
   void finish(RequestPtr r, FinishKind kind, const std::string& reason);
+  void emit(Request& r, int32_t token, Clock::time_point now);  // appends a generated token
   void fill_stats(StepStats* stats) const;
   void log_step(const StepStats& stats);
 
@@ -212,6 +217,7 @@ class Scheduler {
   SchedulerCounters counters_;
   TokenCallback on_token_;
   FinishCallback on_finish_;
+  metrics::ServerMetrics* metrics_ = nullptr;
   ScheduledBatch batch_;
   std::vector<int32_t> next_;
   std::vector<int32_t> scratch_pages_;

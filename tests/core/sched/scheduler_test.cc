@@ -231,6 +231,28 @@ TEST(Scheduler, RunsOneRequestToItsLength) {
   EXPECT_EQ(h.stats.back().pages_in_use, 0u);
 }
 
+TEST(Scheduler, FeedsTheServerMetrics) {
+  Harness h(small_options(4, 32));
+  metrics::Registry registry;
+  metrics::ServerMetrics m(registry);
+  h.sched.set_metrics(&m);
+  h.submit(1, prompt_of(1, 10), 7);
+  h.submit(2, prompt_of(2, 10), 3);
+  h.submit(3, {2000}, 3);
+  ASSERT_TRUE(h.run());
+  EXPECT_EQ(m.prompt_tokens_total.value(), 20);
+  EXPECT_EQ(m.generation_tokens_total.value(), 10);
+  EXPECT_EQ(m.num_requests_total.value(), 2);
+  EXPECT_EQ(m.num_aborted_requests_total.value(), 1);
+  EXPECT_EQ(m.time_to_first_token_seconds.snapshot().count, 2u);
+  EXPECT_EQ(m.inter_token_latency_seconds.snapshot().count, 8u);
+  EXPECT_EQ(m.e2e_request_latency_seconds.snapshot().count, 2u);
+  EXPECT_EQ(m.generation_tokens.snapshot().sum, 10);
+  EXPECT_EQ(m.num_running_reqs.value(), 0);
+  EXPECT_NE(registry.render_prometheus().find("kvrt:generation_tokens_total 10"),
+            std::string::npos);
+}
+
 TEST(Scheduler, StopsAtAStopToken) {
   Harness h(small_options(4, 32));
   const int32_t third = expected_token(2, 10 + 2);

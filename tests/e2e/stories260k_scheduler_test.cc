@@ -1,0 +1,113 @@
+// The scheduler over the real model: many greedy requests for "Once upon a time" and its
+// continuations, batched together on a KV pool too small for all of them, so they share cached
+// prefixes, wait, get retracted and recomputed (and, with kv_host_tiered, come back from the
+// host tier). Every request must still produce exactly the reference ids, as it does alone.
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <tuple>
+
+#include "core/cli/bench.h"
+#include "core/config/config.h"
+#include "core/exec/runtime.h"
+#include "core/sched/engine_executor.h"
+#include "core/sched/scheduler.h"
+
+namespace kvrt {
+namespace {
+
+const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378};
+const std::vector<int32_t> kExpected = {432, 383, 286, 261, 376, 298, 315, 421, 395,
+                                        317, 426, 338, 401, 396, 267, 337, 410, 408,
+                                        419, 292, 411, 322, 265, 282, 295, 433, 426};
+
+std::string model_dir() {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  return std::string(root != nullptr ? root : ".") + "/../shared/models/stories260k";
+}
+
+class Stories260kScheduler : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Stories260kScheduler, EveryRequestGetsTheReferenceIds) {
+  if (!std::filesystem::exists(model_dir() + "/model.safetensors")) {
+    GTEST_SKIP() << model_dir() << " not found";
+  }
+  const auto& [store, tp] = GetParam();
+  setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+  spdlog::set_level(spdlog::level::err);
+  // The f32 weights (split over the ranks), the reserve, and a pool of about 16 4-token pages.
+  const std::string memory = tp == 1 ? "1200KiB" : "590KiB";
+  Result<config::Config> cfg = config::load_string(
+      "", "<test>",
+      {"model.path=\"" + model_dir() + "\"", "device.memory=\"" + memory + "\"",
+       "tp.size=" + std::to_string(tp), "scheduler.page_size=4", "kv.store=" + store,
+       "scheduler.chunked_prefill_size=8", "scheduler.new_token_ratio=0.2",
+       "scheduler.min_new_token_ratio=0.05", "scheduler.new_token_ratio_decay=0.05"});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  plugin::Registry registry;
+  registry.set_config_source(
+      [&](const std::string& name) { return cfg->plugin_table("kv", name); });
+  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  ASSERT_TRUE(rt.ok()) << rt.status().message();
+
+  constexpr int kRequests = 24;
+  sched::SchedulerOptions options = bench::scheduler_options(*cfg, *rt);
+  options.check_invariants = true;
+  // Every request fits alone, but not all at once.
+  ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 32 / 3);
+  sched::EngineExecutor executor(rt->engine.get());
+  std::unique_ptr<sched::EngineTier> tier = sched::EngineTier::create(rt->engine.get());
+  ASSERT_EQ(tier != nullptr, store == "kv_host_tiered");
+  sched::Scheduler scheduler(options, &executor, tier.get());
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  scheduler.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
+    EXPECT_EQ(kind, sched::FinishKind::kLength) << why;
+    outputs[r.spec.id].assign(r.output().begin(), r.output().end());
+  });
+  for (int i = 0; i < kRequests; ++i) {
+    // The prompt, then the first k reference ids: the answer is the remaining ones.
+    const int k = (i * 5) % 13;
+    sched::RequestSpec spec;
+    spec.id = static_cast<uint64_t>(i);
+    spec.prompt = kPrompt;
+    spec.prompt.insert(spec.prompt.end(), kExpected.begin(), kExpected.begin() + k);
+    spec.max_new_tokens = static_cast<int32_t>(kExpected.size()) - k;
+    scheduler.submit(std::move(spec));
+  }
+  int steps = 0;
+  while (!scheduler.idle() && steps < 5000) {
+    Result<sched::StepStats> s = scheduler.step();
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    ++steps;
+  }
+  ASSERT_TRUE(scheduler.idle());
+  ASSERT_EQ(outputs.size(), static_cast<size_t>(kRequests));
+  for (int i = 0; i < kRequests; ++i) {
+    const int k = (i * 5) % 13;
+    EXPECT_EQ(outputs[i], std::vector<int32_t>(kExpected.begin() + k, kExpected.end()))
+        << "request " << i << " (prompt + " << k << " reference ids)";
+  }
+  const sched::SchedulerCounters& c = scheduler.counters();
+  std::printf("%s TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from "
+              "the tier)\n",
+              store.c_str(), tp, static_cast<unsigned long long>(options.num_pages), steps,
+              static_cast<unsigned long long>(c.retractions),
+              static_cast<unsigned long long>(c.cached_tokens),
+              static_cast<unsigned long long>(c.tier_loaded_tokens));
+  EXPECT_GT(c.cached_tokens, 0u);
+  EXPECT_GT(c.retractions, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Stories260kScheduler,
+                         ::testing::Combine(::testing::Values("kv_bf16_paged", "kv_host_tiered"),
+                                            ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_tp" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace kvrt
