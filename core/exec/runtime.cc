@@ -7,25 +7,19 @@ namespace kvrt::exec {
 
 Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
   Runtime rt;
-  Result<model::Weights> weights = Status::Internal("unset");
+  // The shape first: the capacity plan needs only it, so a configuration that cannot fit is
+  // refused before any weights are read or generated.
+  Result<model::ModelConfig> shape = Status::Internal("unset");
   if (!cfg.model.path.empty()) {
     rt.model_name = cfg.model.path;
-    weights = model::load_hf(cfg.model.path);
-    if (!weights.ok()) return weights.status();
-    Result<std::unique_ptr<model::Tokenizer>> tok =
-        model::load_sentencepiece(cfg.model.path + "/tokenizer.model");
-    if (!tok.ok()) return tok.status();
-    rt.tokenizer = std::move(*tok);
+    shape = model::parse_hf_config(cfg.model.path + "/config.json");
+    if (!shape.ok()) return shape.status();
   } else {
     rt.model_name = cfg.model.preset;
-    weights = model::make_preset(cfg.model.preset);
-    if (!weights.ok()) return weights.status().WithContext("model.preset");
-    Result<std::unique_ptr<model::Tokenizer>> tok =
-        model::make_byte_tokenizer(static_cast<int32_t>(weights->config.vocab_size));
-    if (!tok.ok()) return tok.status();
-    rt.tokenizer = std::move(*tok);
+    shape = model::preset_config(cfg.model.preset);
+    if (!shape.ok()) return shape.status().WithContext("model.preset");
   }
-  rt.model = weights->config;
+  rt.model = *shape;
   if (rt.model.sliding_window > 0) {
     return Status::Unsupported(rt.model_name + ": sliding_window attention (" +
                                std::to_string(rt.model.sliding_window) + ") is not supported yet");
@@ -81,6 +75,23 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   rt.capacity_report = capacity::format_report(planned, rt.budget);
   rt.geometry = g;
   registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
+
+  Result<model::Weights> weights = Status::Internal("unset");
+  if (!cfg.model.path.empty()) {
+    weights = model::load_hf(cfg.model.path);
+    if (!weights.ok()) return weights.status();
+    Result<std::unique_ptr<model::Tokenizer>> tok =
+        model::load_sentencepiece(cfg.model.path + "/tokenizer.model");
+    if (!tok.ok()) return tok.status();
+    rt.tokenizer = std::move(*tok);
+  } else {
+    weights = model::make_preset(cfg.model.preset);
+    if (!weights.ok()) return weights.status().WithContext("model.preset");
+    Result<std::unique_ptr<model::Tokenizer>> tok =
+        model::make_byte_tokenizer(static_cast<int32_t>(weights->config.vocab_size));
+    if (!tok.ok()) return tok.status();
+    rt.tokenizer = std::move(*tok);
+  }
 
   EngineOptions options;
   options.tp = tp;

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "core/config/config.h"
 #include "core/exec/generate.h"
 #include "core/exec/runtime.h"
@@ -117,6 +119,28 @@ TEST(Stories260kFp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
       "logits differ by %.5f (relative L2)\n",
       same, relative);
   EXPECT_LE(relative, std::ldexp(1.0, -4));
+}
+
+// A budget too small is refused from config.json alone, before any weights are read: here the
+// directory has no weights at all, and the error is still the capacity shortfall.
+TEST(Stories260kCapacity, RefusedBeforeTheWeightsAreRead) {
+  if (!std::filesystem::exists(model_dir() + "/config.json")) {
+    GTEST_SKIP() << model_dir() << " not found";
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kvrt_config_only_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(model_dir() + "/config.json", dir / "config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+  Result<config::Config> cfg = config::load_string(
+      "", "<test>", {"model.path=\"" + dir.string() + "\"", "device.memory=\"512KiB\""});
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+  plugin::Registry registry;
+  Result<Runtime> rt = build_runtime(*cfg, registry);
+  std::filesystem::remove_all(dir);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_NE(rt.status().message().find("short by"), std::string::npos) << rt.status().message();
 }
 
 }  // namespace
