@@ -5,9 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
-#include <fstream>
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -258,6 +258,7 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   }
   args.options.prefill_chunk = cfg->scheduler.chunked_prefill_size;
   if (args.verbose) {
+    std::fprintf(stderr, "%s", rt->capacity_report.c_str());
     std::fprintf(stderr,
                  "model %s (%s weights), TP %d, kv %s, attention %s; KV pool %llu pages of %u "
                  "tokens (%llu tokens, %llu bytes/token)\n",

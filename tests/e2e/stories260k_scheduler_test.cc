@@ -91,12 +91,13 @@ TEST_P(Stories260kScheduler, EveryRequestGetsTheReferenceIds) {
         << "request " << i << " (prompt + " << k << " reference ids)";
   }
   const sched::SchedulerCounters& c = scheduler.counters();
-  std::printf("%s TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from "
-              "the tier)\n",
-              store.c_str(), tp, static_cast<unsigned long long>(options.num_pages), steps,
-              static_cast<unsigned long long>(c.retractions),
-              static_cast<unsigned long long>(c.cached_tokens),
-              static_cast<unsigned long long>(c.tier_loaded_tokens));
+  std::printf(
+      "%s TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from "
+      "the tier)\n",
+      store.c_str(), tp, static_cast<unsigned long long>(options.num_pages), steps,
+      static_cast<unsigned long long>(c.retractions),
+      static_cast<unsigned long long>(c.cached_tokens),
+      static_cast<unsigned long long>(c.tier_loaded_tokens));
   EXPECT_GT(c.cached_tokens, 0u);
   EXPECT_GT(c.retractions, 0u);
 }

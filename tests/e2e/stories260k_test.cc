@@ -1,6 +1,7 @@
 // The real model end to end: greedy decoding of "Once upon a time" with stories260k must give
 // the reference ids, with every KV store, at TP 1, 2, 4 and 8 and page sizes 1, 16 and 64.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -8,8 +9,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <unistd.h>
 
 #include "core/config/config.h"
 #include "core/exec/generate.h"

@@ -1,0 +1,198 @@
+#include "core/cli/workload.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/cli/bench.h"
+#include "core/sched/page_hash.h"
+
+namespace kvrt::bench {
+namespace {
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+TEST(Workload, ParsesEveryKey) {
+  Result<WorkloadSpec> w = parse_workload_toml(R"(
+[workload]
+num_requests = 12
+concurrency = 4
+request_rate = 2.5
+seed = 9
+shared_prefix_groups = 3
+shared_prefix_len = 20
+turns = 3
+[workload.input]
+dist = "uniform"
+min = 5
+max = 9
+[workload.output]
+dist = "lognormal"
+mean = 100
+sigma = 0.5
+max = 300
+)",
+                                               "w.toml");
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->num_requests, 12u);
+  EXPECT_EQ(w->concurrency, 4);
+  EXPECT_DOUBLE_EQ(w->request_rate, 2.5);
+  EXPECT_EQ(w->shared_prefix_groups, 3);
+  EXPECT_EQ(w->turns, 3);
+  EXPECT_EQ(w->input.kind, LengthDist::Kind::kUniform);
+  EXPECT_EQ(w->output.kind, LengthDist::Kind::kLognormal);
+  EXPECT_EQ(w->output.max, 300);
+}
+
+TEST(Workload, ErrorsNameTheFileLineAndKey) {
+  Result<WorkloadSpec> typo = parse_workload_toml("[workload]\nnum_request = 3\n", "w.toml");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("w.toml:2"), std::string::npos) << typo.status().message();
+  EXPECT_NE(typo.status().message().find("num_requests"), std::string::npos);  // did you mean
+
+  Result<WorkloadSpec> range = parse_workload_toml("[workload]\nconcurrency = -1\n", "w.toml");
+  ASSERT_FALSE(range.ok());
+  EXPECT_NE(range.status().message().find("w.toml:2:15: workload.concurrency: expected an integer"),
+            std::string::npos)
+      << range.status().message();
+
+  Result<WorkloadSpec> dist =
+      parse_workload_toml("[workload]\n[workload.output]\ndist = \"zipf\"\n", "w.toml");
+  ASSERT_FALSE(dist.ok());
+  EXPECT_NE(dist.status().message().find("workload.output.dist"), std::string::npos)
+      << dist.status().message();
+
+  Result<WorkloadSpec> order = parse_workload_toml(
+      "[workload]\n[workload.input]\ndist = \"uniform\"\nmin = 9\nmax = 3\n", "w.toml");
+  ASSERT_FALSE(order.ok());
+  EXPECT_NE(order.status().message().find("min (9) is above max (3)"), std::string::npos);
+}
+
+TEST(Workload, LengthDistributionsHaveTheirMeans) {
+  std::mt19937_64 rng(1);
+  LengthDist fixed;
+  fixed.value = 17;
+  EXPECT_EQ(fixed.sample(rng), 17);
+  LengthDist logn;
+  logn.kind = LengthDist::Kind::kLognormal;
+  logn.mean = 200;
+  logn.sigma = 0.5;
+  logn.min = 1;
+  logn.max = 100000;  // effectively uncapped
+  double sum = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const int64_t x = logn.sample(rng);
+    ASSERT_GE(x, 1);
+    sum += static_cast<double>(x);
+  }
+  EXPECT_NEAR(sum / n, 200, 2);
+  EXPECT_NEAR(logn.expected(), 200, 0.5);
+  logn.max = 150;  // a cap lowers the mean, and expected() knows by how much
+  sum = 0;
+  for (int i = 0; i < n; ++i) sum += static_cast<double>(logn.sample(rng));
+  EXPECT_NEAR(sum / n, logn.expected(), 1.5);
+  EXPECT_LT(logn.expected(), 150);
+}
+
+TEST(Workload, PlansSharedPrefixesAndConversations) {
+  WorkloadSpec spec;
+  spec.num_requests = 8;
+  spec.turns = 2;
+  spec.shared_prefix_groups = 2;
+  spec.shared_prefix_len = 10;
+  spec.input.value = 5;
+  spec.output.value = 7;
+  WorkloadPlan plan(spec, 512);
+  ASSERT_EQ(plan.initial().size(), 4u);  // 4 conversations of 2 turns
+  EXPECT_EQ(plan.total_requests(), 8u);
+  const auto& a = plan.initial()[0].prompt;
+  const auto& c = plan.initial()[2].prompt;
+  ASSERT_EQ(a.size(), 15u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 10, c.begin()));  // the same group
+  EXPECT_FALSE(std::equal(a.begin(), a.begin() + 10, plan.initial()[1].prompt.begin()));
+  for (int32_t t : a) EXPECT_TRUE(t >= 3 && t < 512);
+  PlannedRequest next;
+  EXPECT_TRUE(plan.next_turn(0, 0, &next));
+  EXPECT_EQ(next.turn, 1);
+  EXPECT_EQ(next.prompt.size(), 5u);  // the driver prepends the conversation so far
+  EXPECT_FALSE(plan.next_turn(0, 1, &next));
+}
+
+TEST(Workload, ReadsAJsonlTrace) {
+  const std::string path = write_temp(
+      "kvrt_trace_test.jsonl",
+      "{\"timestamp\": 1.5, \"input_len\": 30, \"output_len\": 8, \"group\": 1, \"prefix_len\": "
+      "16}\n\n{\"timestamp\": 0.5, \"input_len\": 20, \"output_len\": 4}\n"
+      "{\"timestamp\": 2.0, \"input_len\": 30, \"output_len\": 8, \"group\": 1, \"prefix_len\": "
+      "16}\n");
+  Result<WorkloadSpec> w = load_trace_jsonl(path);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_EQ(w->trace.size(), 3u);
+  EXPECT_DOUBLE_EQ(w->trace[0].arrival_s, 0.5);  // sorted by time
+  WorkloadPlan plan(*w, 512);
+  ASSERT_EQ(plan.initial().size(), 3u);
+  EXPECT_EQ(plan.initial()[0].prompt.size(), 20u);
+  EXPECT_EQ(plan.initial()[1].prompt.size(), 30u);
+  EXPECT_EQ(plan.initial()[1].max_new_tokens, 8);
+  EXPECT_TRUE(std::equal(plan.initial()[1].prompt.begin(), plan.initial()[1].prompt.begin() + 16,
+                         plan.initial()[2].prompt.begin()));
+
+  const std::string bad = write_temp("kvrt_trace_bad.jsonl",
+                                     "{\"input_len\": 3, \"output_len\": 2}\n{\"input_len\": 3}\n");
+  Result<WorkloadSpec> e = load_trace_jsonl(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("kvrt_trace_bad.jsonl:2: missing \"output_len\""),
+            std::string::npos)
+      << e.status().message();
+  std::filesystem::remove(path);
+  std::filesystem::remove(bad);
+}
+
+// The driver over an executor that answers at once: a multi-turn workload's later turns resend
+// the conversation, so they hit the prefix cache; every request completes.
+class Instant : public sched::StepExecutor {
+ public:
+  Status run(const sched::ScheduledBatch& b, std::vector<int32_t>* next) override {
+    for (size_t i = 0; i < b.sequences.size(); ++i) (*next)[i] = 7;
+    return Status::Ok();
+  }
+};
+
+TEST(Workload, ConversationsReuseTheirHistory) {
+  WorkloadSpec spec;
+  spec.num_requests = 30;
+  spec.turns = 3;
+  spec.concurrency = 5;
+  spec.input.value = 40;
+  spec.output.value = 24;
+  sched::SchedulerOptions o;
+  o.page_size = 8;
+  o.num_pages = 400;
+  o.vocab_size = 512;
+  o.root_hash = sched::root_hash("t");
+  o.log_interval = 0;
+  o.check_invariants = true;
+  Instant exec;
+  BenchOptions bo;
+  bo.log = false;
+  Result<BenchReport> r = run_workload(o, &exec, nullptr, 512, "x", spec, {}, bo);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->requests, 30u);
+  EXPECT_EQ(r->completed, 30u);
+  EXPECT_EQ(r->generated_tokens, 30u * 24);
+  // Turn 2 of each conversation finds turn 1's prompt and answer (64 tokens: 8 pages) cached,
+  // turn 3 finds 128 tokens; 10 conversations.
+  EXPECT_EQ(r->cached_tokens, 10u * (56 + 120));
+  EXPECT_LE(r->max_running, 5);
+  EXPECT_NE(r->prometheus.find("kvrt:num_requests_total 30"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrt::bench
