@@ -54,13 +54,15 @@ test-asan: deps
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
 # The threaded parts (the host tier's copy thread, concurrent writes, TP ranks) under TSan.
+# OpenMP and OpenBLAS run one thread each: libgomp's barriers are not instrumented, so TSan
+# would report its workers' reuse of the caller's stack as races.
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVRT_SANITIZE=thread \
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
 	  engine_test stories260k_test stories260k_scheduler_test kv_bf16_paged kv_fp8_e4m3 \
 	  kv_host_tiered attn_cpu
-	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
+	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
 	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|StoresTpPages/|Stores/Stories260kScheduler)'
 

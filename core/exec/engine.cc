@@ -1,5 +1,7 @@
 #include "core/exec/engine.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -19,7 +21,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
   std::unique_ptr<Engine> engine(new Engine(weights.config, options));
   const model::ModelConfig& c = weights.config;
   const int cores =
-      options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency());
+      options.threads > 0 ? options.threads : omp_get_max_threads();  // OMP_NUM_THREADS or cores
   const int threads_per_rank = std::max(1, cores / options.tp);
   for (int r = 0; r < options.tp; ++r) {
     Result<RankShard> shard = shard_for(c.num_attention_heads, c.num_key_value_heads,

@@ -19,7 +19,7 @@ struct EngineOptions {
   uint32_t page_size = 16;
   uint64_t num_pages = 0;
   bool bf16_weights = false;  // hold matrices in bf16 instead of f32
-  int threads = 0;            // threads for all ranks' products; 0 = the machine's cores
+  int threads = 0;  // threads for all ranks' products; 0 = OMP_NUM_THREADS, else the cores
   RankPlugins plugins;
 };
 

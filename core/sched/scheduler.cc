@@ -470,6 +470,13 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
         if (tier_ != nullptr && freed > 0) (void)tier_->wait();
         continue;
       }
+      if (chunked_) {
+        // A prompt still being prefilled has made the least progress of all: no output yet.
+        retract(std::move(chunked_));
+        ++stats.retracted;
+        ++retracted_now;
+        continue;
+      }
       if (running_.size() <= 1) break;
       // The least progress: fewest generated tokens, then the longest prompt (SGLang's order).
       auto victim = std::min_element(running_.begin(), running_.end(),
