@@ -7,6 +7,7 @@
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -52,6 +53,27 @@ std::vector<int32_t> prompt(size_t n, int32_t salt) {
   return p;
 }
 
+// GB/s of a streaming read over `bytes` on every OpenMP thread: what batch-1 decode, which
+// reads every weight once per token, can at best turn into tokens per second.
+double read_bandwidth_GBps(size_t bytes) {
+  std::vector<uint64_t> buffer(bytes / sizeof(uint64_t), 1);
+  uint64_t sink = 0;
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+    for (size_t i = 0; i < buffer.size(); i += 4) {
+      sum += buffer[i] + buffer[i + 1] + buffer[i + 2] + buffer[i + 3];
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    sink += sum;
+    best = std::max(best, static_cast<double>(buffer.size() * sizeof(uint64_t)) / s / 1e9);
+  }
+  benchmark::DoNotOptimize(sink);
+  return best;
+}
+
 void BM_DecodeBatch1(benchmark::State& state) {
   const int tp = static_cast<int>(state.range(0));
   auto engine = make_engine(tp, "kv_bf16_paged", 64);
@@ -64,7 +86,15 @@ void BM_DecodeBatch1(benchmark::State& state) {
     seconds += out->decode_seconds;
     tokens += static_cast<int64_t>(out->ids.size()) - 1;  // the first id comes from prefill
   }
-  state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / seconds;
+  const double tok_per_s = static_cast<double>(tokens) / seconds;
+  state.counters["decode_tok_per_s"] = tok_per_s;
+  // Every weight is read once per token; the streaming read of as many bytes, measured now, is
+  // the ceiling that memory bandwidth sets.
+  const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
+  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes) & ~size_t{31});
+  state.counters["weights_GBps"] = tok_per_s * weight_bytes / 1e9;
+  state.counters["read_GBps"] = read_GBps;
+  state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / weight_bytes;
 }
 
 void BM_Batch64(benchmark::State& state) {
