@@ -6,6 +6,7 @@
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
 #include <benchmark/benchmark.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -53,7 +54,7 @@ std::vector<int32_t> prompt(size_t n, int32_t salt) {
   return p;
 }
 
-// GB/s of a streaming read over `bytes` on every OpenMP thread: what batch-1 decode, which
+// GB/s of a streaming read over `bytes` on every core: what batch-1 decode, which
 // reads every weight once per token, can at best turn into tokens per second.
 double read_bandwidth_GBps(size_t bytes) {
   std::vector<uint64_t> buffer(bytes / sizeof(uint64_t), 1);
@@ -62,7 +63,7 @@ double read_bandwidth_GBps(size_t bytes) {
   for (int rep = 0; rep < 5; ++rep) {
     const auto start = Clock::now();
     uint64_t sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
+#pragma omp parallel for reduction(+ : sum) schedule(static) num_threads(omp_get_num_procs())
     for (size_t i = 0; i < buffer.size(); i += 4) {
       sum += buffer[i] + buffer[i + 1] + buffer[i + 2] + buffer[i + 3];
     }

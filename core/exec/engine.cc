@@ -10,7 +10,36 @@ namespace kvrt::exec {
 Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
     : config_(config), options_(options), comm_(std::make_unique<Communicator>(options.tp)) {}
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  start_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void Engine::worker_loop(size_t rank) {
+  uint64_t seen = 0;
+  while (true) {
+    const Batch* batch = nullptr;
+    std::vector<float>* logits = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      start_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      batch = batch_;
+      logits = logits_;
+    }
+    Status s = ranks_[rank]->forward(*batch, logits);  // only rank 0 writes logits
+    {
+      std::lock_guard lock(mutex_);
+      results_[rank] = std::move(s);
+      if (--running_ == 0) done_.notify_one();
+    }
+  }
+}
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
                                                const EngineOptions& options) {
@@ -32,6 +61,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
         options.bf16_weights, threads_per_rank);
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
+  }
+  engine->results_.resize(engine->ranks_.size());
+  for (size_t r = 1; r < engine->ranks_.size(); ++r) {
+    engine->workers_.emplace_back([e = engine.get(), r] { e->worker_loop(r); });
   }
   return engine;
 }
@@ -69,17 +102,20 @@ Status Engine::check(const Batch& batch) const {
 Result<std::vector<float>> Engine::step(const Batch& batch) {
   if (Status s = check(batch); !s.ok()) return s;
   std::vector<float> logits;
-  std::vector<Status> results(ranks_.size());
-  if (ranks_.size() == 1) {
-    results[0] = ranks_[0]->forward(batch, &logits);
-  } else {
-    std::vector<std::thread> threads;
-    for (size_t r = 0; r < ranks_.size(); ++r) {
-      threads.emplace_back([&, r] { results[r] = ranks_[r]->forward(batch, &logits); });
-    }
-    for (std::thread& t : threads) t.join();
+  if (!workers_.empty()) {
+    std::lock_guard lock(mutex_);
+    batch_ = &batch;
+    logits_ = &logits;
+    running_ = workers_.size();
+    ++generation_;
   }
-  for (const Status& s : results) {
+  start_.notify_all();
+  results_[0] = ranks_[0]->forward(batch, &logits);
+  if (!workers_.empty()) {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return running_ == 0; });
+  }
+  for (const Status& s : results_) {
     if (!s.ok()) return s;
   }
   return logits;

@@ -3,7 +3,10 @@
 // owns page allocation and hands it batches.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "core/exec/batch.h"
@@ -45,10 +48,25 @@ class Engine {
   Engine(const model::ModelConfig& config, const EngineOptions& options);
   Status check(const Batch& batch) const;
 
+  void worker_loop(size_t rank);
+
   model::ModelConfig config_;
   EngineOptions options_;
   std::unique_ptr<Communicator> comm_;
   std::vector<std::unique_ptr<RankExecutor>> ranks_;
+
+  // Ranks 1..tp-1 run on threads that live as long as the engine (so do their OpenMP teams);
+  // rank 0 runs on the caller's thread. step() publishes the batch as a new generation and
+  // waits until every worker has finished it.
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  uint64_t generation_ = 0;
+  size_t running_ = 0;
+  bool stopping_ = false;
+  const Batch* batch_ = nullptr;
+  std::vector<float>* logits_ = nullptr;
+  std::vector<Status> results_;
 };
 
 }  // namespace kvrt::exec
