@@ -1,11 +1,23 @@
 #include "core/exec/engine.h"
 
-#include <omp.h>
-
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 namespace kvrt::exec {
+namespace {
+
+// OMP_NUM_THREADS when set (read here, not through omp_get_max_threads(), which a previous
+// engine's omp_set_num_threads on this thread would have changed), else the machine's cores.
+int default_threads() {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+}  // namespace
 
 Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
     : config_(config), options_(options), comm_(std::make_unique<Communicator>(options.tp)) {}
@@ -50,7 +62,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
   std::unique_ptr<Engine> engine(new Engine(weights.config, options));
   const model::ModelConfig& c = weights.config;
   const int cores =
-      options.threads > 0 ? options.threads : omp_get_max_threads();  // OMP_NUM_THREADS or cores
+      options.threads > 0 ? options.threads : default_threads();
   const int threads_per_rank = std::max(1, cores / options.tp);
   for (int r = 0; r < options.tp; ++r) {
     Result<RankShard> shard = shard_for(c.num_attention_heads, c.num_key_value_heads,
