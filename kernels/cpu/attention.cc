@@ -126,6 +126,12 @@ HWY_INLINE void Dots(const float* q, size_t q_stride, size_t num_q, const void* 
     DotsRows<kType, 4, 2>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
                           score_stride);
   }
+  // Three left (GQA 3, e.g. 12 query heads on 4 KV heads): one pass over the rows, not 2 + 1.
+  if (g + 3 == num_q) {
+    DotsRows<kType, 3, 2>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
+                          score_stride);
+    return;
+  }
   if (g + 2 <= num_q) {
     DotsRows<kType, 2, 4>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
                           score_stride);
@@ -205,6 +211,11 @@ HWY_INLINE void Pv(const float* w, size_t w_stride, size_t num_q, const void* co
     PvChunks<kType, 4, 2>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
                           acc_stride);
     g += 4;
+  }
+  if (g + 3 == num_q) {
+    PvChunks<kType, 3, 2>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
+                          acc_stride);
+    return;
   }
   if (g + 2 <= num_q) {
     PvChunks<kType, 2, 4>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
