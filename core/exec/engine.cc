@@ -1,5 +1,7 @@
 #include "core/exec/engine.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
@@ -59,6 +61,9 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
     return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
   }
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
+  // Products are split over each rank's OpenMP threads (RankExecutor::matmul): the BLAS's own
+  // threads would spin against them on the same cores.
+  openblas_set_num_threads(1);
   std::unique_ptr<Engine> engine(new Engine(weights.config, options));
   const model::ModelConfig& c = weights.config;
   const int cores =

@@ -15,17 +15,6 @@ namespace kvrt::exec {
 namespace {
 
 // y[m][n] = x[m][k] * w[n][k]^T (w in Hugging Face's [out][in] layout).
-void sgemm(const float* x, int64_t m, int64_t k, const float* w, int64_t n, float* y) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    std::fill(y, y + m * n, 0.0f);
-    return;
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(k), w, static_cast<int>(k), 0.0f, y,
-              static_cast<int>(n));
-}
-
 // Rows [begin, end) of a row-major matrix with `cols` columns.
 void append_rows(const std::vector<float>& m, int64_t cols, Range rows, std::vector<float>* out) {
   out->insert(out->end(), m.begin() + rows.begin * cols, m.begin() + rows.end * cols);
@@ -64,14 +53,39 @@ RankExecutor::Matrix RankExecutor::make_matrix(std::vector<float> data, int64_t 
 // Decode-sized products stream bf16 weights through the SIMD kernel; larger ones widen the
 // weights once and use the BLAS, where the arithmetic, not the bytes, is the cost.
 void RankExecutor::matmul(const float* x, int64_t m, const Matrix& w, float* y) {
-  if (w.bf16.empty()) return sgemm(x, m, w.cols, w.f32.data(), w.rows, y);
-  if (m <= 16 || w.cols == 0) {
+  if (!w.bf16.empty() && (m <= 16 || w.cols == 0)) {
     kernels::matmul_bf16(x, m, w.cols, w.bf16.data(), w.rows, y, threads_);
     return;
   }
-  scratch_.resize(w.bf16.size());
-  kernels::bf16_to_f32(w.bf16.data(), scratch_.data(), w.bf16.size());
-  sgemm(x, m, w.cols, scratch_.data(), w.rows, y);
+  // The BLAS runs single-threaded (see Engine::create); the rank's OpenMP threads each take a
+  // band of output columns, so BLAS threads never spin against OpenMP's on the same cores.
+  const int64_t n = w.rows, k = w.cols;
+  if (!w.bf16.empty()) scratch_.resize(w.bf16.size());
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads_, n / 64)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t parts = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t band = (n + parts - 1) / parts;
+    const int64_t begin = std::min(n, t * band), end = std::min(n, begin + band);
+    if (begin < end) {
+      const float* rows = nullptr;
+      if (w.bf16.empty()) {
+        rows = w.f32.data() + begin * k;
+      } else {
+        kernels::bf16_to_f32(w.bf16.data() + begin * k, scratch_.data() + begin * k,
+                             static_cast<size_t>((end - begin) * k));
+        rows = scratch_.data() + begin * k;
+      }
+      if (m > 0 && k == 0) {
+        for (int64_t i = 0; i < m; ++i) std::fill(y + i * n + begin, y + i * n + end, 0.0f);
+      } else if (m > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                    static_cast<int>(end - begin), static_cast<int>(k), 1.0f, x,
+                    static_cast<int>(k), rows, static_cast<int>(k), 0.0f, y + begin,
+                    static_cast<int>(n));
+      }
+    }
+  }
 }
 
 RankExecutor::RankExecutor(const model::Weights& weights, const RankShard& shard,

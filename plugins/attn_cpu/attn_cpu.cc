@@ -203,12 +203,9 @@ class CpuAttention : public sdk::AttentionBase {
     const auto* merges = reinterpret_cast<const Merge*>(plan_ + header.merges_offset);
     // Work items write disjoint rows or partials, so they run in parallel, each thread in its
     // own scratch. The gather fallback stays serial: the ABI does not make a store's gather()
-    // safe to call from several threads. Large batches stay serial too, for now: between the
-    // BLAS's own threads (their products have many rows) and OpenMP's spinning ones, two thread
-    // pools on the same cores cost more than the split gains (measured: 64 sequences of
-    // 128 + 128 tokens, 31 s -> 41 s); a single pool for both is the fix.
-    const bool small_batch = header.batch_size <= 2 * header.threads;
-    const int threads = layer.native && small_batch ? static_cast<int>(header.threads) : 1;
+    // safe to call from several threads. (The host runs its BLAS single-threaded inside its own
+    // OpenMP threads, so these share one pool with the matrix products.)
+    const int threads = layer.native ? static_cast<int>(header.threads) : 1;
     bool failed = false;
     kvrt_status status = KVRT_OK;
     std::string message;
