@@ -60,9 +60,6 @@ sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec:
   o.max_new_tokens_clip = s.max_new_tokens_clip;
   o.longest_prefix_first = s.schedule_policy == "lpm";
   o.log_interval = s.log_interval;
-#ifndef NDEBUG
-  o.check_invariants = true;
-#endif
   return o;
 }
 

@@ -111,7 +111,11 @@ struct SchedulerOptions {
   bool longest_prefix_first = false;  // "lpm" policy (fcfs past 128 waiting requests)
   uint64_t tier_min_hit_pages = 1;    // load from the tier when it holds at least this many
   int log_interval = 40;              // decode steps between log lines; 0: no log lines
-  bool check_invariants = false;      // after every step (on in debug builds by default)
+#ifdef NDEBUG
+  bool check_invariants = false;  // after every step
+#else
+  bool check_invariants = true;  // after every step: on in debug builds
+#endif
 };
 
 // What one step did, for metrics and diagnosis.
