@@ -14,7 +14,6 @@
 namespace kvrt::exec {
 namespace {
 
-// y[m][n] = x[m][k] * w[n][k]^T (w in Hugging Face's [out][in] layout).
 // Rows [begin, end) of a row-major matrix with `cols` columns.
 void append_rows(const std::vector<float>& m, int64_t cols, Range rows, std::vector<float>* out) {
   out->insert(out->end(), m.begin() + rows.begin * cols, m.begin() + rows.end * cols);
@@ -50,8 +49,9 @@ RankExecutor::Matrix RankExecutor::make_matrix(std::vector<float> data, int64_t 
   return m;
 }
 
-// Decode-sized products stream bf16 weights through the SIMD kernel; larger ones widen the
-// weights once and use the BLAS, where the arithmetic, not the bytes, is the cost.
+// y[m][n] = x[m][k] * w[n][k]^T (w in Hugging Face's [out][in] layout). Decode-sized products
+// stream bf16 weights through the SIMD kernel; larger ones widen the weights once and use the
+// BLAS, where the arithmetic, not the bytes, is the cost.
 void RankExecutor::matmul(const float* x, int64_t m, const Matrix& w, float* y) {
   if (!w.bf16.empty() && (m <= 16 || w.cols == 0)) {
     kernels::matmul_bf16(x, m, w.cols, w.bf16.data(), w.rows, y, threads_);
