@@ -60,6 +60,7 @@ sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec:
   o.max_new_tokens_clip = s.max_new_tokens_clip;
   o.longest_prefix_first = s.schedule_policy == "lpm";
   o.log_interval = s.log_interval;
+  o.tier_min_hit_pages = static_cast<uint64_t>(s.tier_min_load_pages);
   return o;
 }
 

@@ -415,6 +415,8 @@ const std::vector<Field>& Schema() {
                   false),
       IntField("scheduler", "log_interval",
                [](auto& c) -> auto& { return c.scheduler.log_interval; }, 1, kIntMax),
+      IntField("scheduler", "tier_min_load_pages",
+               [](auto& c) -> auto& { return c.scheduler.tier_min_load_pages; }, 1, kInt64Max),
       StringField("server", "host", [](auto& c) -> auto& { return c.server.host; }, {}, false),
       IntField("server", "port", [](auto& c) -> auto& { return c.server.port; }, 1, 65535),
       StringArrayField("plugins", "path", [](auto& c) -> auto& { return c.plugin_paths; }),

@@ -57,6 +57,7 @@ struct Config {
     int64_t max_new_tokens_clip = 4096;    // cap on max_new_tokens when reserving at admission
     std::string schedule_policy = "fcfs";  // "fcfs" | "lpm" (longest prefix match)
     int log_interval = 40;                 // decode steps between log lines
+    int64_t tier_min_load_pages = 1;       // load a prefix from a host tier from this many pages
   };
   struct Server {
     std::string host = "127.0.0.1";

@@ -55,6 +55,7 @@ TEST(ConfigDefaults, EveryKeyHasItsDocumentedDefault) {
   EXPECT_EQ(c.scheduler.max_new_tokens_clip, 4096);
   EXPECT_EQ(c.scheduler.schedule_policy, "fcfs");
   EXPECT_EQ(c.scheduler.log_interval, 40);
+  EXPECT_EQ(c.scheduler.tier_min_load_pages, 1);
   EXPECT_EQ(c.server.host, "127.0.0.1");
   EXPECT_EQ(c.server.port, 30000);
   EXPECT_TRUE(c.plugin_paths.empty());
