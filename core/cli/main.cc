@@ -35,10 +35,14 @@ Result<config::Config> load_config(const std::string& path,
                       : config::load_file(path, overrides);
 }
 
+// Plugin directories and option tables from the config. Plugin names are unique across kinds,
+// so a plugin's table is [kv.<name>] or else [attention.<name>].
 void wire(plugin::Registry& registry, const config::Config& cfg) {
   registry.add_search_dirs(cfg.plugin_paths);
-  registry.set_config_source(
-      [&cfg](const std::string& name) { return cfg.plugin_table("kv", name); });
+  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
+    const toml::table* t = cfg.plugin_table("kv", name);
+    return t != nullptr ? t : cfg.plugin_table("attention", name);
+  });
 }
 
 int run_plugins(bool verbose) {
@@ -235,10 +239,6 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
   wire(registry, *cfg);
-  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
-    const toml::table* t = cfg->plugin_table("kv", name);
-    return t != nullptr ? t : cfg->plugin_table("attention", name);
-  });
   Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
   std::vector<int32_t> prompt;
@@ -303,10 +303,6 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
   wire(registry, *cfg);
-  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
-    const toml::table* t = cfg->plugin_table("kv", name);
-    return t != nullptr ? t : cfg->plugin_table("attention", name);
-  });
   Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
   spdlog::info("model {} ({} weights), TP {}, kv {}, attention {}", rt->model_name,
