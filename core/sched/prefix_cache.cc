@@ -65,12 +65,16 @@ std::vector<uint64_t> PrefixCache::hashes_after(const Node* from, std::span<cons
 }
 
 PrefixCache::Node* PrefixCache::insert(std::span<const int32_t> tokens, std::span<int32_t> pages,
-                                       std::vector<int32_t>* duplicates) {
-  Node* node = root_.get();
+                                       std::vector<int32_t>* duplicates, Node* from) {
+  Node* node = from != nullptr ? from : root_.get();
   ++clock_;
+  for (Node* n = node; n != root_.get(); n = n->parent) {  // the cached part is used now too
+    n->last_access = clock_;
+    touch_leaf_set(n);
+  }
   hash_buffer_.clear();
   page_buffer_.clear();
-  for (size_t i = 0; i < pages.size(); ++i) {
+  for (size_t i = static_cast<size_t>(node->depth); i < pages.size(); ++i) {
     std::span<const int32_t> page = tokens.subspan(i * page_size_, page_size_);
     const uint64_t h = page_hash(node->hash, page);
     auto it = node->children.find(h);

@@ -58,8 +58,10 @@ class PrefixCache {
   // tree already holds a page of that prefix its page wins: pages[i] is replaced by the tree's
   // and the caller's page is appended to *duplicates (the caller frees it). New nodes are
   // reported to the tier (KVRT_TIER_INSERTED). Returns the deepest node of the prefix.
+  // `from` (a node on the prefix's path, whose pages are pages[0, from->depth)) skips hashing
+  // and walking what is already cached; nullptr starts at the root.
   Node* insert(std::span<const int32_t> tokens, std::span<int32_t> pages,
-               std::vector<int32_t>* duplicates);
+               std::vector<int32_t>* duplicates, Node* from = nullptr);
 
   // Locks / unlocks the path from `node` to the root (a request using that prefix).
   void lock(Node* node);
