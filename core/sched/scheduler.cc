@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <unordered_map>
 
 #include "core/metrics/metrics.h"
@@ -102,14 +103,19 @@ bool Scheduler::abort(uint64_t id, const std::string& reason) {
   return false;
 }
 
+uint64_t Scheduler::evict(uint64_t n) {
+  scratch_pages_.clear();
+  const uint64_t freed = cache_.evict(n, &scratch_pages_);
+  counters_.evicted_pages += freed;
+  free_pages_.insert(free_pages_.end(), scratch_pages_.begin(), scratch_pages_.end());
+  // A tier copying evicted pages out must finish before they are written again.
+  if (tier_ != nullptr && freed > 0) (void)tier_->wait();
+  return freed;
+}
+
 bool Scheduler::take_pages(uint64_t n, std::vector<int32_t>* into) {
   if (free_pages_.size() < n) {
-    scratch_pages_.clear();
-    const uint64_t freed = cache_.evict(n - free_pages_.size(), &scratch_pages_);
-    counters_.evicted_pages += freed;
-    free_pages_.insert(free_pages_.end(), scratch_pages_.begin(), scratch_pages_.end());
-    // A tier copying evicted pages out must finish before they are written again.
-    if (tier_ != nullptr && freed > 0) (void)tier_->wait();
+    evict(n - free_pages_.size());
     if (free_pages_.size() < n) return false;
   }
   for (uint64_t i = 0; i < n; ++i) {
@@ -117,6 +123,11 @@ bool Scheduler::take_pages(uint64_t n, std::vector<int32_t>* into) {
     free_pages_.pop_back();
   }
   return true;
+}
+
+bool Scheduler::grow_pages(Request& r, int64_t tokens) {
+  const uint64_t want = ceil_div(static_cast<uint64_t>(tokens), options_.page_size);
+  return want <= r.pages.size() || take_pages(want - r.pages.size(), &r.pages);
 }
 
 uint64_t Scheduler::reserved_tokens() const {
@@ -140,7 +151,7 @@ void Scheduler::cache_computed_pages(Request& r) {
   scratch_pages_.clear();
   PrefixCache::Node* node = cache_.insert(
       std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(full) * options_.page_size),
-      std::span<int32_t>(r.pages.data(), static_cast<size_t>(full)), &scratch_pages_);
+      std::span<int32_t>(r.pages.data(), static_cast<size_t>(full)), &scratch_pages_, r.locked);
   free_pages_.insert(free_pages_.end(), scratch_pages_.begin(), scratch_pages_.end());
   cache_.lock(node);
   if (r.locked != nullptr) cache_.unlock(r.locked);
@@ -192,6 +203,10 @@ void Scheduler::retract(RequestPtr r) {
   // Its computed pages stay in the prefix cache as evictable pages: reclaimed if needed, reused
   // when the request comes back before they are.
   release(*r, /*keep_in_cache=*/true);
+  requeue(std::move(r));
+}
+
+void Scheduler::requeue(RequestPtr r) {
   // Back in arrival order, so it is readmitted before requests that came after it.
   auto pos = std::find_if(waiting_.begin(), waiting_.end(),
                           [&](const RequestPtr& w) { return w->arrival_order > r->arrival_order; });
@@ -229,9 +244,7 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
   if (chunked_) {
     Request& r = *chunked_;
     const int64_t n = std::min<int64_t>(budget, static_cast<int64_t>(r.tokens.size()) - r.kv_len);
-    const int64_t have = static_cast<int64_t>(r.pages.size());
-    const int64_t want = static_cast<int64_t>(ceil_div(r.kv_len + n, ps));
-    if (want > have && !take_pages(want - have, &r.pages)) {
+    if (!grow_pages(r, r.kv_len + n)) {
       retract(std::move(chunked_));
       ++stats->retracted;
     } else {
@@ -316,9 +329,7 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
 
     const int64_t left = static_cast<int64_t>(r.tokens.size()) - r.kv_len;
     const int64_t n = std::min(left, budget);
-    const int64_t have = static_cast<int64_t>(r.pages.size());
-    const int64_t want = static_cast<int64_t>(ceil_div(r.kv_len + n, ps));
-    if (want > have && !take_pages(want - have, &r.pages)) {
+    if (!grow_pages(r, r.kv_len + n)) {
       // Should not happen after the room check; put it back rather than lose it.
       release(r, /*keep_in_cache=*/false);
       waiting_.push_front(std::move(owned));
@@ -358,12 +369,23 @@ void Scheduler::emit(Request& r, int32_t token, Clock::time_point now) {
   if (on_token_) on_token_(r, token);
 }
 
+std::optional<FinishKind> Scheduler::finish_kind(const Request& r) const {
+  if (r.output_len() == 0) return std::nullopt;
+  const std::vector<int32_t>& stop = r.spec.stop_ids;
+  if (std::find(stop.begin(), stop.end(), r.tokens.back()) != stop.end()) return FinishKind::kStop;
+  if (r.output_len() >= r.spec.max_new_tokens ||
+      (options_.max_context > 0 && static_cast<int64_t>(r.tokens.size()) >= options_.max_context)) {
+    return FinishKind::kLength;
+  }
+  return std::nullopt;
+}
+
 Result<StepStats> Scheduler::step() {
   const Clock::time_point t0 = Clock::now();
   StepStats stats;
   Result<StepStats> result = Status::Ok();
   if (schedule_prefill(&stats)) {
-    result = prefill_step(t0);
+    result = prefill_step();
     if (result.ok()) {
       result->admission_blocked_by_kv = stats.admission_blocked_by_kv;
       result->cached_tokens = stats.cached_tokens;
@@ -371,7 +393,7 @@ Result<StepStats> Scheduler::step() {
       result->retracted += stats.retracted;
     }
   } else if (!running_.empty()) {
-    result = decode_step(t0);
+    result = decode_step();
     if (result.ok()) {
       result->admission_blocked_by_kv = stats.admission_blocked_by_kv;
       result->retracted += stats.retracted;
@@ -395,8 +417,7 @@ Result<StepStats> Scheduler::step() {
   return result;
 }
 
-Result<StepStats> Scheduler::prefill_step(Clock::time_point t0) {
-  (void)t0;
+Result<StepStats> Scheduler::prefill_step() {
   StepStats stats;
   stats.ran = true;
   stats.prefill = true;
@@ -407,10 +428,7 @@ Result<StepStats> Scheduler::prefill_step(Clock::time_point t0) {
     // Nothing advanced: the admitted requests go back to the queue with their pages released.
     for (RequestPtr& r : prefilling_) {
       release(*r, /*keep_in_cache=*/false);
-      auto pos = std::find_if(waiting_.begin(), waiting_.end(), [&](const RequestPtr& w) {
-        return w->arrival_order > r->arrival_order;
-      });
-      waiting_.insert(pos, std::move(r));
+      requeue(std::move(r));
     }
     prefilling_.clear();
     return s;
@@ -423,22 +441,13 @@ Result<StepStats> Scheduler::prefill_step(Clock::time_point t0) {
     cache_computed_pages(r);
     if (s.samples) emit(r, next_[i], now);
   }
-  auto done = [&](const Request& r) -> int {  // 0 running, 1 length, 2 stop
-    if (r.output_len() == 0) return 0;
-    const int32_t last = r.tokens.back();
-    if (std::find(r.spec.stop_ids.begin(), r.spec.stop_ids.end(), last) != r.spec.stop_ids.end())
-      return 2;
-    if (r.output_len() >= r.spec.max_new_tokens) return 1;
-    return 0;
-  };
   if (chunked_ && chunked_->kv_len == static_cast<int32_t>(chunked_->tokens.size()) - 1) {
     prefilling_.push_back(std::move(chunked_));
   }
   for (RequestPtr& r : prefilling_) {
-    if (int d = done(*r); d != 0) {
+    if (std::optional<FinishKind> kind = finish_kind(*r)) {
       ++stats.finished;
-      finish(std::move(r), d == 2 ? FinishKind::kStop : FinishKind::kLength,
-             d == 2 ? "stop" : "length");
+      finish(std::move(r), *kind, *kind == FinishKind::kStop ? "stop" : "length");
     } else {
       running_.push_back(std::move(r));
     }
@@ -448,8 +457,7 @@ Result<StepStats> Scheduler::prefill_step(Clock::time_point t0) {
   return stats;
 }
 
-Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
-  (void)t0;
+Result<StepStats> Scheduler::decode_step() {
   StepStats stats;
   stats.ran = true;
   const uint32_t ps = options_.page_size;
@@ -463,11 +471,7 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
     for (const RequestPtr& r : running_) need += needs_page(*r) ? 1 : 0;
     while (free_pages_.size() < need) {
       if (cache_.evictable_pages() > 0) {
-        scratch_pages_.clear();
-        const uint64_t freed = cache_.evict(need - free_pages_.size(), &scratch_pages_);
-        counters_.evicted_pages += freed;
-        free_pages_.insert(free_pages_.end(), scratch_pages_.begin(), scratch_pages_.end());
-        if (tier_ != nullptr && freed > 0) (void)tier_->wait();
+        evict(need - free_pages_.size());
         continue;
       }
       if (chunked_) {
@@ -543,15 +547,9 @@ Result<StepStats> Scheduler::decode_step(Clock::time_point t0) {
       Request& r = *rp;
       ++r.kv_len;
       emit(r, next_[i], now);
-      const bool stop = std::find(r.spec.stop_ids.begin(), r.spec.stop_ids.end(), next_[i]) !=
-                        r.spec.stop_ids.end();
-      const bool length = r.output_len() >= r.spec.max_new_tokens ||
-                          (options_.max_context > 0 &&
-                           static_cast<int64_t>(r.tokens.size()) >= options_.max_context);
-      if (stop || length) {
+      if (std::optional<FinishKind> kind = finish_kind(r)) {
         ++stats.finished;
-        finish(std::move(rp), stop ? FinishKind::kStop : FinishKind::kLength,
-               stop ? "stop" : "length");
+        finish(std::move(rp), *kind, *kind == FinishKind::kStop ? "stop" : "length");
       } else {
         running_[kept++] = std::move(rp);
       }

@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -187,20 +188,24 @@ class Scheduler {
  private:
   using RequestPtr = std::unique_ptr<Request>;
 
-  Result<StepStats> prefill_step(Clock::time_point t0);
-  Result<StepStats> decode_step(Clock::time_point t0);
+  Result<StepStats> prefill_step();
+  Result<StepStats> decode_step();
   // Admits requests and builds the prefill batch; false when there is none.
   bool schedule_prefill(StepStats* stats);
+  uint64_t evict(uint64_t n);  // up to n cached pages to the free list; returns how many
   bool take_pages(uint64_t n, std::vector<int32_t>* into);  // evicting as needed
-  void grow_pages(Request& r, int64_t tokens);              // pages for [0, tokens)
+  bool grow_pages(Request& r, int64_t tokens);              // r's pages cover [0, tokens)
   uint64_t reserved_tokens() const;
   // Longest usable cached prefix (device, then tier) for r; locks it into r's page table.
   void attach_prefix(Request& r);
   void cache_computed_pages(Request& r);         // inserts r's full computed pages into the cache
   void release(Request& r, bool keep_in_cache);  // gives back r's pages and lock
   void retract(RequestPtr r);
+  void requeue(RequestPtr r);  // into the waiting queue, in arrival order
   void finish(RequestPtr r, FinishKind kind, const std::string& reason);
   void emit(Request& r, int32_t token, Clock::time_point now);  // appends a generated token
+  // How r ends after its last token (a stop id, or max_new_tokens / the context reached).
+  std::optional<FinishKind> finish_kind(const Request& r) const;
   void fill_stats(StepStats* stats) const;
   void log_step(const StepStats& stats);
 
