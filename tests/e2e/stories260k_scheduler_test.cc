@@ -15,19 +15,14 @@
 #include "core/exec/runtime.h"
 #include "core/sched/engine_executor.h"
 #include "core/sched/scheduler.h"
+#include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt {
 namespace {
 
-const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378};
-const std::vector<int32_t> kExpected = {432, 383, 286, 261, 376, 298, 315, 421, 395,
-                                        317, 426, 338, 401, 396, 267, 337, 410, 408,
-                                        419, 292, 411, 322, 265, 282, 295, 433, 426};
-
-std::string model_dir() {
-  const char* root = std::getenv("KVRT_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/../shared/models/stories260k";
-}
+using stories260k::kExpected;
+using stories260k::kPrompt;
+using stories260k::model_dir;
 
 class Stories260kScheduler : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
