@@ -54,6 +54,19 @@ std::vector<int32_t> prompt(size_t n, int32_t salt) {
   return p;
 }
 
+// Decode tokens per second of one sequence, over the benchmark's iterations (prefill excluded).
+double decode_tok_per_s(benchmark::State& state, exec::Engine& engine,
+                        const std::vector<int32_t>& prompt, const exec::GenerateOptions& o) {
+  double seconds = 0;
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    auto out = exec::generate(engine, prompt, o);
+    seconds += out->decode_seconds;
+    tokens += static_cast<int64_t>(out->ids.size()) - 1;  // the first id comes from prefill
+  }
+  return static_cast<double>(tokens) / seconds;
+}
+
 // GB/s of a streaming read over `bytes` on every core: what batch-1 decode, which
 // reads every weight once per token, can at best turn into tokens per second.
 double read_bandwidth_GBps(size_t bytes) {
@@ -80,14 +93,7 @@ void BM_DecodeBatch1(benchmark::State& state) {
   auto engine = make_engine(tp, "kv_bf16_paged", 64);
   exec::GenerateOptions o;
   o.max_new_tokens = 65;
-  double seconds = 0;
-  int64_t tokens = 0;
-  for (auto _ : state) {
-    auto out = exec::generate(*engine, prompt(16, 1), o);
-    seconds += out->decode_seconds;
-    tokens += static_cast<int64_t>(out->ids.size()) - 1;  // the first id comes from prefill
-  }
-  const double tok_per_s = static_cast<double>(tokens) / seconds;
+  const double tok_per_s = decode_tok_per_s(state, *engine, prompt(16, 1), o);
   state.counters["decode_tok_per_s"] = tok_per_s;
   // Every weight is read once per token; the streaming read of as many bytes, measured now, is
   // the ceiling that memory bandwidth sets.
@@ -139,14 +145,7 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
   exec::GenerateOptions o;
   o.max_new_tokens = 33;
   o.prefill_chunk = 512;
-  double seconds = 0;
-  int64_t tokens = 0;
-  for (auto _ : state) {
-    auto out = exec::generate(*engine, prompt(4096, 2), o);
-    seconds += out->decode_seconds;
-    tokens += static_cast<int64_t>(out->ids.size()) - 1;
-  }
-  state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / seconds;
+  state.counters["decode_tok_per_s"] = decode_tok_per_s(state, *engine, prompt(4096, 2), o);
 }
 
 }  // namespace
