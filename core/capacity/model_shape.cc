@@ -7,6 +7,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/model/model_config.h"
 #include "core/model/weights.h"
 
 namespace kvrt::capacity {
@@ -126,21 +127,25 @@ void count_mla(const Fields& f, uint64_t layers, uint64_t heads, ModelShape& sha
   shape.fp8_parameters = proj;
 }
 
-// Parameters of a Llama-family dense model (as model::ModelConfig::parameter_count counts).
+// Parameters of a Llama-family dense model, counted by model::ModelConfig.
 void count_dense(const Fields& f, const std::string& architecture, uint64_t layers, uint64_t heads,
                  ModelShape& shape) {
   const auto h = f.optional("hidden_size"), vocab = f.optional("vocab_size"),
              inter = f.optional("intermediate_size");
   if (!h || !vocab || !inter) return;
-  const uint64_t q = heads * shape.kv.head_dim,
-                 kv = uint64_t{shape.kv.kv_heads} * shape.kv.head_dim;
-  const uint64_t proj = layers * (2 * q * *h + 2 * kv * *h + 3 * *inter * *h);
-  uint64_t other = layers * 2 * *h + *vocab * *h + *h;  // norms, embeddings, final norm
+  model::ModelConfig c;
+  c.hidden_size = static_cast<int64_t>(*h);
+  c.intermediate_size = static_cast<int64_t>(*inter);
+  c.vocab_size = static_cast<int64_t>(*vocab);
+  c.num_hidden_layers = static_cast<int64_t>(layers);
+  c.num_attention_heads = static_cast<int64_t>(heads);
+  c.num_key_value_heads = shape.kv.kv_heads;
+  c.head_dim = shape.kv.head_dim;
   // transformers' Qwen2 config defaults attention_bias to true; the others to false.
-  if (f.flag("attention_bias", architecture == "Qwen2ForCausalLM")) other += layers * (q + 2 * kv);
-  if (!f.flag("tie_word_embeddings", false)) other += *vocab * *h;
-  shape.parameters = other;
-  shape.fp8_parameters = proj;
+  c.attention_bias = f.flag("attention_bias", architecture == "Qwen2ForCausalLM");
+  c.tie_word_embeddings = f.flag("tie_word_embeddings", false);
+  shape.fp8_parameters = static_cast<uint64_t>(c.projection_parameter_count());
+  shape.parameters = static_cast<uint64_t>(c.parameter_count()) - shape.fp8_parameters;
 }
 
 bool is_fp8_checkpoint(const json& config) {

@@ -10,15 +10,20 @@ namespace kvrt::model {
 
 using nlohmann::json;
 
+int64_t ModelConfig::projection_parameter_count() const {
+  const int64_t h = hidden_size;
+  return num_hidden_layers * (h * q_dim()                    // q_proj
+                              + 2 * kv_dim() * h             // k_proj, v_proj
+                              + h * q_dim()                  // o_proj
+                              + 3 * intermediate_size * h);  // gate, up, down
+}
+
 int64_t ModelConfig::parameter_count() const {
   const int64_t h = hidden_size;
-  int64_t per_layer = h * q_dim()                  // q_proj
-                      + 2 * kv_dim() * h           // k_proj, v_proj
-                      + h * q_dim()                // o_proj
-                      + 3 * intermediate_size * h  // gate, up, down
-                      + 2 * h;                     // input and post-attention norms
+  int64_t per_layer = 2 * h;  // input and post-attention norms
   if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
-  int64_t total = vocab_size * h + num_hidden_layers * per_layer + h;  // + final norm
+  int64_t total = projection_parameter_count() + vocab_size * h + num_hidden_layers * per_layer +
+                  h;  // + final norm
   if (!tie_word_embeddings) total += vocab_size * h;
   return total;
 }

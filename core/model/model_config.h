@@ -38,6 +38,9 @@ struct ModelConfig {
   // Number of stored parameters: embeddings, every layer's projections, norms and biases, the final
   // norm, and lm_head unless tied (a tied head is not counted twice).
   int64_t parameter_count() const;
+  // Of which the layers' projections (q, k, v, o, gate, up, down): what an fp8 checkpoint
+  // stores in one byte each.
+  int64_t projection_parameter_count() const;
   // Bytes of weights at `dtype_bytes` per parameter (4 for f32, 2 for bf16).
   int64_t weight_bytes(int64_t dtype_bytes) const { return parameter_count() * dtype_bytes; }
   // Checks the shape is usable (positive sizes, heads divisible by KV heads, ...). Messages name
