@@ -2,8 +2,12 @@
 // second beside memcpy of the same byte count measured in the same run, for paged (shuffled page
 // ids) and contiguous (page ids 0..n-1 in order) page tables.
 //   ./build/bin/attention_bench [--benchmark_filter=bf16/4096]
-// Shape: Llama-3-8B-like, 32 query heads over 8 KV heads of dim 128 (GQA 4), one layer, page
-// size 16, one decode row per sequence, f32 Q and output, single thread.
+// Shapes, each with page size 16, one decode row per sequence, f32 Q and output, and the threads
+// OpenMP is given (OMP_NUM_THREADS, else the machine's cores):
+//   decode/...           Llama-3-8B-like: 32 query heads over 8 KV heads of dim 128 (GQA 4), one
+//                        layer;
+//   decode_synth76m/...  synth-76m as e2e_bench runs it: 12 query heads over 4 KV heads of dim 64
+//                        (GQA 3), all 12 layers in turn per step, as a model's decode step does.
 // Counters:
 //   kv_GBps      bytes of K+V the step reads (the store's bytes per token, scales included,
 //                times the context tokens of the batch) per second;
@@ -29,7 +33,13 @@ using kvrt::plugin::LoadedPlugin;
 using kvrt::plugin::Registry;
 using kvrt::plugin::take_last_error;
 
-constexpr uint32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageSize = 16;
+constexpr uint32_t kPageSize = 16;
+
+struct Shape {
+  uint32_t q_heads, kv_heads, head_dim, layers;
+};
+constexpr Shape kLlama8B{32, 8, 128, 1};
+constexpr Shape kSynth76M{12, 4, 64, 12};
 
 Registry& registry() {
   static Registry* r = new Registry();
@@ -57,7 +67,7 @@ double memcpy_rate(size_t bytes) {
   return best;
 }
 
-void BM_Decode(benchmark::State& state, const std::string& store_name, bool per_tensor,
+void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_name, bool per_tensor,
                bool paged) {
   const auto context = static_cast<uint32_t>(state.range(0));
   const auto batch = static_cast<uint32_t>(state.range(1));
@@ -77,9 +87,9 @@ void BM_Decode(benchmark::State& state, const std::string& store_name, bool per_
   const uint64_t num_pages = uint64_t{pages_per_seq} * batch;
   kvrt_kv_geometry g{};
   g.struct_size = sizeof(g);
-  g.num_layers = 1;
-  g.num_kv_heads = g.total_kv_heads = kKvHeads;
-  g.k_head_dim = g.v_head_dim = kHeadDim;
+  g.num_layers = shape.layers;
+  g.num_kv_heads = g.total_kv_heads = shape.kv_heads;
+  g.k_head_dim = g.v_head_dim = shape.head_dim;
   g.page_size = kPageSize;
   g.input_dtype = KVRT_DTYPE_F32;
   g.tp_size = 1;
@@ -92,30 +102,35 @@ void BM_Decode(benchmark::State& state, const std::string& store_name, bool per_
   // Fill every slot (random values, reused across chunks of 4096 tokens).
   {
     const uint32_t chunk = 4096;
-    const size_t row = size_t{kKvHeads} * kHeadDim;
+    const size_t row = size_t{shape.kv_heads} * shape.head_dim;
     std::vector<float> k(chunk * row), v(chunk * row);
     std::mt19937 rng(1);
     std::normal_distribution<float> normal;
     for (float& x : k) x = normal(rng);
     for (float& x : v) x = normal(rng);
     std::vector<int64_t> slots(chunk);
-    for (uint64_t s0 = 0; s0 < num_pages * kPageSize; s0 += chunk) {
-      const uint32_t n =
-          static_cast<uint32_t>(std::min<uint64_t>(chunk, num_pages * kPageSize - s0));
-      std::iota(slots.begin(), slots.begin() + n, static_cast<int64_t>(s0));
-      kvrt_kv_write w{sizeof(w), 0, KVRT_DTYPE_F32, n, slots.data(), k.data(), v.data(), 0, 0};
-      if (kv.write(store, &w) != KVRT_OK) {
-        kv.destroy(store);
-        return state.SkipWithError(("store write: " + take_last_error()).c_str());
+    for (uint32_t layer = 0; layer < shape.layers; ++layer) {
+      for (uint64_t s0 = 0; s0 < num_pages * kPageSize; s0 += chunk) {
+        const uint32_t n =
+            static_cast<uint32_t>(std::min<uint64_t>(chunk, num_pages * kPageSize - s0));
+        std::iota(slots.begin(), slots.begin() + n, static_cast<int64_t>(s0));
+        kvrt_kv_write w{sizeof(w), layer, KVRT_DTYPE_F32, n, slots.data(), k.data(), v.data(),
+                        0,         0};
+        if (kv.write(store, &w) != KVRT_OK) {
+          kv.destroy(store);
+          return state.SkipWithError(("store write: " + take_last_error()).c_str());
+        }
       }
     }
   }
   kvrt_kv_info info{};
   info.struct_size = sizeof(info);
   kv.info(store, &info);
-  kvrt_kv_layout layout{};
-  layout.struct_size = sizeof(layout);
-  kv.layout(store, 0, &layout);
+  std::vector<kvrt_kv_layout> layouts(shape.layers);
+  for (uint32_t layer = 0; layer < shape.layers; ++layer) {
+    layouts[layer].struct_size = sizeof(kvrt_kv_layout);
+    kv.layout(store, layer, &layouts[layer]);
+  }
 
   // The batch: one decode row per sequence over `context` tokens.
   std::vector<int32_t> pages(num_pages);
@@ -128,10 +143,10 @@ void BM_Decode(benchmark::State& state, const std::string& store_name, bool per_
   }
   kvrt_attention_params p{};
   p.struct_size = sizeof(p);
-  p.num_q_heads = kQHeads;
-  p.num_kv_heads = kKvHeads;
-  p.qk_head_dim = p.v_head_dim = kHeadDim;
-  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  p.num_q_heads = shape.q_heads;
+  p.num_kv_heads = shape.kv_heads;
+  p.qk_head_dim = p.v_head_dim = shape.head_dim;
+  p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.device = g.device;
   kvrt_attention* attn = nullptr;
   if (api.create((*attn_plugin)->host_api(), &p, nullptr, &attn) != KVRT_OK) {
@@ -144,18 +159,24 @@ void BM_Decode(benchmark::State& state, const std::string& store_name, bool per_
   api.workspace_size(attn, &b, &ws_bytes);
   std::vector<uint8_t> workspace(ws_bytes);
   api.plan(attn, &b, workspace.data(), ws_bytes);
-  std::vector<float> q(size_t{batch} * kQHeads * kHeadDim, 0.1f), out(q.size());
+  std::vector<float> q(size_t{batch} * shape.q_heads * shape.head_dim, 0.1f), out(q.size());
   kvrt_attention_run_args args{};
   args.struct_size = sizeof(args);
   args.q_dtype = args.out_dtype = KVRT_DTYPE_F32;
-  args.layout = &layout;
+
   args.store_api = &kv;
   args.store = store;
   args.q = q.data();
   args.out = out.data();
 
   for (auto _ : state) {
-    if (api.run(attn, &args) != KVRT_OK) {
+    bool ok = true;
+    for (uint32_t layer = 0; layer < shape.layers && ok; ++layer) {
+      args.layer = layer;
+      args.layout = &layouts[layer];
+      ok = api.run(attn, &args) == KVRT_OK;
+    }
+    if (!ok) {
       state.SkipWithError(("run: " + take_last_error()).c_str());
       break;
     }
@@ -186,13 +207,20 @@ void register_all() {
     for (bool paged : {true, false}) {
       const std::string name =
           std::string("decode/") + s.label + (paged ? "/paged" : "/contiguous");
-      auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, std::string(s.name),
-                                              s.per_tensor, paged);
+      auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
+                                              std::string(s.name), s.per_tensor, paged);
       bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
       for (int64_t context : {1024, 4096, 16384}) {
         for (int64_t batch : {1, 32}) bm->Args({context, batch});
       }
     }
+  }
+  for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
+    const std::string name = std::string("decode_synth76m/") + s.label + "/paged";
+    auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kSynth76M, std::string(s.name),
+                                            s.per_tensor, true);
+    bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (int64_t context : {1024, 4096}) bm->Args({context, 1});
   }
 }
 

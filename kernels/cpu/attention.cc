@@ -72,13 +72,21 @@ HWY_INLINE VF LoadRow(DF df, const void* row, size_t d) {
   }
 }
 
+// Row pointer `row` moved `offset` bytes on: the same token's row of another head.
+HWY_INLINE const void* At(const void* row, size_t offset) {
+  return static_cast<const uint8_t*>(row) + offset;
+}
+
 // kQ queries x kR rows of dot products, each K chunk decoded once for the kQ queries and each
 // query chunk loaded once for the kR rows; kQ * kR independent FMA chains hide the latency.
 template <KvElem kType, size_t kQ, size_t kR>
-HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* rows, size_t dim,
-                          float* scores, size_t score_stride) {
+HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* rows, size_t offset,
+                          size_t dim, float* scores, size_t score_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
+  const void* row[kR];
+  KVRT_UNROLL
+  for (size_t r = 0; r < kR; ++r) row[r] = At(rows[r], offset);
   VF acc[kQ][kR];
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
@@ -88,7 +96,7 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
   for (size_t d = 0; d < dim; d += lanes) {
     VF k[kR];
     KVRT_UNROLL
-    for (size_t r = 0; r < kR; ++r) k[r] = LoadRow<kType>(df, rows[r], d);
+    for (size_t r = 0; r < kR; ++r) k[r] = LoadRow<kType>(df, row[r], d);
     KVRT_UNROLL
     for (size_t g = 0; g < kQ; ++g) {
       const VF qv = hn::LoadU(df, q + g * q_stride + d);
@@ -106,152 +114,206 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
   }
 }
 
-// All n rows for kQ queries: blocks of kR rows, then single rows.
-template <KvElem kType, size_t kQ, size_t kR>
-HWY_INLINE void DotsRows(const float* q, size_t q_stride, const void* const* rows, size_t n,
-                         size_t dim, float* scores, size_t score_stride) {
+// kR tokens against every head's queries: head by head, its queries in blocks of 4, then the
+// 3, 2 or 1 left over (GQA 3, e.g. 12 query heads on 4 KV heads, takes one pass, not 2 + 1).
+template <KvElem kType, size_t kR>
+HWY_INLINE void DotsTokens(const float* q, size_t q_stride, size_t group, size_t num_heads,
+                           const void* const* rows, size_t head_stride, size_t dim, float* scores,
+                           size_t score_stride) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    const size_t offset = h * head_stride;
+    const float* qh = q + h * group * q_stride;
+    float* sh = scores + h * group * score_stride;
+    size_t g = 0;
+    for (; g + 4 <= group; g += 4) {
+      DotsBlock<kType, 4, kR>(qh + g * q_stride, q_stride, rows, offset, dim, sh + g * score_stride,
+                              score_stride);
+    }
+    const float* qg = qh + g * q_stride;
+    float* sg = sh + g * score_stride;
+    switch (group - g) {
+      case 3:
+        DotsBlock<kType, 3, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        break;
+      case 2:
+        DotsBlock<kType, 2, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        break;
+      case 1:
+        DotsBlock<kType, 1, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// All n tokens in blocks of kR, then single tokens.
+template <KvElem kType, size_t kR>
+HWY_INLINE void DotsRows(const float* q, size_t q_stride, size_t group, size_t num_heads,
+                         const void* const* rows, size_t head_stride, size_t n, size_t dim,
+                         float* scores, size_t score_stride) {
   size_t t = 0;
   for (; t + kR <= n; t += kR) {
-    DotsBlock<kType, kQ, kR>(q, q_stride, rows + t, dim, scores + t, score_stride);
+    DotsTokens<kType, kR>(q, q_stride, group, num_heads, rows + t, head_stride, dim, scores + t,
+                          score_stride);
   }
-  for (; t < n; ++t) DotsBlock<kType, kQ, 1>(q, q_stride, rows + t, dim, scores + t, score_stride);
+  for (; t < n; ++t) {
+    DotsTokens<kType, 1>(q, q_stride, group, num_heads, rows + t, head_stride, dim, scores + t,
+                         score_stride);
+  }
 }
 
 template <KvElem kType>
-HWY_INLINE void Dots(const float* q, size_t q_stride, size_t num_q, const void* const* rows,
-                     size_t n, size_t dim, float* scores, size_t score_stride) {
-  // Queries in blocks of 4, 2, 1 with 8 accumulators per block where the rows allow.
-  size_t g = 0;
-  for (; g + 4 <= num_q; g += 4) {
-    DotsRows<kType, 4, 2>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
-                          score_stride);
-  }
-  // Three left (GQA 3, e.g. 12 query heads on 4 KV heads): one pass over the rows, not 2 + 1.
-  if (g + 3 == num_q) {
-    DotsRows<kType, 3, 2>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
-                          score_stride);
-    return;
-  }
-  if (g + 2 <= num_q) {
-    DotsRows<kType, 2, 4>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
-                          score_stride);
-    g += 2;
-  }
-  if (g < num_q) {
-    DotsRows<kType, 1, 8>(q + g * q_stride, q_stride, rows, n, dim, scores + g * score_stride,
-                          score_stride);
+HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_heads,
+                     const void* const* rows, size_t head_stride, size_t n, size_t dim,
+                     float* scores, size_t score_stride) {
+  // About 8 accumulators per block: 4 (or 3) queries x 2 tokens, 2 x 4, or 1 x 8.
+  if (group >= 3) {
+    DotsRows<kType, 2>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                       score_stride);
+  } else if (group == 2) {
+    DotsRows<kType, 4>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                       score_stride);
+  } else {
+    DotsRows<kType, 8>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                       score_stride);
   }
 }
 
-// kQ accumulators x kD chunks of head_dim starting at d0, over all n rows: each row chunk is
-// decoded once for the kQ accumulators, which stay in registers for the whole tile.
-template <KvElem kType, size_t kQ, size_t kD>
-HWY_INLINE void PvBlock(const float* w, size_t w_stride, const void* const* rows, size_t n,
-                        size_t d0, const float* rescale, float* acc, size_t acc_stride) {
+// acc rows g < kQ += sum over kT tokens of w[g * w_stride + t] * row_t (row_t = rows[t] +
+// offset): the kQ x kT weights stay in registers, each token chunk is decoded once for the kQ
+// rows, and each accumulator chunk is loaded and stored once per kT tokens.
+template <KvElem kType, size_t kQ, size_t kT>
+HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* rows, size_t offset,
+                         size_t dim, float* acc, size_t acc_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  // E4M3 rows load as value / 256: accumulate in that unit and convert back on the way out
-  // (powers of two, so exact).
+  // E4M3 rows load as value / 256: weights times 256 give the same products (powers of two).
   const float unit = kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f;
-  VF a[kQ][kD];
+  VF wv[kQ][kT];
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
-    const VF in_scale = hn::Set(df, (rescale != nullptr ? rescale[g] : 1.0f) / unit);
     KVRT_UNROLL
-    for (size_t j = 0; j < kD; ++j) {
-      a[g][j] = hn::Mul(hn::LoadU(df, acc + g * acc_stride + d0 + j * lanes), in_scale);
-    }
+    for (size_t t = 0; t < kT; ++t) wv[g][t] = hn::Set(df, w[g * w_stride + t] * unit);
   }
-  for (size_t t = 0; t < n; ++t) {
-    VF v[kD];
+  const void* row[kT];
+  KVRT_UNROLL
+  for (size_t t = 0; t < kT; ++t) row[t] = At(rows[t], offset);
+  for (size_t d = 0; d < dim; d += lanes) {
+    VF v[kT];
     KVRT_UNROLL
-    for (size_t j = 0; j < kD; ++j) v[j] = LoadRow<kType>(df, rows[t], d0 + j * lanes);
+    for (size_t t = 0; t < kT; ++t) v[t] = LoadRow<kType>(df, row[t], d);
     KVRT_UNROLL
     for (size_t g = 0; g < kQ; ++g) {
-      const VF wv = hn::Set(df, w[g * w_stride + t]);
+      float* a = acc + g * acc_stride + d;
+      VF x = hn::LoadU(df, a);
       KVRT_UNROLL
-      for (size_t j = 0; j < kD; ++j) a[g][j] = hn::MulAdd(wv, v[j], a[g][j]);
-    }
-  }
-  const VF out_scale = hn::Set(df, unit);
-  KVRT_UNROLL
-  for (size_t g = 0; g < kQ; ++g) {
-    KVRT_UNROLL
-    for (size_t j = 0; j < kD; ++j) {
-      hn::StoreU(hn::Mul(a[g][j], out_scale), df, acc + g * acc_stride + d0 + j * lanes);
+      for (size_t t = 0; t < kT; ++t) x = hn::MulAdd(wv[g][t], v[t], x);
+      hn::StoreU(x, df, a);
     }
   }
 }
 
-// All of head_dim for kQ accumulators: blocks of kD chunks, then single chunks.
-template <KvElem kType, size_t kQ, size_t kD>
-HWY_INLINE void PvChunks(const float* w, size_t w_stride, const void* const* rows, size_t n,
-                         size_t dim, const float* rescale, float* acc, size_t acc_stride) {
-  const size_t lanes = hn::Lanes(DF());
-  size_t d = 0;
-  for (; d + kD * lanes <= dim; d += kD * lanes) {
-    PvBlock<kType, kQ, kD>(w, w_stride, rows, n, d, rescale, acc, acc_stride);
+// kT tokens into every head's accumulators: head by head, its rows in blocks of 4, then 3, 2, 1.
+template <KvElem kType, size_t kT>
+HWY_INLINE void PvTokensAllHeads(const float* w, size_t w_stride, size_t group, size_t num_heads,
+                                 const void* const* rows, size_t head_stride, size_t dim,
+                                 float* acc, size_t acc_stride) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    const size_t offset = h * head_stride;
+    const float* wh = w + h * group * w_stride;
+    float* ah = acc + h * group * acc_stride;
+    size_t g = 0;
+    for (; g + 4 <= group; g += 4) {
+      PvTokens<kType, 4, kT>(wh + g * w_stride, w_stride, rows, offset, dim, ah + g * acc_stride,
+                             acc_stride);
+    }
+    const float* wg = wh + g * w_stride;
+    float* ag = ah + g * acc_stride;
+    switch (group - g) {
+      case 3:
+        PvTokens<kType, 3, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
+        break;
+      case 2:
+        PvTokens<kType, 2, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
+        break;
+      case 1:
+        PvTokens<kType, 1, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
+        break;
+      default:
+        break;
+    }
   }
-  for (; d < dim; d += lanes) {
-    PvBlock<kType, kQ, 1>(w, w_stride, rows, n, d, rescale, acc, acc_stride);
+}
+
+template <KvElem kType, size_t kT>
+HWY_INLINE void PvRows(const float* w, size_t w_stride, size_t group, size_t num_heads,
+                       const void* const* rows, size_t head_stride, size_t n, size_t dim,
+                       float* acc, size_t acc_stride) {
+  size_t t = 0;
+  for (; t + kT <= n; t += kT) {
+    PvTokensAllHeads<kType, kT>(w + t, w_stride, group, num_heads, rows + t, head_stride, dim, acc,
+                                acc_stride);
+  }
+  for (; t < n; ++t) {
+    PvTokensAllHeads<kType, 1>(w + t, w_stride, group, num_heads, rows + t, head_stride, dim, acc,
+                               acc_stride);
   }
 }
 
 template <KvElem kType>
-HWY_INLINE void Pv(const float* w, size_t w_stride, size_t num_q, const void* const* rows, size_t n,
-                   size_t dim, const float* rescale, float* acc, size_t acc_stride) {
-  // Accumulators in blocks of 8, 4, 2, 1 queries, with up to 8 vectors live per block.
-  auto offset = [&](size_t g) { return rescale != nullptr ? rescale + g : nullptr; };
-  size_t g = 0;
-  for (; g + 8 <= num_q; g += 8) {
-    PvChunks<kType, 8, 1>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
-                          acc_stride);
+HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_heads,
+                   const void* const* rows, size_t head_stride, size_t n, size_t dim,
+                   const float* rescale, float* acc, size_t acc_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  if (rescale != nullptr) {
+    for (size_t i = 0; i < group * num_heads; ++i) {
+      const VF factor = hn::Set(df, rescale[i]);
+      float* a = acc + i * acc_stride;
+      for (size_t d = 0; d < dim; d += lanes)
+        hn::StoreU(hn::Mul(hn::LoadU(df, a + d), factor), df, a + d);
+    }
   }
-  if (g + 4 <= num_q) {
-    PvChunks<kType, 4, 2>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
-                          acc_stride);
-    g += 4;
-  }
-  if (g + 3 == num_q) {
-    PvChunks<kType, 3, 2>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
-                          acc_stride);
-    return;
-  }
-  if (g + 2 <= num_q) {
-    PvChunks<kType, 2, 4>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
-                          acc_stride);
-    g += 2;
-  }
-  if (g < num_q) {
-    PvChunks<kType, 1, 4>(w + g * w_stride, w_stride, rows, n, dim, offset(g), acc + g * acc_stride,
-                          acc_stride);
+  // Up to 8 weights in registers: 4 (or 3) rows x 2 tokens, or 2 (1) rows x 4 tokens.
+  if (group >= 3) {
+    PvRows<kType, 2>(w, w_stride, group, num_heads, rows, head_stride, n, dim, acc, acc_stride);
+  } else {
+    PvRows<kType, 4>(w, w_stride, group, num_heads, rows, head_stride, n, dim, acc, acc_stride);
   }
 }
 
 }  // namespace
 
-void QkDots(KvElem type, const float* q, size_t q_stride, size_t num_q, const void* const* rows,
-            size_t n, size_t dim, float* scores, size_t score_stride) {
+void QkDots(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
+            const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
+            size_t score_stride) {
   switch (type) {
     case KvElem::kF32:
-      return Dots<KvElem::kF32>(q, q_stride, num_q, rows, n, dim, scores, score_stride);
+      return Dots<KvElem::kF32>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                                score_stride);
     case KvElem::kBf16:
-      return Dots<KvElem::kBf16>(q, q_stride, num_q, rows, n, dim, scores, score_stride);
+      return Dots<KvElem::kBf16>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                                 score_stride);
     case KvElem::kE4M3:
-      return Dots<KvElem::kE4M3>(q, q_stride, num_q, rows, n, dim, scores, score_stride);
+      return Dots<KvElem::kE4M3>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                                 score_stride);
   }
 }
 
-void PvAccumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
-                  const void* const* rows, size_t n, size_t dim, const float* rescale, float* acc,
-                  size_t acc_stride) {
+void PvAccumulate(KvElem type, const float* w, size_t w_stride, size_t group, size_t num_heads,
+                  const void* const* rows, size_t head_stride, size_t n, size_t dim,
+                  const float* rescale, float* acc, size_t acc_stride) {
   switch (type) {
     case KvElem::kF32:
-      return Pv<KvElem::kF32>(w, w_stride, num_q, rows, n, dim, rescale, acc, acc_stride);
+      return Pv<KvElem::kF32>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
+                              acc, acc_stride);
     case KvElem::kBf16:
-      return Pv<KvElem::kBf16>(w, w_stride, num_q, rows, n, dim, rescale, acc, acc_stride);
+      return Pv<KvElem::kBf16>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
+                               acc, acc_stride);
     case KvElem::kE4M3:
-      return Pv<KvElem::kE4M3>(w, w_stride, num_q, rows, n, dim, rescale, acc, acc_stride);
+      return Pv<KvElem::kE4M3>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
+                               acc, acc_stride);
   }
 }
 
@@ -340,9 +402,16 @@ HWY_EXPORT(PvAccumulate);
 HWY_EXPORT(OnlineSoftmax);
 HWY_EXPORT(AttentionTargetName);
 
+void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
+                   const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
+                   size_t score_stride) {
+  HWY_DYNAMIC_DISPATCH(QkDots)
+  (type, q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride);
+}
+
 void qk_dots(KvElem type, const float* q, size_t q_stride, size_t num_q, const void* const* rows,
              size_t n, size_t dim, float* scores, size_t score_stride) {
-  HWY_DYNAMIC_DISPATCH(QkDots)(type, q, q_stride, num_q, rows, n, dim, scores, score_stride);
+  qk_dots_heads(type, q, q_stride, num_q, 1, rows, 0, n, dim, scores, score_stride);
 }
 
 void online_softmax(float* scores, size_t score_stride, size_t num_q, size_t n, float scale,
@@ -352,11 +421,17 @@ void online_softmax(float* scores, size_t score_stride, size_t num_q, size_t n, 
   (scores, score_stride, num_q, n, scale, k_scales, v_scales, running_max, running_sum, rescale);
 }
 
+void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t group,
+                         size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
+                         size_t dim, const float* rescale, float* acc, size_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(PvAccumulate)
+  (type, w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale, acc, acc_stride);
+}
+
 void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
                    const void* const* rows, size_t n, size_t dim, const float* rescale, float* acc,
                    size_t acc_stride) {
-  HWY_DYNAMIC_DISPATCH(PvAccumulate)
-  (type, w, w_stride, num_q, rows, n, dim, rescale, acc, acc_stride);
+  pv_accumulate_heads(type, w, w_stride, num_q, 1, rows, 0, n, dim, rescale, acc, acc_stride);
 }
 
 const char* attention_simd_target() { return HWY_DYNAMIC_DISPATCH(AttentionTargetName)(); }

@@ -54,6 +54,22 @@ void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
                    const void* const* rows, size_t n, size_t dim, const float* rescale, float* acc,
                    size_t acc_stride);
 
+// The same two kernels over several KV heads at once, for layouts that keep a token's heads side
+// by side (token-major pages): row t of head h is the `dim` elements at
+// (const uint8_t*)rows[t] + h * head_stride, and query, score, weight and accumulator row
+// h * group + g belongs to head h (group queries per head, num_heads * group rows in all).
+// Rows are walked token by token, all heads of a token before the next token, so a tile is read
+// in address order; calling the single-head kernels once per head would walk it head by head,
+// in strides of a token's size, which the hardware prefetchers do not follow.
+// pv_accumulate_heads keeps the accumulators in memory (they are too many for registers) and
+// applies rescale (num_heads * group factors, or nullptr) first.
+void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
+                   const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
+                   size_t score_stride);
+void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t group,
+                         size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
+                         size_t dim, const float* rescale, float* acc, size_t acc_stride);
+
 // Name of the Highway target the dispatcher picked for these kernels, e.g. "AVX2".
 const char* attention_simd_target();
 
@@ -71,6 +87,12 @@ void online_softmax(float* scores, size_t score_stride, size_t num_q, size_t n, 
 void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
                    const void* const* rows, size_t n, size_t dim, const float* rescale, float* acc,
                    size_t acc_stride);
+void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
+                   const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
+                   size_t score_stride);
+void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t group,
+                         size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
+                         size_t dim, const float* rescale, float* acc, size_t acc_stride);
 
 }  // namespace reference
 }  // namespace kvrt::kernels

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 
@@ -87,6 +88,36 @@ void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
       }
       acc[g * acc_stride + d] = static_cast<float>(sum);
     }
+  }
+}
+
+// The multi-head kernels as the single-head references applied head by head.
+namespace {
+std::vector<const void*> head_rows(const void* const* rows, size_t n, size_t offset) {
+  std::vector<const void*> out(n);
+  for (size_t t = 0; t < n; ++t) out[t] = static_cast<const uint8_t*>(rows[t]) + offset;
+  return out;
+}
+}  // namespace
+
+void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
+                   const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
+                   size_t score_stride) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    const std::vector<const void*> r = head_rows(rows, n, h * head_stride);
+    reference::qk_dots(type, q + h * group * q_stride, q_stride, group, r.data(), n, dim,
+                       scores + h * group * score_stride, score_stride);
+  }
+}
+
+void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t group,
+                         size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
+                         size_t dim, const float* rescale, float* acc, size_t acc_stride) {
+  for (size_t h = 0; h < num_heads; ++h) {
+    const std::vector<const void*> r = head_rows(rows, n, h * head_stride);
+    reference::pv_accumulate(type, w + h * group * w_stride, w_stride, group, r.data(), n, dim,
+                             rescale != nullptr ? rescale + h * group : nullptr,
+                             acc + h * group * acc_stride, acc_stride);
   }
 }
 

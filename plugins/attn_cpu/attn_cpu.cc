@@ -10,9 +10,10 @@
 // trims the end). Items of at most kSplitMaxRows rows (decode, short speculative chunks) over
 // more than decode_chunk_tokens positions are split over chunks of whole pages, flash-decoding
 // style: each chunk keeps its own running max, sum and unnormalised output, and a merge step
-// combines them. run() walks the items single-threaded (TP ranks are threads already) in tiles
-// of kTile positions; per tile and KV head, the SIMD kernels of kernels/cpu/attention.h score
-// every query head of the group against each K row once and add each V row once to all of them.
+// combines them. run() spreads the items over the rank's OpenMP threads and walks each in tiles
+// of kTile positions; per tile, the SIMD kernels of kernels/cpu/attention.h go token by token
+// over all KV heads (address order in a token-major page), score every query head of a group
+// against its K row once and add each V row once to all of the group's outputs.
 // run() allocates nothing: all scratch lives in the workspace.
 #include <omp.h>
 
@@ -237,8 +238,8 @@ class CpuAttention : public sdk::AttentionBase {
 
   // Byte offsets of run()'s scratch, fixed by the shape; see layout_scratch().
   struct Scratch {
-    uint64_t state, q, scores, rescale, k_off, v_off, s_off, k_rows, v_rows, k_scales, v_scales,
-        slots, gathered_k, gathered_v, out_row, total;
+    uint64_t state, q, scores, rescale, s_off, k_rows, v_rows, k_scales, v_scales, slots,
+        gathered_k, gathered_v, out_row, total;
   };
 
   // What run() needs about the layer, checked once.
@@ -290,16 +291,14 @@ class CpuAttention : public sdk::AttentionBase {
     const uint64_t kv_row_floats = uint64_t{kTile} * kv_heads_;
     scratch_.state = take(4 * state_floats(kRowBlock));
     scratch_.q = take(4 * uint64_t{kRowBlock} * q_heads_ * qk_dim_);
-    scratch_.scores = take(4 * uint64_t{group_} * kTile);
-    scratch_.rescale = take(4 * uint64_t{group_});
-    scratch_.k_off = take(8 * 2 * kTile);  // this tile's and the next's
-    scratch_.v_off = take(8 * 2 * kTile);
-    scratch_.s_off = take(8 * 2 * kTile);
+    scratch_.scores = take(4 * uint64_t{q_heads_} * kTile);
+    scratch_.rescale = take(4 * uint64_t{q_heads_});
+    scratch_.s_off = take(8 * kTile);
     scratch_.k_rows = take(sizeof(void*) * kTile);
     scratch_.v_rows = take(sizeof(void*) * kTile);
-    scratch_.k_scales = take(4 * kTile);
-    scratch_.v_scales = take(4 * kTile);
-    scratch_.slots = take(8 * 2 * kTile);
+    scratch_.k_scales = take(4 * kv_row_floats);
+    scratch_.v_scales = take(4 * kv_row_floats);
+    scratch_.slots = take(8 * kTile);
     scratch_.gathered_k = take(4 * kv_row_floats * qk_dim_);
     scratch_.gathered_v = take(params().v_head_dim == 0 ? 0 : 4 * kv_row_floats * v_dim_);
     scratch_.out_row = take(4 * uint64_t{v_dim_});
@@ -414,7 +413,8 @@ class CpuAttention : public sdk::AttentionBase {
         l.scale_mode == KVRT_SCALE_PER_TENSOR || l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD;
     return native_dtype(l.k_dtype) && native_dtype(l.v_dtype) && l.k_base != nullptr &&
            l.v_base != nullptr && (l.scale_mode == KVRT_SCALE_NONE || scaled) &&
-           (!scaled || (l.k_scale != nullptr && l.v_scale != nullptr));
+           (!scaled || (l.k_scale != nullptr && l.v_scale != nullptr)) && l.k_head_stride >= 0 &&
+           l.v_head_stride >= 0;
   }
 
   static std::string not_native(const kvrt_kv_layout& l) {
@@ -433,6 +433,7 @@ class CpuAttention : public sdk::AttentionBase {
     if (l.scale_mode != KVRT_SCALE_NONE && (l.k_scale == nullptr || l.v_scale == nullptr)) {
       return "layout has a scale mode but a NULL scale pointer";
     }
+    if (l.k_head_stride < 0 || l.v_head_stride < 0) return "layout has a negative head stride";
     return "";
   }
 
@@ -530,8 +531,6 @@ class CpuAttention : public sdk::AttentionBase {
     };
     auto* scores = scratch<float>(layer, scratch_.scores);
     auto* rescale = scratch<float>(layer, scratch_.rescale);
-    auto* k_off = scratch<int64_t>(layer, scratch_.k_off);
-    auto* v_off = scratch<int64_t>(layer, scratch_.v_off);
     auto* s_off = scratch<int64_t>(layer, scratch_.s_off);
     auto* k_rows = scratch<const void*>(layer, scratch_.k_rows);
     auto* v_rows = scratch<const void*>(layer, scratch_.v_rows);
@@ -547,89 +546,68 @@ class CpuAttention : public sdk::AttentionBase {
     const auto* vs_base = reinterpret_cast<const uint8_t*>(l.v_scale);
     const int32_t page_size = static_cast<int32_t>(header.page_size);
 
-    // Byte offsets of each position's K row, V row and scales (head 0), for the current tile
-    // and the next: the page-table arithmetic, once per position for all heads.
-    auto tile_offsets = [&](int32_t t0, int32_t n, int which) {
+    // Row pointers are each position's head 0 (the page-table arithmetic, once per position for
+    // all heads); the kernels step to head h by the head stride and walk a tile token by token,
+    // all heads of a token together, which is address order in a token-major page.
+    const size_t k_head_stride =
+        layer.native ? static_cast<size_t>(l.k_head_stride) : size_t{qk_dim_} * sizeof(float);
+    const size_t v_head_stride =
+        layer.native ? static_cast<size_t>(l.v_head_stride) : size_t{v_dim_} * sizeof(float);
+    const auto tile = static_cast<int32_t>(kTile);
+    for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
+      const int32_t n = std::min(tile, item.kv_end - t0);
       for (int32_t i = 0; i < n; ++i) {
         const int64_t page = header.page_indices[item.page_base + (t0 + i) / page_size];
         const int64_t offset = (t0 + i) % page_size;
-        const int32_t at = which * static_cast<int32_t>(kTile) + i;
-        k_off[at] = page * l.k_page_stride + offset * l.k_token_stride;
-        v_off[at] = page * l.v_page_stride + offset * l.v_token_stride;
-        s_off[at] = page * l.scale_page_stride + offset * l.scale_token_stride;
-        slots[at] = page * page_size + offset;
+        s_off[i] = page * l.scale_page_stride + offset * l.scale_token_stride;
+        slots[i] = page * page_size + offset;
+        if (layer.native) {
+          k_rows[i] = k_base + page * l.k_page_stride + offset * l.k_token_stride;
+          v_rows[i] = v_base + page * l.v_page_stride + offset * l.v_token_stride;
+        } else {
+          k_rows[i] = gathered_k + size_t{static_cast<uint32_t>(i)} * kv_heads_ * qk_dim_;
+          v_rows[i] = gathered_v + size_t{static_cast<uint32_t>(i)} * kv_heads_ * v_dim_;
+        }
       }
-    };
-    // A head's rows of one tile are pieces of a few hundred bytes, KiBs apart (page-major
-    // layout, pages anywhere), a pattern the hardware prefetchers miss: while head h of a tile
-    // computes, head h of the next tile is prefetched, so the kernels find it in cache.
-    const uint32_t k_row_bytes = qk_dim_ * (layer.k_type == KvElem::kF32    ? 4
-                                            : layer.k_type == KvElem::kBf16 ? 2
-                                                                            : 1);
-    const uint32_t v_row_bytes = v_dim_ * (layer.v_type == KvElem::kF32    ? 4
-                                           : layer.v_type == KvElem::kBf16 ? 2
-                                                                           : 1);
-    auto prefetch = [&](int which, int32_t n, uint32_t h) {
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t at = which * static_cast<int32_t>(kTile) + i;
-        const uint8_t* k = k_base + k_off[at] + h * l.k_head_stride;
-        const uint8_t* v = v_base + v_off[at] + h * l.v_head_stride;
-        for (uint32_t b = 0; b < k_row_bytes; b += 64) __builtin_prefetch(k + b);
-        for (uint32_t b = 0; b < v_row_bytes; b += 64) __builtin_prefetch(v + b);
-      }
-    };
-    const auto tile = static_cast<int32_t>(kTile);
-    int cur = 0;
-    if (item.kv_begin < item.kv_end) {
-      tile_offsets(item.kv_begin, std::min(tile, item.kv_end - item.kv_begin), cur);
-    }
-    for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
-      const int32_t n = std::min(tile, item.kv_end - t0);
-      const int32_t next_n = std::clamp(item.kv_end - t0 - tile, 0, tile);
-      if (next_n > 0) tile_offsets(t0 + tile, next_n, cur ^ 1);
-      const int32_t base = cur * tile;
       if (!layer.native) {
         const kvrt_status s =
-            a.store_api->gather(a.store, a.layer, static_cast<uint32_t>(n), slots + base,
-                                gathered_k, params().v_head_dim == 0 ? nullptr : gathered_v);
+            a.store_api->gather(a.store, a.layer, static_cast<uint32_t>(n), slots, gathered_k,
+                                params().v_head_dim == 0 ? nullptr : gathered_v);
         if (s != KVRT_OK) throw sdk::Forwarded(s);  // the store recorded why
       }
-      for (uint32_t h = 0; h < kv_heads_; ++h) {
-        for (int32_t i = 0; i < n; ++i) {
-          if (layer.native) {
-            k_rows[i] = k_base + k_off[base + i] + h * l.k_head_stride;
-            v_rows[i] = v_base + v_off[base + i] + h * l.v_head_stride;
-          } else {
-            k_rows[i] = gathered_k + (size_t{static_cast<uint32_t>(i)} * kv_heads_ + h) * qk_dim_;
-            v_rows[i] = gathered_v + (size_t{static_cast<uint32_t>(i)} * kv_heads_ + h) * v_dim_;
-          }
-        }
-        if (layer.native && next_n > 0) prefetch(cur ^ 1, next_n, h);
-        if (layer.token_scales) {
+      if (layer.token_scales) {  // [head][position]
+        for (uint32_t h = 0; h < kv_heads_; ++h) {
           for (int32_t i = 0; i < n; ++i) {
-            std::memcpy(&k_scales[i], ks_base + s_off[base + i] + h * l.scale_head_stride, 4);
-            std::memcpy(&v_scales[i], vs_base + s_off[base + i] + h * l.scale_head_stride, 4);
+            const int64_t at = s_off[i] + h * l.scale_head_stride;
+            std::memcpy(&k_scales[h * kTile + i], ks_base + at, 4);
+            std::memcpy(&v_scales[h * kTile + i], vs_base + at, 4);
           }
-        }
-        const size_t head0 = size_t{h} * group_;
-        for (int32_t r = 0; r < item.rows; ++r) {
-          // Causal rows see positions up to their limit; later rows of a block see more.
-          const int32_t limit = header.causal != 0 ? item.first_limit + r : item.first_limit;
-          const int32_t valid = std::clamp(limit + 1 - t0, 0, n);
-          if (valid == 0) continue;
-          const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_ + head0;
-          kernels::qk_dots(layer.k_type, q_of(r) + head0 * qk_dim_, qk_dim_, group_, k_rows,
-                           static_cast<size_t>(valid), qk_dim_, scores, kTile);
-          kernels::online_softmax(scores, kTile, group_, static_cast<size_t>(valid),
-                                  layer.score_scale, layer.token_scales ? k_scales : nullptr,
-                                  layer.token_scales ? v_scales : nullptr, st.max + at, st.sum + at,
-                                  rescale);
-          kernels::pv_accumulate(layer.v_type, scores, kTile, group_, v_rows,
-                                 static_cast<size_t>(valid), v_dim_, rescale, st.acc + at * v_dim_,
-                                 v_dim_);
         }
       }
-      cur ^= 1;
+      for (int32_t r = 0; r < item.rows; ++r) {
+        // Causal rows see positions up to their limit; later rows of a block see more.
+        const int32_t limit = header.causal != 0 ? item.first_limit + r : item.first_limit;
+        const int32_t valid = std::clamp(limit + 1 - t0, 0, n);
+        if (valid == 0) continue;
+        const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_;
+        kernels::qk_dots_heads(layer.k_type, q_of(r), qk_dim_, group_, kv_heads_, k_rows,
+                               k_head_stride, static_cast<size_t>(valid), qk_dim_, scores, kTile);
+        if (layer.token_scales) {  // each KV head has its own scales
+          for (uint32_t h = 0; h < kv_heads_; ++h) {
+            const size_t q0 = size_t{h} * group_;
+            kernels::online_softmax(scores + q0 * kTile, kTile, group_, static_cast<size_t>(valid),
+                                    layer.score_scale, k_scales + h * kTile, v_scales + h * kTile,
+                                    st.max + at + q0, st.sum + at + q0, rescale + q0);
+          }
+        } else {
+          kernels::online_softmax(scores, kTile, q_heads_, static_cast<size_t>(valid),
+                                  layer.score_scale, nullptr, nullptr, st.max + at, st.sum + at,
+                                  rescale);
+        }
+        kernels::pv_accumulate_heads(layer.v_type, scores, kTile, group_, kv_heads_, v_rows,
+                                     v_head_stride, static_cast<size_t>(valid), v_dim_, rescale,
+                                     st.acc + at * v_dim_, v_dim_);
+      }
     }
     if (item.merge >= 0) return;  // a chunk: its merge writes the output
     for (int32_t r = 0; r < item.rows; ++r) {

@@ -199,6 +199,94 @@ TEST(AttentionKernels, PvAccumulateMatchesReference) {
   });
 }
 
+// The multi-head kernels read token rows holding every head side by side (token-major pages),
+// with or without padding between heads, for every group size's query blocks and token blocks.
+TEST(AttentionKernels, HeadsKernelsMatchReference) {
+  std::mt19937 rng(5);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
+      for (size_t dim : {8, 64, 136}) {
+        for (size_t pad : {0, 24}) {
+          for (size_t group : {1, 2, 3, 4, 5, 8}) {
+            for (size_t heads : {1, 3, 4}) {
+              for (size_t n : {0, 1, 5, 17}) {
+                SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " pad " +
+                             std::to_string(pad) + " group " + std::to_string(group) + " heads " +
+                             std::to_string(heads) + " n " + std::to_string(n));
+                // n tokens of `heads` rows each, every token its own allocation.
+                const size_t head_stride = dim * elem + pad;
+                Rows per_head(type, n * heads, dim, rng);
+                std::vector<std::vector<uint8_t>> tokens(n);
+                std::vector<const void*> rows(n);
+                for (size_t t = 0; t < n; ++t) {
+                  tokens[t].assign(heads * head_stride, 0xEE);
+                  for (size_t h = 0; h < heads; ++h) {
+                    std::memcpy(tokens[t].data() + h * head_stride, per_head.ptrs[t * heads + h],
+                                dim * elem);
+                  }
+                  rows[t] = tokens[t].data();
+                }
+                auto element = [&](size_t t, size_t h, size_t d) {
+                  return double{per_head.at(type, t * heads + h, d)};
+                };
+                const size_t num_q = group * heads, q_stride = dim + 8, stride = n + 3;
+
+                std::vector<float> q = Normal(num_q * q_stride, rng);
+                std::vector<float> got(num_q * stride, -1.0f), want = got;
+                qk_dots_heads(type, q.data(), q_stride, group, heads, rows.data(), head_stride, n,
+                              dim, got.data(), stride);
+                reference::qk_dots_heads(type, q.data(), q_stride, group, heads, rows.data(),
+                                         head_stride, n, dim, want.data(), stride);
+                for (size_t i = 0; i < num_q; ++i) {
+                  for (size_t t = 0; t < stride; ++t) {
+                    if (t >= n) {
+                      ASSERT_EQ(got[i * stride + t], -1.0f) << "wrote beyond n";
+                      continue;
+                    }
+                    double magnitude = 0;
+                    for (size_t d = 0; d < dim; ++d) {
+                      magnitude += std::fabs(q[i * q_stride + d] * element(t, i / group, d));
+                    }
+                    ASSERT_NEAR(got[i * stride + t], want[i * stride + t], 1e-6 * magnitude + 1e-30)
+                        << "query " << i << " token " << t;
+                  }
+                }
+
+                std::vector<float> w(num_q * stride), rescale(num_q);
+                for (float& x : w) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+                for (float& x : rescale) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+                const size_t acc_stride = dim + 8;
+                std::vector<float> acc_got = Normal(num_q * acc_stride, rng), acc_want = acc_got;
+                pv_accumulate_heads(type, w.data(), stride, group, heads, rows.data(), head_stride,
+                                    n, dim, rescale.data(), acc_got.data(), acc_stride);
+                reference::pv_accumulate_heads(type, w.data(), stride, group, heads, rows.data(),
+                                               head_stride, n, dim, rescale.data(), acc_want.data(),
+                                               acc_stride);
+                for (size_t i = 0; i < num_q; ++i) {
+                  for (size_t d = 0; d < acc_stride; ++d) {
+                    const size_t at = i * acc_stride + d;
+                    if (d >= dim) {
+                      ASSERT_EQ(acc_got[at], acc_want[at]) << "changed padding beyond dim";
+                      continue;
+                    }
+                    double magnitude = std::fabs(acc_want[at]);
+                    for (size_t t = 0; t < n; ++t) {
+                      magnitude += std::fabs(w[i * stride + t] * element(t, i / group, d));
+                    }
+                    ASSERT_NEAR(acc_got[at], acc_want[at], 1e-6 * magnitude + 1e-30)
+                        << "query " << i << " d " << d;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(AttentionKernels, OnlineSoftmaxMatchesReference) {
   std::mt19937 rng(3);
   ForEachTarget([&] {
