@@ -167,8 +167,13 @@ template <KvElem kType>
 HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_heads,
                      const void* const* rows, size_t head_stride, size_t n, size_t dim,
                      float* scores, size_t score_stride) {
-  // About 8 accumulators per block: 4 (or 3) queries x 2 tokens, 2 x 4, or 1 x 8.
-  if (group >= 3) {
+  // 8 to 12 accumulators per block: 3 queries x 4 tokens (GQA 3: 12 chains, each K chunk shared
+  // by 3 queries; 5% to 10% faster than 3 x 2 in an in-process comparison), 4 x 2, 2 x 4 or
+  // 1 x 8.
+  if (group == 3) {
+    DotsRows<kType, 4>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
+                       score_stride);
+  } else if (group > 3) {
     DotsRows<kType, 2>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
                        score_stride);
   } else if (group == 2) {
