@@ -553,9 +553,28 @@ class CpuAttention : public sdk::AttentionBase {
         layer.native ? static_cast<size_t>(l.k_head_stride) : size_t{qk_dim_} * sizeof(float);
     const size_t v_head_stride =
         layer.native ? static_cast<size_t>(l.v_head_stride) : size_t{v_dim_} * sizeof(float);
+    // The next tile's K and V rows (all heads) are prefetched into L2 while this one computes:
+    // the hardware prefetchers start over at every page, and a page table puts pages anywhere.
+    // (An in-process A/B on attention_bench: 5-11% faster for fp8 and for synth-76m's shape,
+    // within 3% either way for bf16 rows of 2 KiB per token.)
+    const size_t k_token_bytes = kv_heads_ * k_head_stride;
+    const size_t v_token_bytes = kv_heads_ * v_head_stride;
+    auto prefetch = [&](int32_t begin, int32_t n) {
+      for (int32_t pos = begin; pos < begin + n; ++pos) {
+        const int64_t page = header.page_indices[item.page_base + pos / page_size];
+        const int64_t offset = pos % page_size;
+        const uint8_t* k = k_base + page * l.k_page_stride + offset * l.k_token_stride;
+        const uint8_t* v = v_base + page * l.v_page_stride + offset * l.v_token_stride;
+        for (size_t b = 0; b < k_token_bytes; b += 64) __builtin_prefetch(k + b, 0, 1);
+        for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 1);
+      }
+    };
     const auto tile = static_cast<int32_t>(kTile);
     for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
       const int32_t n = std::min(tile, item.kv_end - t0);
+      if (layer.native && t0 + tile < item.kv_end) {
+        prefetch(t0 + tile, std::min(tile, item.kv_end - t0 - tile));
+      }
       for (int32_t i = 0; i < n; ++i) {
         const int64_t page = header.page_indices[item.page_base + (t0 + i) / page_size];
         const int64_t offset = (t0 + i) % page_size;
