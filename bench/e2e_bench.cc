@@ -2,6 +2,8 @@
 //   decode/batch1     one sequence, short context: decode tokens per second
 //   batch64           64 sequences of 128 prompt + 128 generated tokens, all in one batch:
 //                     total (prompt + generated) tokens per second and generated per second
+//   batch8            the same with 8 sequences (decode products of 8 rows: the SIMD kernel,
+//                     not the BLAS)
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
@@ -104,9 +106,9 @@ void BM_DecodeBatch1(benchmark::State& state) {
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / weight_bytes;
 }
 
-void BM_Batch64(benchmark::State& state) {
+void BM_Batch(benchmark::State& state, int seqs) {
   const int tp = static_cast<int>(state.range(0));
-  const int seqs = 64, prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
+  const int prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
   auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq);
   double seconds = 0;
   int64_t generated = 0;
@@ -158,12 +160,15 @@ int main(int argc, char** argv) {
       ->ArgName("tp")
       ->Iterations(3)
       ->Unit(benchmark::kSecond);
-  benchmark::RegisterBenchmark("batch64/128+128", BM_Batch64)
-      ->Arg(1)
-      ->Arg(2)
-      ->ArgName("tp")
-      ->Iterations(1)
-      ->Unit(benchmark::kSecond);
+  for (int seqs : {64, 8}) {
+    benchmark::RegisterBenchmark(("batch" + std::to_string(seqs) + "/128+128").c_str(), BM_Batch,
+                                 seqs)
+        ->Arg(1)
+        ->Arg(2)
+        ->ArgName("tp")
+        ->Iterations(1)
+        ->Unit(benchmark::kSecond);
+  }
   for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3"}) {
     benchmark::RegisterBenchmark((std::string("decode/ctx4096/") + store).c_str(),
                                  BM_DecodeLongContext, std::string(store))
