@@ -6,7 +6,10 @@
 //   online_softmax turns the scores into weights and updates each row's running max and sum,
 //   pv_accumulate  acc = acc * rescale + weights V (axpys over head_dim),
 // then divides acc by the running sum. Rows are passed as pointers, so a tile may span pages and
-// the caller does the page-table arithmetic once per token.
+// the caller does the page-table arithmetic once per token. qk_dots_heads and
+// pv_accumulate_heads do the same for all KV heads of a token-major tile at once (attn_cpu's
+// path); online_softmax takes them one head's group at a time, or all heads at once when there
+// are no per-token scales.
 //
 // Row elements are f32, bf16 (raw uint16_t bits) or OCP E4M3 codes, decoded to f32 in registers;
 // scales are the caller's business (online_softmax takes per-token K and V scales). The functions
