@@ -114,37 +114,40 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
   }
 }
 
-// kR tokens against every head's queries: head by head, its queries in blocks of 4, then the
-// 3, 2 or 1 left over (GQA 3, e.g. 12 query heads on 4 KV heads, takes one pass, not 2 + 1).
-template <KvElem kType, size_t kR>
-HWY_INLINE void DotsTokens(const float* q, size_t q_stride, size_t group, size_t num_heads,
-                           const void* const* rows, size_t head_stride, size_t dim, float* scores,
-                           size_t score_stride) {
+// Calls block.template operator()<kQ>(h, g) for every head h and every block of kQ of its
+// group's queries starting at query g: blocks of 4, then one of the 3, 2 or 1 left over (GQA 3,
+// e.g. 12 query heads on 4 KV heads, takes one pass, not 2 + 1).
+template <class Block>
+HWY_INLINE void ForEachQueryBlock(size_t group, size_t num_heads, const Block& block) {
   for (size_t h = 0; h < num_heads; ++h) {
-    const size_t offset = h * head_stride;
-    const float* qh = q + h * group * q_stride;
-    float* sh = scores + h * group * score_stride;
     size_t g = 0;
-    for (; g + 4 <= group; g += 4) {
-      DotsBlock<kType, 4, kR>(qh + g * q_stride, q_stride, rows, offset, dim, sh + g * score_stride,
-                              score_stride);
-    }
-    const float* qg = qh + g * q_stride;
-    float* sg = sh + g * score_stride;
+    for (; g + 4 <= group; g += 4) block.template operator()<4>(h, g);
     switch (group - g) {
       case 3:
-        DotsBlock<kType, 3, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        block.template operator()<3>(h, g);
         break;
       case 2:
-        DotsBlock<kType, 2, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        block.template operator()<2>(h, g);
         break;
       case 1:
-        DotsBlock<kType, 1, kR>(qg, q_stride, rows, offset, dim, sg, score_stride);
+        block.template operator()<1>(h, g);
         break;
       default:
         break;
     }
   }
+}
+
+// kR tokens against every head's queries.
+template <KvElem kType, size_t kR>
+HWY_INLINE void DotsTokens(const float* q, size_t q_stride, size_t group, size_t num_heads,
+                           const void* const* rows, size_t head_stride, size_t dim, float* scores,
+                           size_t score_stride) {
+  ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
+    const size_t i = h * group + g;
+    DotsBlock<kType, kQ, kR>(q + i * q_stride, q_stride, rows, h * head_stride, dim,
+                             scores + i * score_stride, score_stride);
+  });
 }
 
 // All n tokens in blocks of kR, then single tokens.
@@ -168,8 +171,8 @@ HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_h
                      const void* const* rows, size_t head_stride, size_t n, size_t dim,
                      float* scores, size_t score_stride) {
   // 8 to 12 accumulators per block: 3 queries x 4 tokens (GQA 3: 12 chains, each K chunk shared
-  // by 3 queries; 5% to 10% faster than 3 x 2 in an in-process comparison), 4 x 2, 2 x 4 or
-  // 1 x 8.
+  // by 3 queries; 5% to 10% faster than 3 x 2 in one in-process comparison, near this machine's
+  // noise), 4 x 2, 2 x 4 or 1 x 8.
   if (group == 3) {
     DotsRows<kType, 4>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
                        score_stride);
@@ -219,36 +222,16 @@ HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* row
   }
 }
 
-// kT tokens into every head's accumulators: head by head, its rows in blocks of 4, then 3, 2, 1.
+// kT tokens into every head's accumulators.
 template <KvElem kType, size_t kT>
 HWY_INLINE void PvTokensAllHeads(const float* w, size_t w_stride, size_t group, size_t num_heads,
                                  const void* const* rows, size_t head_stride, size_t dim,
                                  float* acc, size_t acc_stride) {
-  for (size_t h = 0; h < num_heads; ++h) {
-    const size_t offset = h * head_stride;
-    const float* wh = w + h * group * w_stride;
-    float* ah = acc + h * group * acc_stride;
-    size_t g = 0;
-    for (; g + 4 <= group; g += 4) {
-      PvTokens<kType, 4, kT>(wh + g * w_stride, w_stride, rows, offset, dim, ah + g * acc_stride,
-                             acc_stride);
-    }
-    const float* wg = wh + g * w_stride;
-    float* ag = ah + g * acc_stride;
-    switch (group - g) {
-      case 3:
-        PvTokens<kType, 3, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
-        break;
-      case 2:
-        PvTokens<kType, 2, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
-        break;
-      case 1:
-        PvTokens<kType, 1, kT>(wg, w_stride, rows, offset, dim, ag, acc_stride);
-        break;
-      default:
-        break;
-    }
-  }
+  ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
+    const size_t i = h * group + g;
+    PvTokens<kType, kQ, kT>(w + i * w_stride, w_stride, rows, h * head_stride, dim,
+                            acc + i * acc_stride, acc_stride);
+  });
 }
 
 template <KvElem kType, size_t kT>
