@@ -64,7 +64,7 @@ test-tsan: deps
 	  kv_host_tiered attn_cpu
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|StoresTpPages/|Stores/Stories260kScheduler)'
+	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|SpinBarrier|Communicator|StoresTpPages/|Stores/Stories260kScheduler)'
 
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true

@@ -2,10 +2,38 @@
 
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 namespace kvrt::exec {
 
-Communicator::Communicator(int size) : size_(size), barrier_(size), slots_(size, nullptr) {}
+void SpinBarrier::arrive_and_wait() {
+  const uint32_t generation = generation_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
+    // The last to arrive opens the next phase; nobody can arrive again before they see the
+    // new generation, which this store publishes after the reset.
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    return;
+  }
+  if (spin_) {
+    // About 20 microseconds: a layer's collectives come far more often than that.
+    for (int i = 0; i < 4096; ++i) {
+      if (generation_.load(std::memory_order_acquire) != generation) return;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+  while (generation_.load(std::memory_order_acquire) == generation) {
+    generation_.wait(generation, std::memory_order_acquire);
+  }
+}
+
+Communicator::Communicator(int size)
+    : size_(size),
+      barrier_(size, static_cast<unsigned>(size) <= std::thread::hardware_concurrency()),
+      slots_(size, nullptr) {}
 
 void Communicator::all_reduce_sum(int rank, float* data, size_t n) {
   if (size_ == 1) return;

@@ -3,12 +3,29 @@
 // the same order, with the same sizes (as with NCCL).
 #pragma once
 
-#include <barrier>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 namespace kvrt::exec {
+
+// A reusable barrier for `size` threads that spins briefly before sleeping. Collectives run
+// twice per layer; std::barrier put waiting ranks to sleep in the kernel at once, and waking
+// them cost more than the collectives' arithmetic. Spinning is only worth it when every rank
+// has a core of its own (spin = false otherwise: the waiters sleep at once and leave the cores
+// to the ranks still working).
+class SpinBarrier {
+ public:
+  SpinBarrier(int size, bool spin) : size_(size), spin_(spin) {}
+  void arrive_and_wait();
+
+ private:
+  const int size_;
+  const bool spin_;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint32_t> generation_{0};
+};
 
 class Communicator {
  public:
@@ -31,7 +48,7 @@ class Communicator {
 
  private:
   int size_;
-  std::barrier<> barrier_;
+  SpinBarrier barrier_;
   std::vector<const void*> slots_;  // each rank's buffer for the collective in progress
 };
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -181,6 +182,37 @@ TEST(Communicator, CollectivesAcrossRankThreads) {
     EXPECT_EQ(reduced[r], (std::vector<float>{6, 60, 4}));
     EXPECT_EQ(gathered[r], (std::vector<float>{0, 1, 1, 3}));
     EXPECT_EQ(broadcast[r], (std::vector<float>{2, 2}));
+  }
+}
+
+// Nobody passes a phase before everyone has arrived, and every phase reuses the barrier: each
+// thread stamps its slot with the phase, then checks every slot after the barrier. Spinning
+// and sleeping waits, with as many threads as cores and more.
+TEST(SpinBarrier, NoThreadPassesAPhaseEarly) {
+  for (bool spin : {true, false}) {
+    for (int threads : {2, 8}) {
+      SCOPED_TRACE(std::string(spin ? "spinning" : "sleeping") + ", " + std::to_string(threads) +
+                   " threads");
+      SpinBarrier barrier(threads, spin);
+      std::vector<std::atomic<int>> stamp(threads);
+      std::atomic<int> early{0};
+      constexpr int kPhases = 2000;
+      std::vector<std::thread> pool;
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+          for (int phase = 1; phase <= kPhases; ++phase) {
+            stamp[t].store(phase);
+            barrier.arrive_and_wait();
+            for (int u = 0; u < threads; ++u) {
+              if (stamp[u].load() < phase) early.fetch_add(1);
+            }
+            barrier.arrive_and_wait();  // nobody stamps the next phase before all have checked
+          }
+        });
+      }
+      for (std::thread& t : pool) t.join();
+      EXPECT_EQ(early.load(), 0);
+    }
   }
 }
 
