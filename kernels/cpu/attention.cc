@@ -271,6 +271,135 @@ HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_hea
   }
 }
 
+// kQ queries x kV vectors of tokens, from a transposed tile: per element of head_dim, kV
+// token vectors loaded once for the kQ queries and each query element broadcast once.
+template <size_t kQ, size_t kV>
+HWY_INLINE void TransposedBlock(const float* q, size_t q_stride, const float* kt, size_t kt_stride,
+                                size_t n, size_t dim, float* scores, size_t score_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  VF acc[kQ][kV];
+  KVRT_UNROLL
+  for (size_t g = 0; g < kQ; ++g) {
+    KVRT_UNROLL
+    for (size_t v = 0; v < kV; ++v) acc[g][v] = hn::Zero(df);
+  }
+  for (size_t d = 0; d < dim; ++d) {
+    VF k[kV];
+    KVRT_UNROLL
+    for (size_t v = 0; v < kV; ++v) k[v] = hn::LoadU(df, kt + d * kt_stride + v * lanes);
+    KVRT_UNROLL
+    for (size_t g = 0; g < kQ; ++g) {
+      const VF qv = hn::Set(df, q[g * q_stride + d]);
+      KVRT_UNROLL
+      for (size_t v = 0; v < kV; ++v) acc[g][v] = hn::MulAdd(qv, k[v], acc[g][v]);
+    }
+  }
+  // Whole vectors where they fit before n, the last part through a buffer.
+  KVRT_UNROLL
+  for (size_t g = 0; g < kQ; ++g) {
+    KVRT_UNROLL
+    for (size_t v = 0; v < kV; ++v) {
+      float* out = scores + g * score_stride + v * lanes;
+      if ((v + 1) * lanes <= n) {
+        hn::StoreU(acc[g][v], df, out);
+      } else if (v * lanes < n) {
+        HWY_ALIGN float part[hn::MaxLanes(DF())];
+        hn::Store(acc[g][v], df, part);
+        std::memcpy(out, part, (n - v * lanes) * sizeof(float));
+      }
+    }
+  }
+}
+
+// Token vectors in groups of up to 4, queries in blocks of 3, 2, 1: at most 12 accumulators.
+template <size_t kV>
+HWY_INLINE void TransposedVectors(const float* q, size_t q_stride, size_t num_q, const float* kt,
+                                  size_t kt_stride, size_t n, size_t dim, float* scores,
+                                  size_t score_stride) {
+  size_t g = 0;
+  for (; g + 3 <= num_q; g += 3) {
+    TransposedBlock<3, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
+                           scores + g * score_stride, score_stride);
+  }
+  if (num_q - g == 2) {
+    TransposedBlock<2, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
+                           scores + g * score_stride, score_stride);
+  } else if (num_q - g == 1) {
+    TransposedBlock<1, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
+                           scores + g * score_stride, score_stride);
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// The 8 x 8 transpose of r[0..8): out[j] lane i = r[i] lane j, in three rounds of interleaves
+// (32-bit, 64-bit, 128-bit halves). A template on the tag, so only 8-lane targets compile it.
+template <class D>
+HWY_INLINE void Transpose8x8(D d, hn::Vec<D>* r) {
+  const hn::Repartition<uint64_t, D> d64;
+  hn::Vec<D> t[8], u[8];
+  for (size_t i = 0; i < 8; i += 2) {
+    t[i] = hn::InterleaveLower(d, r[i], r[i + 1]);      // per block: r_i0 r_i+1,0 r_i1 r_i+1,1
+    t[i + 1] = hn::InterleaveUpper(d, r[i], r[i + 1]);  // per block: lanes 2 and 3 likewise
+  }
+  auto lo64 = [&](hn::Vec<D> a, hn::Vec<D> b) HWY_ATTR {
+    return hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  auto hi64 = [&](hn::Vec<D> a, hn::Vec<D> b) HWY_ATTR {
+    return hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  for (size_t i = 0; i < 8; i += 4) {  // rows i .. i + 3, per block: column 0/4, 1/5, 2/6, 3/7
+    u[i] = lo64(t[i], t[i + 2]);
+    u[i + 1] = hi64(t[i], t[i + 2]);
+    u[i + 2] = lo64(t[i + 1], t[i + 3]);
+    u[i + 3] = hi64(t[i + 1], t[i + 3]);
+  }
+  for (size_t j = 0; j < 4; ++j) {  // rows 0-3 in the lower block, rows 4-7 in the upper
+    r[j] = hn::ConcatLowerLower(d, u[4 + j], u[j]);
+    r[j + 4] = hn::ConcatUpperUpper(d, u[4 + j], u[j]);
+  }
+}
+#endif
+
+template <KvElem kType>
+HWY_INLINE void Transpose(const void* const* rows, size_t offset, size_t n, size_t dim, float* kt,
+                          size_t kt_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  // E4M3 rows load as value / 256; the transposed tile holds the values themselves.
+  const VF unit = hn::Set(df, kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f);
+  size_t t0 = 0;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (hn::MaxLanes(DF()) == 8) {
+    // Blocks of 8 tokens x 8 elements, missing tokens as zeros.
+    for (; t0 < n; t0 += 8) {
+      const size_t tokens = std::min<size_t>(8, n - t0);
+      for (size_t d = 0; d < dim; d += 8) {
+        VF r[8];
+        for (size_t i = 0; i < 8; ++i) {
+          r[i] = i < tokens ? hn::Mul(LoadRow<kType>(df, At(rows[t0 + i], offset), d), unit)
+                            : hn::Zero(df);
+        }
+        Transpose8x8(df, r);
+        for (size_t j = 0; j < 8; ++j) hn::StoreU(r[j], df, kt + (d + j) * kt_stride + t0);
+      }
+    }
+  }
+#endif
+  HWY_ALIGN float chunk[hn::MaxLanes(DF())];
+  for (size_t t = t0; t < n; ++t) {  // other vector widths: element by element
+    const void* row = At(rows[t], offset);
+    for (size_t d = 0; d < dim; d += lanes) {
+      hn::Store(hn::Mul(LoadRow<kType>(df, row, d), unit), df, chunk);
+      for (size_t i = 0; i < lanes; ++i) kt[(d + i) * kt_stride + t] = chunk[i];
+    }
+  }
+  const size_t filled = std::max(t0, n);
+  for (size_t d = 0; d < dim; ++d) {
+    std::fill(kt + d * kt_stride + filled, kt + (d + 1) * kt_stride, 0.0f);
+  }
+}
+
 }  // namespace
 
 void QkDots(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
@@ -302,6 +431,43 @@ void PvAccumulate(KvElem type, const float* w, size_t w_stride, size_t group, si
     case KvElem::kE4M3:
       return Pv<KvElem::kE4M3>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
                                acc, acc_stride);
+  }
+}
+
+void TransposeRows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                   float* kt, size_t kt_stride) {
+  switch (type) {
+    case KvElem::kF32:
+      return Transpose<KvElem::kF32>(rows, offset, n, dim, kt, kt_stride);
+    case KvElem::kBf16:
+      return Transpose<KvElem::kBf16>(rows, offset, n, dim, kt, kt_stride);
+    case KvElem::kE4M3:
+      return Transpose<KvElem::kE4M3>(rows, offset, n, dim, kt, kt_stride);
+  }
+}
+
+void QkDotsTransposed(const float* q, size_t q_stride, size_t num_q, const float* kt,
+                      size_t kt_stride, size_t n, size_t dim, float* scores, size_t score_stride) {
+  const size_t lanes = hn::Lanes(DF());
+  for (size_t v0 = 0; v0 * lanes < n; v0 += 4) {
+    const size_t vectors = std::min<size_t>(4, (n - v0 * lanes + lanes - 1) / lanes);
+    const float* k = kt + v0 * lanes;
+    float* s = scores + v0 * lanes;
+    const size_t left = n - v0 * lanes;
+    switch (vectors) {
+      case 4:
+        TransposedVectors<4>(q, q_stride, num_q, k, kt_stride, left, dim, s, score_stride);
+        break;
+      case 3:
+        TransposedVectors<3>(q, q_stride, num_q, k, kt_stride, left, dim, s, score_stride);
+        break;
+      case 2:
+        TransposedVectors<2>(q, q_stride, num_q, k, kt_stride, left, dim, s, score_stride);
+        break;
+      default:
+        TransposedVectors<1>(q, q_stride, num_q, k, kt_stride, left, dim, s, score_stride);
+        break;
+    }
   }
 }
 
@@ -388,6 +554,8 @@ namespace kvrt::kernels {
 HWY_EXPORT(QkDots);
 HWY_EXPORT(PvAccumulate);
 HWY_EXPORT(OnlineSoftmax);
+HWY_EXPORT(TransposeRows);
+HWY_EXPORT(QkDotsTransposed);
 HWY_EXPORT(AttentionTargetName);
 
 void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
@@ -420,6 +588,18 @@ void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
                    const void* const* rows, size_t n, size_t dim, const float* rescale, float* acc,
                    size_t acc_stride) {
   pv_accumulate_heads(type, w, w_stride, num_q, 1, rows, 0, n, dim, rescale, acc, acc_stride);
+}
+
+void transpose_rows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                    float* kt, size_t kt_stride) {
+  HWY_DYNAMIC_DISPATCH(TransposeRows)(type, rows, offset, n, dim, kt, kt_stride);
+}
+
+void qk_dots_transposed(const float* q, size_t q_stride, size_t num_q, const float* kt,
+                        size_t kt_stride, size_t n, size_t dim, float* scores,
+                        size_t score_stride) {
+  HWY_DYNAMIC_DISPATCH(QkDotsTransposed)
+  (q, q_stride, num_q, kt, kt_stride, n, dim, scores, score_stride);
 }
 
 const char* attention_simd_target() { return HWY_DYNAMIC_DISPATCH(AttentionTargetName)(); }

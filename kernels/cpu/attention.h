@@ -73,6 +73,19 @@ void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t gr
                          size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
                          size_t dim, const float* rescale, float* acc, size_t acc_stride);
 
+// Scores for many query rows against one tile (prefill), as outer products: K is first
+// decoded and transposed once per tile and head, then every query row's scores come out of
+// broadcasts of its elements times whole vectors of tokens, with no horizontal sums.
+//   transpose_rows:      kt[d * kt_stride + t] = row_t[d] (as f32) for t < n, d < dim, with
+//                        row_t at (const uint8_t*)rows[t] + offset; entries t in [n, kt_stride)
+//                        are set to 0. n <= kt_stride; kt_stride a multiple of kDimMultiple.
+//   qk_dots_transposed:  scores[g * score_stride + t] = sum_d q[g * q_stride + d] *
+//                        kt[d * kt_stride + t] for g < num_q, t < n (n <= kt_stride).
+void transpose_rows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                    float* kt, size_t kt_stride);
+void qk_dots_transposed(const float* q, size_t q_stride, size_t num_q, const float* kt,
+                        size_t kt_stride, size_t n, size_t dim, float* scores, size_t score_stride);
+
 // Name of the Highway target the dispatcher picked for these kernels, e.g. "AVX2".
 const char* attention_simd_target();
 

@@ -287,6 +287,69 @@ TEST(AttentionKernels, HeadsKernelsMatchReference) {
   });
 }
 
+// Prefill's scores: a tile transposed once (zero-padded to the stride), then outer products for
+// any number of queries, against the reference dot products.
+TEST(AttentionKernels, TransposedTileScoresMatchReference) {
+  std::mt19937 rng(6);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
+      for (size_t dim : {8, 64, 136}) {
+        for (size_t kt_stride : {32, 40}) {
+          for (size_t n : {1, 5, 8, 17, 32}) {
+            if (n > kt_stride) continue;
+            // Rows of two heads side by side; the second head's rows are the ones used.
+            const size_t offset = dim * elem;
+            Rows per_head(type, 2 * n, dim, rng);
+            std::vector<std::vector<uint8_t>> tokens(n);
+            std::vector<const void*> rows(n), head1(n);
+            for (size_t t = 0; t < n; ++t) {
+              tokens[t].resize(2 * offset);
+              std::memcpy(tokens[t].data(), per_head.ptrs[2 * t], offset);
+              std::memcpy(tokens[t].data() + offset, per_head.ptrs[2 * t + 1], offset);
+              rows[t] = tokens[t].data();
+              head1[t] = per_head.ptrs[2 * t + 1];
+            }
+            std::vector<float> kt(dim * kt_stride, -7.0f);
+            transpose_rows(type, rows.data(), offset, n, dim, kt.data(), kt_stride);
+            for (size_t d = 0; d < dim; ++d) {
+              for (size_t t = 0; t < kt_stride; ++t) {
+                const float want = t < n ? reference::kv_element(type, head1[t], d) : 0.0f;
+                ASSERT_EQ(kt[d * kt_stride + t], want) << Name(type) << " d " << d << " t " << t;
+              }
+            }
+            for (size_t num_q : {1, 2, 3, 4, 5, 7}) {
+              SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " n " +
+                           std::to_string(n) + " q " + std::to_string(num_q));
+              const size_t q_stride = dim + 8, stride = kt_stride + 3;
+              std::vector<float> q = Normal(num_q * q_stride, rng);
+              std::vector<float> got(num_q * stride, -1.0f), want = got;
+              qk_dots_transposed(q.data(), q_stride, num_q, kt.data(), kt_stride, n, dim,
+                                 got.data(), stride);
+              reference::qk_dots(type, q.data(), q_stride, num_q, head1.data(), n, dim, want.data(),
+                                 stride);
+              for (size_t g = 0; g < num_q; ++g) {
+                for (size_t t = 0; t < stride; ++t) {
+                  const size_t i = g * stride + t;
+                  if (t >= n) {
+                    ASSERT_EQ(got[i], -1.0f) << "wrote beyond n";
+                    continue;
+                  }
+                  double magnitude = 0;
+                  for (size_t d = 0; d < dim; ++d) {
+                    magnitude += std::fabs(q[g * q_stride + d] * kt[d * kt_stride + t]);
+                  }
+                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30) << "q " << g << " t " << t;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(AttentionKernels, OnlineSoftmaxMatchesReference) {
   std::mt19937 rng(3);
   ForEachTarget([&] {
