@@ -400,6 +400,68 @@ HWY_INLINE void Transpose(const void* const* rows, size_t offset, size_t n, size
   }
 }
 
+template <KvElem kType>
+HWY_INLINE void Decode(const void* const* rows, size_t offset, size_t n, size_t dim, float* out,
+                       size_t out_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  const VF unit = hn::Set(df, kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f);
+  for (size_t t = 0; t < n; ++t) {
+    const void* row = At(rows[t], offset);
+    for (size_t d = 0; d < dim; d += lanes) {
+      hn::StoreU(hn::Mul(LoadRow<kType>(df, row, d), unit), df, out + t * out_stride + d);
+    }
+  }
+}
+
+// kQ accumulator rows x kD vectors of head_dim from d0, in registers over all n tokens: per
+// token, kD vectors of V loaded once for the kQ rows and kQ weights broadcast once.
+template <size_t kQ, size_t kD>
+HWY_INLINE void TileBlock(const float* w, size_t w_stride, const float* v, size_t v_stride,
+                          size_t n, size_t d0, const float* rescale, float* acc,
+                          size_t acc_stride) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  VF a[kQ][kD];
+  KVRT_UNROLL
+  for (size_t g = 0; g < kQ; ++g) {
+    const VF factor = hn::Set(df, rescale != nullptr ? rescale[g] : 1.0f);
+    KVRT_UNROLL
+    for (size_t j = 0; j < kD; ++j) {
+      a[g][j] = hn::Mul(hn::LoadU(df, acc + g * acc_stride + d0 + j * lanes), factor);
+    }
+  }
+  for (size_t t = 0; t < n; ++t) {
+    VF x[kD];
+    KVRT_UNROLL
+    for (size_t j = 0; j < kD; ++j) x[j] = hn::LoadU(df, v + t * v_stride + d0 + j * lanes);
+    KVRT_UNROLL
+    for (size_t g = 0; g < kQ; ++g) {
+      const VF wv = hn::Set(df, w[g * w_stride + t]);
+      KVRT_UNROLL
+      for (size_t j = 0; j < kD; ++j) a[g][j] = hn::MulAdd(wv, x[j], a[g][j]);
+    }
+  }
+  KVRT_UNROLL
+  for (size_t g = 0; g < kQ; ++g) {
+    KVRT_UNROLL
+    for (size_t j = 0; j < kD; ++j) hn::StoreU(a[g][j], df, acc + g * acc_stride + d0 + j * lanes);
+  }
+}
+
+// All of head_dim for kQ rows: blocks of kD vectors, then single vectors.
+template <size_t kQ, size_t kD>
+HWY_INLINE void TileRows(const float* w, size_t w_stride, const float* v, size_t v_stride, size_t n,
+                         size_t dim, const float* rescale, float* acc, size_t acc_stride) {
+  const size_t lanes = hn::Lanes(DF());
+  size_t d = 0;
+  for (; d + kD * lanes <= dim; d += kD * lanes) {
+    TileBlock<kQ, kD>(w, w_stride, v, v_stride, n, d, rescale, acc, acc_stride);
+  }
+  for (; d < dim; d += lanes)
+    TileBlock<kQ, 1>(w, w_stride, v, v_stride, n, d, rescale, acc, acc_stride);
+}
+
 }  // namespace
 
 void QkDots(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
@@ -468,6 +530,46 @@ void QkDotsTransposed(const float* q, size_t q_stride, size_t num_q, const float
         TransposedVectors<1>(q, q_stride, num_q, k, kt_stride, left, dim, s, score_stride);
         break;
     }
+  }
+}
+
+void DecodeRows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                float* out, size_t out_stride) {
+  switch (type) {
+    case KvElem::kF32:
+      return Decode<KvElem::kF32>(rows, offset, n, dim, out, out_stride);
+    case KvElem::kBf16:
+      return Decode<KvElem::kBf16>(rows, offset, n, dim, out, out_stride);
+    case KvElem::kE4M3:
+      return Decode<KvElem::kE4M3>(rows, offset, n, dim, out, out_stride);
+  }
+}
+
+void PvAccumulateTile(const float* w, size_t w_stride, size_t num_q, const float* v,
+                      size_t v_stride, size_t n, size_t dim, const float* rescale, float* acc,
+                      size_t acc_stride) {
+  // At most 12 accumulators and 16 registers in all: 4 rows x 3 vectors, 3 x 3, 2 x 4, 1 x 6.
+  auto at = [&](size_t g) { return rescale != nullptr ? rescale + g : nullptr; };
+  size_t g = 0;
+  for (; g + 4 <= num_q; g += 4) {
+    TileRows<4, 3>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
+                   acc_stride);
+  }
+  switch (num_q - g) {
+    case 3:
+      TileRows<3, 3>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
+                     acc_stride);
+      break;
+    case 2:
+      TileRows<2, 4>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
+                     acc_stride);
+      break;
+    case 1:
+      TileRows<1, 6>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
+                     acc_stride);
+      break;
+    default:
+      break;
   }
 }
 
@@ -556,6 +658,8 @@ HWY_EXPORT(PvAccumulate);
 HWY_EXPORT(OnlineSoftmax);
 HWY_EXPORT(TransposeRows);
 HWY_EXPORT(QkDotsTransposed);
+HWY_EXPORT(DecodeRows);
+HWY_EXPORT(PvAccumulateTile);
 HWY_EXPORT(AttentionTargetName);
 
 void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
@@ -600,6 +704,18 @@ void qk_dots_transposed(const float* q, size_t q_stride, size_t num_q, const flo
                         size_t score_stride) {
   HWY_DYNAMIC_DISPATCH(QkDotsTransposed)
   (q, q_stride, num_q, kt, kt_stride, n, dim, scores, score_stride);
+}
+
+void decode_rows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                 float* out, size_t out_stride) {
+  HWY_DYNAMIC_DISPATCH(DecodeRows)(type, rows, offset, n, dim, out, out_stride);
+}
+
+void pv_accumulate_tile(const float* w, size_t w_stride, size_t num_q, const float* v,
+                        size_t v_stride, size_t n, size_t dim, const float* rescale, float* acc,
+                        size_t acc_stride) {
+  HWY_DYNAMIC_DISPATCH(PvAccumulateTile)
+  (w, w_stride, num_q, v, v_stride, n, dim, rescale, acc, acc_stride);
 }
 
 const char* attention_simd_target() { return HWY_DYNAMIC_DISPATCH(AttentionTargetName)(); }

@@ -85,6 +85,16 @@ void transpose_rows(KvElem type, const void* const* rows, size_t offset, size_t 
                     float* kt, size_t kt_stride);
 void qk_dots_transposed(const float* q, size_t q_stride, size_t num_q, const float* kt,
                         size_t kt_stride, size_t n, size_t dim, float* scores, size_t score_stride);
+// And their weighted sums: a tile's V rows decoded to f32 once (decode_rows: out[t * out_stride
+// + d] = row_t[d], row_t at (const uint8_t*)rows[t] + offset), then
+//   pv_accumulate_tile: acc[g * acc_stride + d] = acc[g * acc_stride + d] * (rescale ? rescale[g]
+//                       : 1) + sum_t w[g * w_stride + t] * v[t * v_stride + d],
+// with blocks of queries x head_dim held in registers over all n tokens.
+void decode_rows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
+                 float* out, size_t out_stride);
+void pv_accumulate_tile(const float* w, size_t w_stride, size_t num_q, const float* v,
+                        size_t v_stride, size_t n, size_t dim, const float* rescale, float* acc,
+                        size_t acc_stride);
 
 // Name of the Highway target the dispatcher picked for these kernels, e.g. "AVX2".
 const char* attention_simd_target();

@@ -350,6 +350,73 @@ TEST(AttentionKernels, TransposedTileScoresMatchReference) {
   });
 }
 
+// Prefill's weighted sums: a tile's V rows decoded once, then register-blocked sums for any
+// number of rows, against the reference.
+TEST(AttentionKernels, DecodedTileSumsMatchReference) {
+  std::mt19937 rng(8);
+  ForEachTarget([&] {
+    for (KvElem type : kTypes) {
+      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
+      for (size_t dim : {8, 40, 64, 136}) {
+        for (size_t n : {0, 1, 5, 32}) {
+          // Token rows of two heads; the second head's rows are decoded.
+          const size_t offset = dim * elem, v_stride = dim + 8;
+          Rows per_head(type, 2 * n, dim, rng);
+          std::vector<std::vector<uint8_t>> tokens(n);
+          std::vector<const void*> rows(n), head1(n);
+          for (size_t t = 0; t < n; ++t) {
+            tokens[t].resize(2 * offset);
+            std::memcpy(tokens[t].data(), per_head.ptrs[2 * t], offset);
+            std::memcpy(tokens[t].data() + offset, per_head.ptrs[2 * t + 1], offset);
+            rows[t] = tokens[t].data();
+            head1[t] = per_head.ptrs[2 * t + 1];
+          }
+          std::vector<float> v(n * v_stride, -7.0f);
+          decode_rows(type, rows.data(), offset, n, dim, v.data(), v_stride);
+          std::vector<const void*> v_rows(n);
+          for (size_t t = 0; t < n; ++t) {
+            v_rows[t] = v.data() + t * v_stride;
+            for (size_t d = 0; d < v_stride; ++d) {
+              const float want = d < dim ? reference::kv_element(type, head1[t], d) : -7.0f;
+              ASSERT_EQ(v[t * v_stride + d], want) << Name(type) << " t " << t << " d " << d;
+            }
+          }
+          for (size_t num_q : {1, 2, 3, 4, 5, 7, 8}) {
+            for (bool with_rescale : {false, true}) {
+              SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " n " +
+                           std::to_string(n) + " q " + std::to_string(num_q));
+              const size_t w_stride = n + 1, acc_stride = dim + 8;
+              std::vector<float> w(num_q * w_stride), rescale(num_q);
+              for (float& x : w) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+              for (float& x : rescale) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+              const float* r = with_rescale ? rescale.data() : nullptr;
+              std::vector<float> got = Normal(num_q * acc_stride, rng), want = got;
+              pv_accumulate_tile(w.data(), w_stride, num_q, v.data(), v_stride, n, dim, r,
+                                 got.data(), acc_stride);
+              reference::pv_accumulate(KvElem::kF32, w.data(), w_stride, num_q, v_rows.data(), n,
+                                       dim, r, want.data(), acc_stride);
+              for (size_t g = 0; g < num_q; ++g) {
+                for (size_t d = 0; d < acc_stride; ++d) {
+                  const size_t i = g * acc_stride + d;
+                  if (d >= dim) {
+                    ASSERT_EQ(got[i], want[i]) << "changed padding beyond dim";
+                    continue;
+                  }
+                  double magnitude = std::fabs(want[i]);
+                  for (size_t t = 0; t < n; ++t) {
+                    magnitude += std::fabs(w[g * w_stride + t] * v[t * v_stride + d]);
+                  }
+                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30) << "q " << g << " d " << d;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 TEST(AttentionKernels, OnlineSoftmaxMatchesReference) {
   std::mt19937 rng(3);
   ForEachTarget([&] {
