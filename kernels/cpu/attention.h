@@ -8,8 +8,9 @@
 // then divides acc by the running sum. Rows are passed as pointers, so a tile may span pages and
 // the caller does the page-table arithmetic once per token. qk_dots_heads and
 // pv_accumulate_heads do the same for all KV heads of a token-major tile at once (attn_cpu's
-// path); online_softmax takes them one head's group at a time, or all heads at once when there
-// are no per-token scales.
+// decode path); online_softmax takes them one head's group at a time, or all heads at once when
+// there are no per-token scales. For many query rows per tile (prefill), transpose_rows /
+// qk_dots_transposed and decode_rows / pv_accumulate_tile decode the tile once and reuse it.
 //
 // Row elements are f32, bf16 (raw uint16_t bits) or OCP E4M3 codes, decoded to f32 in registers;
 // scales are the caller's business (online_softmax takes per-token K and V scales). The functions
