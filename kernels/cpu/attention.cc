@@ -77,6 +77,13 @@ HWY_INLINE const void* At(const void* row, size_t offset) {
   return static_cast<const uint8_t*>(row) + offset;
 }
 
+// Lanes dim[d .. d + N) of a row as their values (E4M3 scaled back from LoadRow's value / 256).
+template <KvElem kType>
+HWY_INLINE VF LoadValues(DF df, const void* row, size_t d) {
+  const VF v = LoadRow<kType>(df, row, d);
+  return kType == KvElem::kE4M3 ? hn::Mul(v, hn::Set(df, kE4M3Unit)) : v;
+}
+
 // kQ queries x kR rows of dot products, each K chunk decoded once for the kQ queries and each
 // query chunk loaded once for the kR rows; kQ * kR independent FMA chains hide the latency.
 template <KvElem kType, size_t kQ, size_t kR>
@@ -115,54 +122,44 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
 }
 
 // Calls block.template operator()<kQ>(h, g) for every head h and every block of kQ of its
-// group's queries starting at query g: blocks of 4, then one of the 3, 2 or 1 left over (GQA 3,
-// e.g. 12 query heads on 4 KV heads, takes one pass, not 2 + 1).
-template <class Block>
+// group's queries starting at query g: blocks of kMax, then one of the 3, 2 or 1 left over (GQA
+// 3, e.g. 12 query heads on 4 KV heads, takes one pass, not 2 + 1).
+template <size_t kMax = 4, class Block>
 HWY_INLINE void ForEachQueryBlock(size_t group, size_t num_heads, const Block& block) {
+  static_assert(kMax >= 1 && kMax <= 4);
   for (size_t h = 0; h < num_heads; ++h) {
     size_t g = 0;
-    for (; g + 4 <= group; g += 4) block.template operator()<4>(h, g);
-    switch (group - g) {
-      case 3:
-        block.template operator()<3>(h, g);
-        break;
-      case 2:
-        block.template operator()<2>(h, g);
-        break;
-      case 1:
-        block.template operator()<1>(h, g);
-        break;
-      default:
-        break;
+    for (; g + kMax <= group; g += kMax) block.template operator()<kMax>(h, g);
+    const size_t left = group - g;
+    if constexpr (kMax > 3) {
+      if (left == 3) block.template operator()<3>(h, g);
     }
+    if constexpr (kMax > 2) {
+      if (left == 2) block.template operator()<2>(h, g);
+    }
+    if (left == 1) block.template operator()<1>(h, g);
   }
 }
 
-// kR tokens against every head's queries.
-template <KvElem kType, size_t kR>
-HWY_INLINE void DotsTokens(const float* q, size_t q_stride, size_t group, size_t num_heads,
-                           const void* const* rows, size_t head_stride, size_t dim, float* scores,
-                           size_t score_stride) {
-  ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
-    const size_t i = h * group + g;
-    DotsBlock<kType, kQ, kR>(q + i * q_stride, q_stride, rows, h * head_stride, dim,
-                             scores + i * score_stride, score_stride);
-  });
-}
-
-// All n tokens in blocks of kR, then single tokens.
-template <KvElem kType, size_t kR>
-HWY_INLINE void DotsRows(const float* q, size_t q_stride, size_t group, size_t num_heads,
-                         const void* const* rows, size_t head_stride, size_t n, size_t dim,
-                         float* scores, size_t score_stride) {
+// Calls block.template operator()<kR>(t) for t = 0, kR, 2 kR, ... while kR tokens fit in n,
+// then block.template operator()<1>(t) for each token left.
+template <size_t kR, class Block>
+HWY_INLINE void ForEachTokenBlock(size_t n, const Block& block) {
   size_t t = 0;
-  for (; t + kR <= n; t += kR) {
-    DotsTokens<kType, kR>(q, q_stride, group, num_heads, rows + t, head_stride, dim, scores + t,
-                          score_stride);
-  }
-  for (; t < n; ++t) {
-    DotsTokens<kType, 1>(q, q_stride, group, num_heads, rows + t, head_stride, dim, scores + t,
-                         score_stride);
+  for (; t + kR <= n; t += kR) block.template operator()<kR>(t);
+  for (; t < n; ++t) block.template operator()<1>(t);
+}
+
+// Calls fn.template operator()<kType>() with `type` as the template argument.
+template <class Fn>
+HWY_INLINE void WithKvType(KvElem type, const Fn& fn) {
+  switch (type) {
+    case KvElem::kF32:
+      return fn.template operator()<KvElem::kF32>();
+    case KvElem::kBf16:
+      return fn.template operator()<KvElem::kBf16>();
+    case KvElem::kE4M3:
+      return fn.template operator()<KvElem::kE4M3>();
   }
 }
 
@@ -170,21 +167,25 @@ template <KvElem kType>
 HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_heads,
                      const void* const* rows, size_t head_stride, size_t n, size_t dim,
                      float* scores, size_t score_stride) {
+  // Blocks of kR tokens, each against every head's queries.
+  auto in_blocks_of = [&]<size_t kR>() HWY_ATTR {
+    ForEachTokenBlock<kR>(n, [&]<size_t kB>(size_t t) HWY_ATTR {
+      ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
+        const size_t i = h * group + g;
+        DotsBlock<kType, kQ, kB>(q + i * q_stride, q_stride, rows + t, h * head_stride, dim,
+                                 scores + i * score_stride + t, score_stride);
+      });
+    });
+  };
   // 8 to 12 accumulators per block: 3 queries x 4 tokens (GQA 3: 12 chains, each K chunk shared
   // by 3 queries; 5% to 10% faster than 3 x 2 in one in-process comparison, near this machine's
   // noise), 4 x 2, 2 x 4 or 1 x 8.
-  if (group == 3) {
-    DotsRows<kType, 4>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                       score_stride);
+  if (group == 3 || group == 2) {
+    in_blocks_of.template operator()<4>();
   } else if (group > 3) {
-    DotsRows<kType, 2>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                       score_stride);
-  } else if (group == 2) {
-    DotsRows<kType, 4>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                       score_stride);
+    in_blocks_of.template operator()<2>();
   } else {
-    DotsRows<kType, 8>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                       score_stride);
+    in_blocks_of.template operator()<8>();
   }
 }
 
@@ -222,33 +223,6 @@ HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* row
   }
 }
 
-// kT tokens into every head's accumulators.
-template <KvElem kType, size_t kT>
-HWY_INLINE void PvTokensAllHeads(const float* w, size_t w_stride, size_t group, size_t num_heads,
-                                 const void* const* rows, size_t head_stride, size_t dim,
-                                 float* acc, size_t acc_stride) {
-  ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
-    const size_t i = h * group + g;
-    PvTokens<kType, kQ, kT>(w + i * w_stride, w_stride, rows, h * head_stride, dim,
-                            acc + i * acc_stride, acc_stride);
-  });
-}
-
-template <KvElem kType, size_t kT>
-HWY_INLINE void PvRows(const float* w, size_t w_stride, size_t group, size_t num_heads,
-                       const void* const* rows, size_t head_stride, size_t n, size_t dim,
-                       float* acc, size_t acc_stride) {
-  size_t t = 0;
-  for (; t + kT <= n; t += kT) {
-    PvTokensAllHeads<kType, kT>(w + t, w_stride, group, num_heads, rows + t, head_stride, dim, acc,
-                                acc_stride);
-  }
-  for (; t < n; ++t) {
-    PvTokensAllHeads<kType, 1>(w + t, w_stride, group, num_heads, rows + t, head_stride, dim, acc,
-                               acc_stride);
-  }
-}
-
 template <KvElem kType>
 HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_heads,
                    const void* const* rows, size_t head_stride, size_t n, size_t dim,
@@ -263,11 +237,21 @@ HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_hea
         hn::StoreU(hn::Mul(hn::LoadU(df, a + d), factor), df, a + d);
     }
   }
+  // Blocks of kT tokens into every head's accumulators.
+  auto in_blocks_of = [&]<size_t kT>() HWY_ATTR {
+    ForEachTokenBlock<kT>(n, [&]<size_t kB>(size_t t) HWY_ATTR {
+      ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
+        const size_t i = h * group + g;
+        PvTokens<kType, kQ, kB>(w + i * w_stride + t, w_stride, rows + t, h * head_stride, dim,
+                                acc + i * acc_stride, acc_stride);
+      });
+    });
+  };
   // Up to 8 weights in registers: 4 (or 3) rows x 2 tokens, or 2 (1) rows x 4 tokens.
   if (group >= 3) {
-    PvRows<kType, 2>(w, w_stride, group, num_heads, rows, head_stride, n, dim, acc, acc_stride);
+    in_blocks_of.template operator()<2>();
   } else {
-    PvRows<kType, 4>(w, w_stride, group, num_heads, rows, head_stride, n, dim, acc, acc_stride);
+    in_blocks_of.template operator()<4>();
   }
 }
 
@@ -317,18 +301,10 @@ template <size_t kV>
 HWY_INLINE void TransposedVectors(const float* q, size_t q_stride, size_t num_q, const float* kt,
                                   size_t kt_stride, size_t n, size_t dim, float* scores,
                                   size_t score_stride) {
-  size_t g = 0;
-  for (; g + 3 <= num_q; g += 3) {
-    TransposedBlock<3, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
-                           scores + g * score_stride, score_stride);
-  }
-  if (num_q - g == 2) {
-    TransposedBlock<2, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
-                           scores + g * score_stride, score_stride);
-  } else if (num_q - g == 1) {
-    TransposedBlock<1, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
-                           scores + g * score_stride, score_stride);
-  }
+  ForEachQueryBlock<3>(num_q, 1, [&]<size_t kQ>(size_t, size_t g) HWY_ATTR {
+    TransposedBlock<kQ, kV>(q + g * q_stride, q_stride, kt, kt_stride, n, dim,
+                            scores + g * score_stride, score_stride);
+  });
 }
 
 #if HWY_TARGET != HWY_SCALAR
@@ -366,8 +342,6 @@ HWY_INLINE void Transpose(const void* const* rows, size_t offset, size_t n, size
                           size_t kt_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  // E4M3 rows load as value / 256; the transposed tile holds the values themselves.
-  const VF unit = hn::Set(df, kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f);
   size_t t0 = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (hn::MaxLanes(DF()) == 8) {
@@ -377,8 +351,7 @@ HWY_INLINE void Transpose(const void* const* rows, size_t offset, size_t n, size
       for (size_t d = 0; d < dim; d += 8) {
         VF r[8];
         for (size_t i = 0; i < 8; ++i) {
-          r[i] = i < tokens ? hn::Mul(LoadRow<kType>(df, At(rows[t0 + i], offset), d), unit)
-                            : hn::Zero(df);
+          r[i] = i < tokens ? LoadValues<kType>(df, At(rows[t0 + i], offset), d) : hn::Zero(df);
         }
         Transpose8x8(df, r);
         for (size_t j = 0; j < 8; ++j) hn::StoreU(r[j], df, kt + (d + j) * kt_stride + t0);
@@ -390,7 +363,7 @@ HWY_INLINE void Transpose(const void* const* rows, size_t offset, size_t n, size
   for (size_t t = t0; t < n; ++t) {  // other vector widths: element by element
     const void* row = At(rows[t], offset);
     for (size_t d = 0; d < dim; d += lanes) {
-      hn::Store(hn::Mul(LoadRow<kType>(df, row, d), unit), df, chunk);
+      hn::Store(LoadValues<kType>(df, row, d), df, chunk);
       for (size_t i = 0; i < lanes; ++i) kt[(d + i) * kt_stride + t] = chunk[i];
     }
   }
@@ -405,11 +378,10 @@ HWY_INLINE void Decode(const void* const* rows, size_t offset, size_t n, size_t 
                        size_t out_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  const VF unit = hn::Set(df, kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f);
   for (size_t t = 0; t < n; ++t) {
     const void* row = At(rows[t], offset);
     for (size_t d = 0; d < dim; d += lanes) {
-      hn::StoreU(hn::Mul(LoadRow<kType>(df, row, d), unit), df, out + t * out_stride + d);
+      hn::StoreU(LoadValues<kType>(df, row, d), df, out + t * out_stride + d);
     }
   }
 }
@@ -467,45 +439,23 @@ HWY_INLINE void TileRows(const float* w, size_t w_stride, const float* v, size_t
 void QkDots(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
             const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
             size_t score_stride) {
-  switch (type) {
-    case KvElem::kF32:
-      return Dots<KvElem::kF32>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                                score_stride);
-    case KvElem::kBf16:
-      return Dots<KvElem::kBf16>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                                 score_stride);
-    case KvElem::kE4M3:
-      return Dots<KvElem::kE4M3>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores,
-                                 score_stride);
-  }
+  WithKvType(type, [&]<KvElem kType>() HWY_ATTR {
+    Dots<kType>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride);
+  });
 }
 
 void PvAccumulate(KvElem type, const float* w, size_t w_stride, size_t group, size_t num_heads,
                   const void* const* rows, size_t head_stride, size_t n, size_t dim,
                   const float* rescale, float* acc, size_t acc_stride) {
-  switch (type) {
-    case KvElem::kF32:
-      return Pv<KvElem::kF32>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
-                              acc, acc_stride);
-    case KvElem::kBf16:
-      return Pv<KvElem::kBf16>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
-                               acc, acc_stride);
-    case KvElem::kE4M3:
-      return Pv<KvElem::kE4M3>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale,
-                               acc, acc_stride);
-  }
+  WithKvType(type, [&]<KvElem kType>() HWY_ATTR {
+    Pv<kType>(w, w_stride, group, num_heads, rows, head_stride, n, dim, rescale, acc, acc_stride);
+  });
 }
 
 void TransposeRows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
                    float* kt, size_t kt_stride) {
-  switch (type) {
-    case KvElem::kF32:
-      return Transpose<KvElem::kF32>(rows, offset, n, dim, kt, kt_stride);
-    case KvElem::kBf16:
-      return Transpose<KvElem::kBf16>(rows, offset, n, dim, kt, kt_stride);
-    case KvElem::kE4M3:
-      return Transpose<KvElem::kE4M3>(rows, offset, n, dim, kt, kt_stride);
-  }
+  WithKvType(type, [&]<KvElem kType>()
+                       HWY_ATTR { Transpose<kType>(rows, offset, n, dim, kt, kt_stride); });
 }
 
 void QkDotsTransposed(const float* q, size_t q_stride, size_t num_q, const float* kt,
@@ -535,42 +485,19 @@ void QkDotsTransposed(const float* q, size_t q_stride, size_t num_q, const float
 
 void DecodeRows(KvElem type, const void* const* rows, size_t offset, size_t n, size_t dim,
                 float* out, size_t out_stride) {
-  switch (type) {
-    case KvElem::kF32:
-      return Decode<KvElem::kF32>(rows, offset, n, dim, out, out_stride);
-    case KvElem::kBf16:
-      return Decode<KvElem::kBf16>(rows, offset, n, dim, out, out_stride);
-    case KvElem::kE4M3:
-      return Decode<KvElem::kE4M3>(rows, offset, n, dim, out, out_stride);
-  }
+  WithKvType(
+      type, [&]<KvElem kType>() HWY_ATTR { Decode<kType>(rows, offset, n, dim, out, out_stride); });
 }
 
 void PvAccumulateTile(const float* w, size_t w_stride, size_t num_q, const float* v,
                       size_t v_stride, size_t n, size_t dim, const float* rescale, float* acc,
                       size_t acc_stride) {
   // At most 12 accumulators and 16 registers in all: 4 rows x 3 vectors, 3 x 3, 2 x 4, 1 x 6.
-  auto at = [&](size_t g) { return rescale != nullptr ? rescale + g : nullptr; };
-  size_t g = 0;
-  for (; g + 4 <= num_q; g += 4) {
-    TileRows<4, 3>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
-                   acc_stride);
-  }
-  switch (num_q - g) {
-    case 3:
-      TileRows<3, 3>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
-                     acc_stride);
-      break;
-    case 2:
-      TileRows<2, 4>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
-                     acc_stride);
-      break;
-    case 1:
-      TileRows<1, 6>(w + g * w_stride, w_stride, v, v_stride, n, dim, at(g), acc + g * acc_stride,
-                     acc_stride);
-      break;
-    default:
-      break;
-  }
+  ForEachQueryBlock(num_q, 1, [&]<size_t kQ>(size_t, size_t g) HWY_ATTR {
+    constexpr size_t kD = kQ >= 3 ? 3 : kQ == 2 ? 4 : 6;
+    TileRows<kQ, kD>(w + g * w_stride, w_stride, v, v_stride, n, dim,
+                     rescale != nullptr ? rescale + g : nullptr, acc + g * acc_stride, acc_stride);
+  });
 }
 
 void OnlineSoftmax(float* scores, size_t score_stride, size_t num_q, size_t n, float scale,
