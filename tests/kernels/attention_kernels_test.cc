@@ -39,6 +39,8 @@ const char* Name(KvElem type) {
   return type == KvElem::kF32 ? "f32" : type == KvElem::kBf16 ? "bf16" : "e4m3";
 }
 
+size_t ElemBytes(KvElem type) { return type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1; }
+
 // n rows of dim elements of `type`, each row its own allocation (as pages are), values of
 // magnitude about `magnitude`.
 struct Rows {
@@ -48,7 +50,7 @@ struct Rows {
   Rows(KvElem type, size_t n, size_t dim, std::mt19937& rng, float magnitude = 1.0f) {
     std::normal_distribution<float> normal(0.0f, magnitude);
     std::uniform_int_distribution<int> any_code(0, 255);
-    const size_t bytes = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
+    const size_t bytes = ElemBytes(type);
     for (size_t t = 0; t < n; ++t) {
       std::vector<uint8_t> row(dim * bytes);
       std::vector<float> values(dim);
@@ -68,6 +70,72 @@ struct Rows {
     return reference::kv_element(type, ptrs[t], d);
   }
 };
+
+// n tokens of `heads` rows of dim elements each, side by side head_stride bytes apart (padding
+// 0xEE), every token its own allocation, as in a token-major page: rows[t] is token t's head 0.
+struct TokenRows {
+  Rows per_head;  // token t's head h is row t * heads + h
+  size_t heads;
+  std::vector<std::vector<uint8_t>> tokens;
+  std::vector<const void*> rows;
+
+  TokenRows(KvElem type, size_t n, size_t heads, size_t dim, size_t head_stride, std::mt19937& rng)
+      : per_head(type, n * heads, dim, rng), heads(heads), tokens(n), rows(n) {
+    for (size_t t = 0; t < n; ++t) {
+      tokens[t].assign(heads * head_stride, 0xEE);
+      for (size_t h = 0; h < heads; ++h) {
+        std::memcpy(tokens[t].data() + h * head_stride, per_head.ptrs[t * heads + h],
+                    dim * ElemBytes(type));
+      }
+      rows[t] = tokens[t].data();
+    }
+  }
+  // Head h's rows, one pointer per token (for the single-head references).
+  std::vector<const void*> head(size_t h) const {
+    std::vector<const void*> out(rows.size());
+    for (size_t t = 0; t < rows.size(); ++t) out[t] = per_head.ptrs[t * heads + h];
+    return out;
+  }
+  double at(KvElem type, size_t t, size_t h, size_t d) const {
+    return per_head.at(type, t * heads + h, d);
+  }
+};
+
+// Scores got and want, [num_q][stride] for n tokens: got is untouched (-1) beyond n, and within
+// f32 summation error of want elsewhere, a few ulps of magnitude(g, t) = sum_d |q[g][d] k_t[d]|.
+template <class Magnitude>
+void ExpectScoresMatch(const std::vector<float>& got, const std::vector<float>& want, size_t num_q,
+                       size_t stride, size_t n, const Magnitude& magnitude) {
+  for (size_t g = 0; g < num_q; ++g) {
+    for (size_t t = 0; t < stride; ++t) {
+      const size_t i = g * stride + t;
+      if (t >= n) {
+        ASSERT_EQ(got[i], -1.0f) << "wrote beyond n";
+        continue;
+      }
+      ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude(g, t) + 1e-30) << "q " << g << " t " << t;
+    }
+  }
+}
+
+// Accumulators got and want, [num_q][acc_stride] of dim elements: the padding beyond dim is
+// unchanged, and the rest within a few ulps of |want| + magnitude(g, d) = sum_t |w[g][t] v_t[d]|.
+template <class Magnitude>
+void ExpectAccumulatorsMatch(const std::vector<float>& got, const std::vector<float>& want,
+                             size_t num_q, size_t acc_stride, size_t dim,
+                             const Magnitude& magnitude) {
+  for (size_t g = 0; g < num_q; ++g) {
+    for (size_t d = 0; d < acc_stride; ++d) {
+      const size_t i = g * acc_stride + d;
+      if (d >= dim) {
+        ASSERT_EQ(got[i], want[i]) << "changed padding beyond dim";
+        continue;
+      }
+      ASSERT_NEAR(got[i], want[i], 1e-6 * (std::fabs(want[i]) + magnitude(g, d)) + 1e-30)
+          << "q " << g << " d " << d;
+    }
+  }
+}
 
 std::vector<float> Normal(size_t n, std::mt19937& rng, float sigma = 1.0f) {
   std::normal_distribution<float> normal(0.0f, sigma);
@@ -123,6 +191,8 @@ TEST(AttentionKernels, QkDotsMatchReference) {
         // Every query block (4, 2, 1 and their mixes) and row block (8, 4, 2 and tails).
         for (size_t num_q : {1, 2, 3, 4, 5, 8, 9}) {
           for (size_t n : {0, 1, 3, 8, 9, 17}) {
+            SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " queries " +
+                         std::to_string(num_q) + " rows " + std::to_string(n));
             Rows rows(type, n, dim, rng);
             const size_t q_stride = dim + 8, score_stride = n + 3;
             std::vector<float> q = Normal(num_q * q_stride, rng);
@@ -131,23 +201,14 @@ TEST(AttentionKernels, QkDotsMatchReference) {
                     score_stride);
             reference::qk_dots(type, q.data(), q_stride, num_q, rows.ptrs.data(), n, dim,
                                want.data(), score_stride);
-            for (size_t g = 0; g < num_q; ++g) {
-              for (size_t t = 0; t < score_stride; ++t) {
-                const size_t i = g * score_stride + t;
-                if (t >= n) {
-                  ASSERT_EQ(got[i], -1.0f) << "wrote beyond n";
-                  continue;
-                }
-                // f32 summation error: a few ulps of sum |q * k|.
-                double magnitude = 0;
-                for (size_t d = 0; d < dim; ++d) {
-                  magnitude += std::fabs(q[g * q_stride + d] * rows.at(type, t, d));
-                }
-                ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30)
-                    << Name(type) << " dim " << dim << " q " << g << "/" << num_q << " row " << t
-                    << "/" << n;
-              }
-            }
+            ASSERT_NO_FATAL_FAILURE(
+                ExpectScoresMatch(got, want, num_q, score_stride, n, [&](size_t g, size_t t) {
+                  double magnitude = 0;
+                  for (size_t d = 0; d < dim; ++d) {
+                    magnitude += std::fabs(q[g * q_stride + d] * rows.at(type, t, d));
+                  }
+                  return magnitude;
+                }));
           }
         }
       }
@@ -163,6 +224,9 @@ TEST(AttentionKernels, PvAccumulateMatchesReference) {
         for (size_t num_q : {1, 2, 3, 4, 5, 8, 15}) {
           for (size_t n : {0, 1, 5, 16}) {
             for (bool with_rescale : {false, true}) {
+              SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " queries " +
+                           std::to_string(num_q) + " n " + std::to_string(n) + " rescale " +
+                           std::to_string(with_rescale));
               Rows rows(type, n, dim, rng);
               const size_t w_stride = n + 1, acc_stride = dim + 8;
               std::vector<float> w(num_q * w_stride);
@@ -175,22 +239,14 @@ TEST(AttentionKernels, PvAccumulateMatchesReference) {
                             got.data(), acc_stride);
               reference::pv_accumulate(type, w.data(), w_stride, num_q, rows.ptrs.data(), n, dim, r,
                                        want.data(), acc_stride);
-              for (size_t g = 0; g < num_q; ++g) {
-                for (size_t d = 0; d < acc_stride; ++d) {
-                  const size_t i = g * acc_stride + d;
-                  if (d >= dim) {
-                    ASSERT_EQ(got[i], want[i]) << "changed padding beyond dim";
-                    continue;
-                  }
-                  double magnitude = std::fabs(want[i]);
-                  for (size_t t = 0; t < n; ++t) {
-                    magnitude += std::fabs(w[g * w_stride + t] * rows.at(type, t, d));
-                  }
-                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30)
-                      << Name(type) << " dim " << dim << " q " << g << "/" << num_q << " n " << n
-                      << " rescale " << with_rescale;
-                }
-              }
+              ASSERT_NO_FATAL_FAILURE(ExpectAccumulatorsMatch(
+                  got, want, num_q, acc_stride, dim, [&](size_t g, size_t d) {
+                    double magnitude = 0;
+                    for (size_t t = 0; t < n; ++t) {
+                      magnitude += std::fabs(w[g * w_stride + t] * rows.at(type, t, d));
+                    }
+                    return magnitude;
+                  }));
             }
           }
         }
@@ -205,7 +261,6 @@ TEST(AttentionKernels, HeadsKernelsMatchReference) {
   std::mt19937 rng(5);
   ForEachTarget([&] {
     for (KvElem type : kTypes) {
-      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
       for (size_t dim : {8, 64, 136}) {
         for (size_t pad : {0, 24}) {
           for (size_t group : {1, 2, 3, 4, 5, 8}) {
@@ -214,22 +269,9 @@ TEST(AttentionKernels, HeadsKernelsMatchReference) {
                 SCOPED_TRACE(std::string(Name(type)) + " dim " + std::to_string(dim) + " pad " +
                              std::to_string(pad) + " group " + std::to_string(group) + " heads " +
                              std::to_string(heads) + " n " + std::to_string(n));
-                // n tokens of `heads` rows each, every token its own allocation.
-                const size_t head_stride = dim * elem + pad;
-                Rows per_head(type, n * heads, dim, rng);
-                std::vector<std::vector<uint8_t>> tokens(n);
-                std::vector<const void*> rows(n);
-                for (size_t t = 0; t < n; ++t) {
-                  tokens[t].assign(heads * head_stride, 0xEE);
-                  for (size_t h = 0; h < heads; ++h) {
-                    std::memcpy(tokens[t].data() + h * head_stride, per_head.ptrs[t * heads + h],
-                                dim * elem);
-                  }
-                  rows[t] = tokens[t].data();
-                }
-                auto element = [&](size_t t, size_t h, size_t d) {
-                  return double{per_head.at(type, t * heads + h, d)};
-                };
+                const size_t head_stride = dim * ElemBytes(type) + pad;
+                TokenRows tokens(type, n, heads, dim, head_stride, rng);
+                const std::vector<const void*>& rows = tokens.rows;
                 const size_t num_q = group * heads, q_stride = dim + 8, stride = n + 3;
 
                 std::vector<float> q = Normal(num_q * q_stride, rng);
@@ -238,20 +280,15 @@ TEST(AttentionKernels, HeadsKernelsMatchReference) {
                               dim, got.data(), stride);
                 reference::qk_dots_heads(type, q.data(), q_stride, group, heads, rows.data(),
                                          head_stride, n, dim, want.data(), stride);
-                for (size_t i = 0; i < num_q; ++i) {
-                  for (size_t t = 0; t < stride; ++t) {
-                    if (t >= n) {
-                      ASSERT_EQ(got[i * stride + t], -1.0f) << "wrote beyond n";
-                      continue;
-                    }
-                    double magnitude = 0;
-                    for (size_t d = 0; d < dim; ++d) {
-                      magnitude += std::fabs(q[i * q_stride + d] * element(t, i / group, d));
-                    }
-                    ASSERT_NEAR(got[i * stride + t], want[i * stride + t], 1e-6 * magnitude + 1e-30)
-                        << "query " << i << " token " << t;
-                  }
-                }
+                ASSERT_NO_FATAL_FAILURE(
+                    ExpectScoresMatch(got, want, num_q, stride, n, [&](size_t i, size_t t) {
+                      double magnitude = 0;
+                      for (size_t d = 0; d < dim; ++d) {
+                        magnitude +=
+                            std::fabs(q[i * q_stride + d] * tokens.at(type, t, i / group, d));
+                      }
+                      return magnitude;
+                    }));
 
                 std::vector<float> w(num_q * stride), rescale(num_q);
                 for (float& x : w) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
@@ -263,21 +300,15 @@ TEST(AttentionKernels, HeadsKernelsMatchReference) {
                 reference::pv_accumulate_heads(type, w.data(), stride, group, heads, rows.data(),
                                                head_stride, n, dim, rescale.data(), acc_want.data(),
                                                acc_stride);
-                for (size_t i = 0; i < num_q; ++i) {
-                  for (size_t d = 0; d < acc_stride; ++d) {
-                    const size_t at = i * acc_stride + d;
-                    if (d >= dim) {
-                      ASSERT_EQ(acc_got[at], acc_want[at]) << "changed padding beyond dim";
-                      continue;
-                    }
-                    double magnitude = std::fabs(acc_want[at]);
-                    for (size_t t = 0; t < n; ++t) {
-                      magnitude += std::fabs(w[i * stride + t] * element(t, i / group, d));
-                    }
-                    ASSERT_NEAR(acc_got[at], acc_want[at], 1e-6 * magnitude + 1e-30)
-                        << "query " << i << " d " << d;
-                  }
-                }
+                ASSERT_NO_FATAL_FAILURE(ExpectAccumulatorsMatch(
+                    acc_got, acc_want, num_q, acc_stride, dim, [&](size_t i, size_t d) {
+                      double magnitude = 0;
+                      for (size_t t = 0; t < n; ++t) {
+                        magnitude +=
+                            std::fabs(w[i * stride + t] * tokens.at(type, t, i / group, d));
+                      }
+                      return magnitude;
+                    }));
               }
             }
           }
@@ -293,25 +324,16 @@ TEST(AttentionKernels, TransposedTileScoresMatchReference) {
   std::mt19937 rng(6);
   ForEachTarget([&] {
     for (KvElem type : kTypes) {
-      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
       for (size_t dim : {8, 64, 136}) {
         for (size_t kt_stride : {32, 40}) {
           for (size_t n : {1, 5, 8, 17, 32}) {
             if (n > kt_stride) continue;
             // Rows of two heads side by side; the second head's rows are the ones used.
-            const size_t offset = dim * elem;
-            Rows per_head(type, 2 * n, dim, rng);
-            std::vector<std::vector<uint8_t>> tokens(n);
-            std::vector<const void*> rows(n), head1(n);
-            for (size_t t = 0; t < n; ++t) {
-              tokens[t].resize(2 * offset);
-              std::memcpy(tokens[t].data(), per_head.ptrs[2 * t], offset);
-              std::memcpy(tokens[t].data() + offset, per_head.ptrs[2 * t + 1], offset);
-              rows[t] = tokens[t].data();
-              head1[t] = per_head.ptrs[2 * t + 1];
-            }
+            const size_t offset = dim * ElemBytes(type);
+            TokenRows tokens(type, n, 2, dim, offset, rng);
+            const std::vector<const void*> head1 = tokens.head(1);
             std::vector<float> kt(dim * kt_stride, -7.0f);
-            transpose_rows(type, rows.data(), offset, n, dim, kt.data(), kt_stride);
+            transpose_rows(type, tokens.rows.data(), offset, n, dim, kt.data(), kt_stride);
             for (size_t d = 0; d < dim; ++d) {
               for (size_t t = 0; t < kt_stride; ++t) {
                 const float want = t < n ? reference::kv_element(type, head1[t], d) : 0.0f;
@@ -328,20 +350,14 @@ TEST(AttentionKernels, TransposedTileScoresMatchReference) {
                                  got.data(), stride);
               reference::qk_dots(type, q.data(), q_stride, num_q, head1.data(), n, dim, want.data(),
                                  stride);
-              for (size_t g = 0; g < num_q; ++g) {
-                for (size_t t = 0; t < stride; ++t) {
-                  const size_t i = g * stride + t;
-                  if (t >= n) {
-                    ASSERT_EQ(got[i], -1.0f) << "wrote beyond n";
-                    continue;
-                  }
-                  double magnitude = 0;
-                  for (size_t d = 0; d < dim; ++d) {
-                    magnitude += std::fabs(q[g * q_stride + d] * kt[d * kt_stride + t]);
-                  }
-                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30) << "q " << g << " t " << t;
-                }
-              }
+              ASSERT_NO_FATAL_FAILURE(
+                  ExpectScoresMatch(got, want, num_q, stride, n, [&](size_t g, size_t t) {
+                    double magnitude = 0;
+                    for (size_t d = 0; d < dim; ++d) {
+                      magnitude += std::fabs(q[g * q_stride + d] * kt[d * kt_stride + t]);
+                    }
+                    return magnitude;
+                  }));
             }
           }
         }
@@ -356,23 +372,14 @@ TEST(AttentionKernels, DecodedTileSumsMatchReference) {
   std::mt19937 rng(8);
   ForEachTarget([&] {
     for (KvElem type : kTypes) {
-      const size_t elem = type == KvElem::kF32 ? 4 : type == KvElem::kBf16 ? 2 : 1;
       for (size_t dim : {8, 40, 64, 136}) {
         for (size_t n : {0, 1, 5, 32}) {
           // Token rows of two heads; the second head's rows are decoded.
-          const size_t offset = dim * elem, v_stride = dim + 8;
-          Rows per_head(type, 2 * n, dim, rng);
-          std::vector<std::vector<uint8_t>> tokens(n);
-          std::vector<const void*> rows(n), head1(n);
-          for (size_t t = 0; t < n; ++t) {
-            tokens[t].resize(2 * offset);
-            std::memcpy(tokens[t].data(), per_head.ptrs[2 * t], offset);
-            std::memcpy(tokens[t].data() + offset, per_head.ptrs[2 * t + 1], offset);
-            rows[t] = tokens[t].data();
-            head1[t] = per_head.ptrs[2 * t + 1];
-          }
+          const size_t offset = dim * ElemBytes(type), v_stride = dim + 8;
+          TokenRows tokens(type, n, 2, dim, offset, rng);
+          const std::vector<const void*> head1 = tokens.head(1);
           std::vector<float> v(n * v_stride, -7.0f);
-          decode_rows(type, rows.data(), offset, n, dim, v.data(), v_stride);
+          decode_rows(type, tokens.rows.data(), offset, n, dim, v.data(), v_stride);
           std::vector<const void*> v_rows(n);
           for (size_t t = 0; t < n; ++t) {
             v_rows[t] = v.data() + t * v_stride;
@@ -395,20 +402,14 @@ TEST(AttentionKernels, DecodedTileSumsMatchReference) {
                                  got.data(), acc_stride);
               reference::pv_accumulate(KvElem::kF32, w.data(), w_stride, num_q, v_rows.data(), n,
                                        dim, r, want.data(), acc_stride);
-              for (size_t g = 0; g < num_q; ++g) {
-                for (size_t d = 0; d < acc_stride; ++d) {
-                  const size_t i = g * acc_stride + d;
-                  if (d >= dim) {
-                    ASSERT_EQ(got[i], want[i]) << "changed padding beyond dim";
-                    continue;
-                  }
-                  double magnitude = std::fabs(want[i]);
-                  for (size_t t = 0; t < n; ++t) {
-                    magnitude += std::fabs(w[g * w_stride + t] * v[t * v_stride + d]);
-                  }
-                  ASSERT_NEAR(got[i], want[i], 1e-6 * magnitude + 1e-30) << "q " << g << " d " << d;
-                }
-              }
+              ASSERT_NO_FATAL_FAILURE(ExpectAccumulatorsMatch(
+                  got, want, num_q, acc_stride, dim, [&](size_t g, size_t d) {
+                    double magnitude = 0;
+                    for (size_t t = 0; t < n; ++t) {
+                      magnitude += std::fabs(w[g * w_stride + t] * v[t * v_stride + d]);
+                    }
+                    return magnitude;
+                  }));
             }
           }
         }
