@@ -571,14 +571,25 @@ class CpuAttention : public sdk::AttentionBase {
     // the hardware prefetchers start over at every page, and a page table puts pages anywhere.
     // (An in-process A/B on attention_bench: 5-11% faster for fp8 and for synth-76m's shape,
     // within 3% either way for bf16 rows of 2 KiB per token.)
+    // Position pos of the sequence: its page id and its offset in the page, and the K and V
+    // rows (head 0) there in the store's layout.
+    auto locate = [&](int32_t pos) {
+      return std::pair<int64_t, int64_t>{header.page_indices[item.page_base + pos / page_size],
+                                         pos % page_size};
+    };
+    auto k_row = [&](int64_t page, int64_t offset) {
+      return k_base + page * l.k_page_stride + offset * l.k_token_stride;
+    };
+    auto v_row = [&](int64_t page, int64_t offset) {
+      return v_base + page * l.v_page_stride + offset * l.v_token_stride;
+    };
     const size_t k_token_bytes = kv_heads_ * k_head_stride;
     const size_t v_token_bytes = kv_heads_ * v_head_stride;
     auto prefetch = [&](int32_t begin, int32_t n) {
       for (int32_t pos = begin; pos < begin + n; ++pos) {
-        const int64_t page = header.page_indices[item.page_base + pos / page_size];
-        const int64_t offset = pos % page_size;
-        const uint8_t* k = k_base + page * l.k_page_stride + offset * l.k_token_stride;
-        const uint8_t* v = v_base + page * l.v_page_stride + offset * l.v_token_stride;
+        const auto [page, offset] = locate(pos);
+        const uint8_t* k = k_row(page, offset);
+        const uint8_t* v = v_row(page, offset);
         for (size_t b = 0; b < k_token_bytes; b += 64) __builtin_prefetch(k + b, 0, 1);
         for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 1);
       }
@@ -590,13 +601,12 @@ class CpuAttention : public sdk::AttentionBase {
         prefetch(t0 + tile, std::min(tile, item.kv_end - t0 - tile));
       }
       for (int32_t i = 0; i < n; ++i) {
-        const int64_t page = header.page_indices[item.page_base + (t0 + i) / page_size];
-        const int64_t offset = (t0 + i) % page_size;
+        const auto [page, offset] = locate(t0 + i);
         s_off[i] = page * l.scale_page_stride + offset * l.scale_token_stride;
         slots[i] = page * page_size + offset;
         if (layer.native) {
-          k_rows[i] = k_base + page * l.k_page_stride + offset * l.k_token_stride;
-          v_rows[i] = v_base + page * l.v_page_stride + offset * l.v_token_stride;
+          k_rows[i] = k_row(page, offset);
+          v_rows[i] = v_row(page, offset);
         } else {
           k_rows[i] = gathered_k + size_t{static_cast<uint32_t>(i)} * kv_heads_ * qk_dim_;
           v_rows[i] = gathered_v + size_t{static_cast<uint32_t>(i)} * kv_heads_ * v_dim_;
