@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/config/scheduler_defaults.h"
 #include "core/util/status.h"
 
 namespace kvrt::config {
@@ -45,19 +46,25 @@ struct Config {
   };
   // SGLang's meanings and defaults, so operators can carry their tuning over.
   struct Scheduler {
-    double mem_fraction_static = 0.88;    // (0, 1): share of device memory for weights + KV
-    int page_size = 16;                   // tokens per KV page, power of two in 1..1024
-    int64_t chunked_prefill_size = 2048;  // tokens per prefill chunk; -1 = no chunking
-    int max_running_requests = 256;
-    int64_t max_prefill_tokens = 16384;  // tokens admitted per prefill batch
-    int num_continuous_decode_steps = 1;
-    double new_token_ratio = 0.7;          // (0, 1]: reservation for running requests' output
-    double new_token_ratio_decay = 0.001;  // (0, 1]: per step
-    double min_new_token_ratio = 0.1;      // (0, 1], <= new_token_ratio
-    int64_t max_new_tokens_clip = 4096;    // cap on max_new_tokens when reserving at admission
-    std::string schedule_policy = "fcfs";  // "fcfs" | "lpm" (longest prefix match)
-    int log_interval = 40;                 // decode steps between log lines
-    int64_t tier_min_load_pages = 1;       // load a prefix from a host tier from this many pages
+    double mem_fraction_static = 0.88;  // (0, 1): share of device memory for weights + KV
+    int page_size = scheduler_defaults::kPageSize;  // tokens per KV page, power of two in 1..1024
+    // tokens per prefill chunk; -1 = no chunking
+    int64_t chunked_prefill_size = scheduler_defaults::kChunkedPrefillSize;
+    int max_running_requests = scheduler_defaults::kMaxRunningRequests;
+    // tokens admitted per prefill batch
+    int64_t max_prefill_tokens = scheduler_defaults::kMaxPrefillTokens;
+    int num_continuous_decode_steps = scheduler_defaults::kNumContinuousDecodeSteps;
+    // (0, 1]: reservation for running requests' output
+    double new_token_ratio = scheduler_defaults::kNewTokenRatio;
+    double new_token_ratio_decay = scheduler_defaults::kNewTokenRatioDecay;  // (0, 1]: per step
+    // (0, 1], <= new_token_ratio
+    double min_new_token_ratio = scheduler_defaults::kMinNewTokenRatio;
+    // cap on max_new_tokens when reserving at admission
+    int64_t max_new_tokens_clip = scheduler_defaults::kMaxNewTokensClip;
+    std::string schedule_policy = "fcfs";                 // "fcfs" | "lpm" (longest prefix match)
+    int log_interval = scheduler_defaults::kLogInterval;  // decode steps between log lines
+    // load a prefix from a host tier from this many pages
+    int64_t tier_min_load_pages = scheduler_defaults::kTierMinLoadPages;
   };
   struct Server {
     std::string host = "127.0.0.1";

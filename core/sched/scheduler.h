@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config/scheduler_defaults.h"
 #include "core/exec/sampler.h"
 #include "core/metrics/metrics.h"
 #include "core/sched/kv_tier.h"
@@ -96,22 +97,24 @@ class StepExecutor {
 };
 
 struct SchedulerOptions {
-  uint32_t page_size = 16;
+  // Defaults as the [scheduler] table's (core/config/scheduler_defaults.h).
+  uint32_t page_size = config::scheduler_defaults::kPageSize;
   uint64_t num_pages = 0;
   int32_t vocab_size = 0;   // prompts with ids outside are aborted
   int64_t max_context = 0;  // prompt + max_new_tokens limit (0: only the pool limits it)
   uint64_t root_hash = 0;   // page_hash.h root for this model
-  int64_t chunked_prefill_size = 2048;  // <= 0: no chunking
-  int max_running_requests = 256;
-  int64_t max_prefill_tokens = 16384;
-  int num_continuous_decode_steps = 1;
-  double new_token_ratio = 0.7;
-  double new_token_ratio_decay = 0.001;
-  double min_new_token_ratio = 0.1;
-  int64_t max_new_tokens_clip = 4096;
+  int64_t chunked_prefill_size = config::scheduler_defaults::kChunkedPrefillSize;  // <= 0: none
+  int max_running_requests = config::scheduler_defaults::kMaxRunningRequests;
+  int64_t max_prefill_tokens = config::scheduler_defaults::kMaxPrefillTokens;
+  int num_continuous_decode_steps = config::scheduler_defaults::kNumContinuousDecodeSteps;
+  double new_token_ratio = config::scheduler_defaults::kNewTokenRatio;
+  double new_token_ratio_decay = config::scheduler_defaults::kNewTokenRatioDecay;
+  double min_new_token_ratio = config::scheduler_defaults::kMinNewTokenRatio;
+  int64_t max_new_tokens_clip = config::scheduler_defaults::kMaxNewTokensClip;
   bool longest_prefix_first = false;  // "lpm" policy (fcfs past 128 waiting requests)
-  uint64_t tier_min_hit_pages = 1;    // load from the tier when it holds at least this many
-  int log_interval = 40;              // decode steps between log lines; 0: no log lines
+  // load from the tier when it holds at least this many pages
+  uint64_t tier_min_hit_pages = config::scheduler_defaults::kTierMinLoadPages;
+  int log_interval = config::scheduler_defaults::kLogInterval;  // 0: no log lines
 #ifdef NDEBUG
   bool check_invariants = false;  // after every step
 #else
