@@ -255,6 +255,27 @@ HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_hea
   }
 }
 
+// acc[g][j] += coef[g * coef_stride + i] * src[i * src_stride + j * lanes ..] for i < steps: the
+// inner loop of both tile kernels, with kJ vectors of src loaded once per step for the kQ rows
+// and each coefficient broadcast once.
+template <size_t kQ, size_t kJ>
+HWY_INLINE void OuterProducts(const float* coef, size_t coef_stride, const float* src,
+                              size_t src_stride, size_t steps, VF (&acc)[kQ][kJ]) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  for (size_t i = 0; i < steps; ++i) {
+    VF x[kJ];
+    KVRT_UNROLL
+    for (size_t j = 0; j < kJ; ++j) x[j] = hn::LoadU(df, src + i * src_stride + j * lanes);
+    KVRT_UNROLL
+    for (size_t g = 0; g < kQ; ++g) {
+      const VF c = hn::Set(df, coef[g * coef_stride + i]);
+      KVRT_UNROLL
+      for (size_t j = 0; j < kJ; ++j) acc[g][j] = hn::MulAdd(c, x[j], acc[g][j]);
+    }
+  }
+}
+
 // kQ queries x kV vectors of tokens, from a transposed tile: per element of head_dim, kV
 // token vectors loaded once for the kQ queries and each query element broadcast once.
 template <size_t kQ, size_t kV>
@@ -268,17 +289,7 @@ HWY_INLINE void TransposedBlock(const float* q, size_t q_stride, const float* kt
     KVRT_UNROLL
     for (size_t v = 0; v < kV; ++v) acc[g][v] = hn::Zero(df);
   }
-  for (size_t d = 0; d < dim; ++d) {
-    VF k[kV];
-    KVRT_UNROLL
-    for (size_t v = 0; v < kV; ++v) k[v] = hn::LoadU(df, kt + d * kt_stride + v * lanes);
-    KVRT_UNROLL
-    for (size_t g = 0; g < kQ; ++g) {
-      const VF qv = hn::Set(df, q[g * q_stride + d]);
-      KVRT_UNROLL
-      for (size_t v = 0; v < kV; ++v) acc[g][v] = hn::MulAdd(qv, k[v], acc[g][v]);
-    }
-  }
+  OuterProducts<kQ, kV>(q, q_stride, kt, kt_stride, dim, acc);
   // Whole vectors where they fit before n, the last part through a buffer.
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
@@ -403,17 +414,7 @@ HWY_INLINE void TileBlock(const float* w, size_t w_stride, const float* v, size_
       a[g][j] = hn::Mul(hn::LoadU(df, acc + g * acc_stride + d0 + j * lanes), factor);
     }
   }
-  for (size_t t = 0; t < n; ++t) {
-    VF x[kD];
-    KVRT_UNROLL
-    for (size_t j = 0; j < kD; ++j) x[j] = hn::LoadU(df, v + t * v_stride + d0 + j * lanes);
-    KVRT_UNROLL
-    for (size_t g = 0; g < kQ; ++g) {
-      const VF wv = hn::Set(df, w[g * w_stride + t]);
-      KVRT_UNROLL
-      for (size_t j = 0; j < kD; ++j) a[g][j] = hn::MulAdd(wv, x[j], a[g][j]);
-    }
-  }
+  OuterProducts<kQ, kD>(w, w_stride, v + d0, v_stride, n, a);
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
     KVRT_UNROLL
