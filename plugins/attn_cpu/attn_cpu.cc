@@ -40,6 +40,8 @@ constexpr uint32_t kSplitMaxRows = 4;  // items up to this many rows split long 
 // rows, for kernels::qk_dots_transposed and pv_accumulate_tile; the decoding costs about what
 // 5 rows' scores save.
 constexpr int32_t kSharedTileMinRows = 8;
+// Decode prefetches K this many positions ahead of the scores (see run_item).
+constexpr uint32_t kPrefetchTokens = 8;
 constexpr uint32_t kMaxHeadDim = 4096;
 constexpr int64_t kDefaultChunkTokens = 256;
 constexpr uint64_t kAlign = 64;
@@ -567,10 +569,13 @@ class CpuAttention : public sdk::AttentionBase {
         layer.native ? static_cast<size_t>(l.k_head_stride) : size_t{qk_dim_} * sizeof(float);
     const size_t v_head_stride =
         layer.native ? static_cast<size_t>(l.v_head_stride) : size_t{v_dim_} * sizeof(float);
-    // The next tile's K and V rows (all heads) are prefetched into L2 while this one computes:
-    // the hardware prefetchers start over at every page, and a page table puts pages anywhere.
-    // (An in-process A/B on attention_bench: 5-11% faster for fp8 and for synth-76m's shape,
-    // within 3% either way for bf16 rows of 2 KiB per token.)
+    // Software prefetch, because the hardware prefetchers start over at every page and a page
+    // table puts pages anywhere:
+    //  - prefill (shared tiles): the next tile's K and V rows, into L2, while this one computes;
+    //  - decode: the first row's scores go kPrefetchTokens positions at a time, each part
+    //    prefetching the K rows kPrefetchTokens positions on (into the next tile at its end)
+    //    and its own positions' V rows, for the sums after the softmax. A whole next tile at
+    //    once is as large as L1 and evicts the tile in use.
     // Position pos of the sequence: its page id and its offset in the page, and the K and V
     // rows (head 0) there in the store's layout.
     auto locate = [&](int32_t pos) {
@@ -594,10 +599,28 @@ class CpuAttention : public sdk::AttentionBase {
         for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 1);
       }
     };
+    // Decode's first row: scores of positions [t0, t0 + valid) in parts of kPrefetchTokens.
+    auto scores_prefetching = [&](const float* q, int32_t t0, int32_t valid) {
+      const auto part = static_cast<int32_t>(kPrefetchTokens);
+      for (int32_t j = 0; j < valid; j += part) {
+        const int32_t m = std::min(part, valid - j);
+        for (int32_t pos = t0 + j + part; pos < std::min(t0 + j + 2 * part, item.kv_end); ++pos) {
+          const auto [page, offset] = locate(pos);
+          const uint8_t* k = k_row(page, offset);
+          for (size_t b = 0; b < k_token_bytes; b += 64) __builtin_prefetch(k + b, 0, 3);
+        }
+        for (int32_t i = j; i < j + m; ++i) {
+          const auto* v = static_cast<const uint8_t*>(v_rows[i]);
+          for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 3);
+        }
+        kernels::qk_dots_heads(layer.k_type, q, qk_dim_, group_, kv_heads_, k_rows + j,
+                               k_head_stride, static_cast<size_t>(m), qk_dim_, scores + j, kTile);
+      }
+    };
     const auto tile = static_cast<int32_t>(kTile);
     for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
       const int32_t n = std::min(tile, item.kv_end - t0);
-      if (layer.native && t0 + tile < item.kv_end) {
+      if (layer.native && shared_tile && t0 + tile < item.kv_end) {
         prefetch(t0 + tile, std::min(tile, item.kv_end - t0 - tile));
       }
       for (int32_t i = 0; i < n; ++i) {
@@ -648,6 +671,8 @@ class CpuAttention : public sdk::AttentionBase {
                                         kTile, static_cast<size_t>(valid), qk_dim_,
                                         scores + q0 * kTile, kTile);
           }
+        } else if (layer.native && r == 0) {
+          scores_prefetching(q_of(r), t0, valid);
         } else {
           kernels::qk_dots_heads(layer.k_type, q_of(r), qk_dim_, group_, kv_heads_, k_rows,
                                  k_head_stride, static_cast<size_t>(valid), qk_dim_, scores, kTile);
