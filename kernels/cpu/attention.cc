@@ -266,13 +266,15 @@ HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_h
 // acc rows g < kQ += sum over kT tokens of w[g * w_stride + t] * row_t (row_t = rows[t] +
 // offset): the kQ x kT weights stay in registers, each token chunk is decoded once for the kQ
 // rows, and each accumulator chunk is loaded and stored once per kT tokens.
-template <KvElem kType, size_t kQ, size_t kT>
+// kKey: E4M3 rows decode with LoadKey (value * 2^-120), else with LoadRow.
+template <KvElem kType, bool kKey, size_t kQ, size_t kT>
 HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* rows, size_t offset,
                          size_t dim, float* acc, size_t acc_stride) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  // E4M3 rows load as value / 256: weights times 256 give the same products (powers of two).
-  const float unit = kType == KvElem::kE4M3 ? kE4M3Unit : 1.0f;
+  // E4M3 rows load as value / 256 (or 2^-120): weights times the inverse give the same products
+  // (powers of two).
+  const float unit = kType != KvElem::kE4M3 ? 1.0f : kKey ? kE4M3KeyUnit : kE4M3Unit;
   VF wv[kQ][kT];
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
@@ -285,7 +287,9 @@ HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* row
   for (size_t d = 0; d < dim; d += lanes) {
     VF v[kT];
     KVRT_UNROLL
-    for (size_t t = 0; t < kT; ++t) v[t] = LoadRow<kType>(df, row[t], d);
+    for (size_t t = 0; t < kT; ++t) {
+      v[t] = kKey ? LoadKey<kType>(df, row[t], d) : LoadRow<kType>(df, row[t], d);
+    }
     KVRT_UNROLL
     for (size_t g = 0; g < kQ; ++g) {
       float* a = acc + g * acc_stride + d;
@@ -295,6 +299,22 @@ HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* row
       hn::StoreU(x, df, a);
     }
   }
+}
+
+// The largest |w[g * w_stride + t]| for g < rows, t < n. A NaN weight may be passed over; it
+// makes the sums NaN whichever way they are computed.
+HWY_INLINE float MaxAbs(const float* w, size_t w_stride, size_t rows, size_t n) {
+  const DF df;
+  const size_t lanes = hn::Lanes(df);
+  VF vmax = hn::Zero(df);
+  float max = 0.0f;
+  for (size_t g = 0; g < rows; ++g) {
+    const float* row = w + g * w_stride;
+    size_t t = 0;
+    for (; t + lanes <= n; t += lanes) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(df, row + t)));
+    for (; t < n; ++t) max = std::max(max, std::fabs(row[t]));
+  }
+  return std::max(max, hn::GetLane(hn::MaxOfLanes(df, vmax)));
 }
 
 template <KvElem kType>
@@ -314,20 +334,30 @@ HWY_INLINE void Pv(const float* w, size_t w_stride, size_t group, size_t num_hea
     }
   }
   // Blocks of kT tokens into every head's accumulators.
-  auto in_blocks_of = [&]<size_t kT>() HWY_ATTR {
+  auto in_blocks_of = [&]<size_t kT, bool kKey>() HWY_ATTR {
     ForEachTokenBlock<kT>(n, [&]<size_t kB>(size_t t) HWY_ATTR {
       ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
         const size_t i = h * group + g;
-        PvTokens<kType, kQ, kB>(w + i * w_stride + t, w_stride, rows + t, h * head_stride, dim,
-                                acc + i * acc_stride, acc_stride);
+        PvTokens<kType, kKey, kQ, kB>(w + i * w_stride + t, w_stride, rows + t, h * head_stride,
+                                      dim, acc + i * acc_stride, acc_stride);
       });
     });
   };
   // Up to 8 weights in registers: 4 (or 3) rows x 2 tokens, or 2 (1) rows x 4 tokens.
-  if (group >= 3) {
-    in_blocks_of.template operator()<2>();
+  auto with_tokens = [&]<bool kKey>() HWY_ATTR {
+    if (group >= 3) {
+      in_blocks_of.template operator()<2, kKey>();
+    } else {
+      in_blocks_of.template operator()<4, kKey>();
+    }
+  };
+  // E4M3 takes LoadKey's cheaper decode when the weights times its 2^120 stay finite (below 2^8:
+  // softmax weights are at most 1 times a per-token V scale). Its subnormal codes then enter
+  // multiply-adds as f32 subnormals, which measured no slower; plain multiplies of them did.
+  if (kType == KvElem::kE4M3 && MaxAbs(w, w_stride, group * num_heads, n) < 256.0f) {
+    with_tokens.template operator()<true>();
   } else {
-    in_blocks_of.template operator()<4>();
+    with_tokens.template operator()<false>();
   }
 }
 
