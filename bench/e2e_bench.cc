@@ -4,7 +4,9 @@
 //                     total (prompt + generated) tokens per second and generated per second
 //   batch8            the same with 8 sequences (decode products of 8 rows: the SIMD kernel,
 //                     not the BLAS)
-//   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store
+//   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store, with the
+//                     ceiling a streaming read sets when each token reads every weight and the
+//                     KV of the whole context once
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
 #include <benchmark/benchmark.h>
@@ -18,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/capacity/stores.h"
 #include "core/exec/engine.h"
 #include "core/exec/generate.h"
 #include "core/model/weights.h"
@@ -142,12 +145,37 @@ void BM_Batch(benchmark::State& state, int seqs) {
   state.counters["generated_tok_per_s"] = static_cast<double>(generated) / seconds;
 }
 
+// KV bytes per token of synth-76m in `store` (TP 1, pages of 16): the store's own page bytes.
+uint64_t kv_bytes_per_token(const std::string& store) {
+  const model::ModelConfig& c = weights().config;
+  capacity::KvShape shape;
+  shape.layers = static_cast<uint32_t>(c.num_hidden_layers);
+  shape.kv_heads = static_cast<uint32_t>(c.num_key_value_heads);
+  shape.head_dim = shape.v_head_dim = static_cast<uint32_t>(c.head_dim);
+  capacity::Budget budget;
+  budget.device_memory = uint64_t{1} << 32;
+  const capacity::StoreCapacity cap = capacity::store_capacity(
+      **registry().load_kv_store(store), nullptr, *capacity::kv_geometry(shape, 1, 16), budget);
+  return cap.plan.bytes_per_token();
+}
+
 void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
-  auto engine = make_engine(1, store, 4096 / 16 + 8);
+  const int64_t context = 4096, new_tokens = 33;
+  auto engine = make_engine(1, store, context / 16 + 8);
   exec::GenerateOptions o;
-  o.max_new_tokens = 33;
+  o.max_new_tokens = new_tokens;
   o.prefill_chunk = 512;
-  state.counters["decode_tok_per_s"] = decode_tok_per_s(state, *engine, prompt(4096, 2), o);
+  const double tok_per_s = decode_tok_per_s(state, *engine, prompt(context, 2), o);
+  state.counters["decode_tok_per_s"] = tok_per_s;
+  // Each decode step reads every weight and the KV of the context so far (its mean over the
+  // steps); a streaming read of as many bytes, measured now, bounds the tokens per second.
+  const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
+  const double kv_bytes = static_cast<double>(kv_bytes_per_token(store)) *
+                          (static_cast<double>(context) + static_cast<double>(new_tokens) / 2);
+  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes) & ~size_t{31});
+  state.counters["kv_MiB_per_step"] = kv_bytes / (1 << 20);
+  state.counters["read_GBps"] = read_GBps;
+  state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / (weight_bytes + kv_bytes);
 }
 
 }  // namespace
