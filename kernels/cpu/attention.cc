@@ -81,8 +81,9 @@ constexpr float kE4M3KeyUnit = 0x1p120f;
 // s.0000eeee.mmm0..., is an f32 whose exponent field is E4M3's, so its value is the code's times
 // 2^(7 - 127) = 2^-120, subnormal codes included (they become f32 subnormals, summed exactly;
 // an FPU set to treat denormal inputs as zero would read them as 0, a difference below
-// 2^-6 of the row's scale). Not for the sums: a multiply with a subnormal input measured up to
-// 2.5x slower here, where the scores' multiply-adds were not.
+// 2^-6 of the row's scale). The sums use it when their weights allow (Pv); LoadValues keeps the
+// f16 decode, because scaling a subnormal by 2^120 with a plain multiply measured up to 2.5x
+// slower here, where multiply-adds with subnormal inputs were not.
 template <KvElem kType>
 HWY_INLINE VF LoadKey(DF df, const void* row, size_t d) {
   if constexpr (kType == KvElem::kE4M3) {
