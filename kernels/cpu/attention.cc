@@ -20,6 +20,7 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 // clang-format off: math-inl.h must follow highway.h
@@ -241,10 +242,18 @@ HWY_INLINE void WithKvType(KvElem type, const Fn& fn) {
 template <KvElem kType>
 HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_heads,
                      const void* const* rows, size_t head_stride, size_t n, size_t dim,
-                     float* scores, size_t score_stride) {
-  // Blocks of kR tokens, each against every head's queries.
+                     float* scores, size_t score_stride, const PrefetchRows* prefetch,
+                     size_t num_prefetch) {
+  // Blocks of kR tokens, each against every head's queries, after prefetching the lists' rows of
+  // those tokens.
   auto in_blocks_of = [&]<size_t kR>() HWY_ATTR {
     ForEachTokenBlock<kR>(n, [&]<size_t kB>(size_t t) HWY_ATTR {
+      for (size_t l = 0; l < num_prefetch; ++l) {
+        for (size_t u = t; u < t + kB; ++u) {
+          const auto* row = static_cast<const uint8_t*>(prefetch[l].rows[u]);
+          for (size_t b = 0; b < prefetch[l].bytes; b += 64) hwy::Prefetch(row + b);
+        }
+      }
       ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
         const size_t i = h * group + g;
         DotsBlock<kType, kQ, kB>(q + i * q_stride, q_stride, rows + t, h * head_stride, dim,
@@ -546,9 +555,10 @@ HWY_INLINE void TileRows(const float* w, size_t w_stride, const float* v, size_t
 
 void QkDots(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
             const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
-            size_t score_stride) {
+            size_t score_stride, const PrefetchRows* prefetch, size_t num_prefetch) {
   WithKvType(type, [&]<KvElem kType>() HWY_ATTR {
-    Dots<kType>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride);
+    Dots<kType>(q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride,
+                prefetch, num_prefetch);
   });
 }
 
@@ -699,9 +709,10 @@ HWY_EXPORT(AttentionTargetName);
 
 void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
                    const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
-                   size_t score_stride) {
+                   size_t score_stride, const PrefetchRows* prefetch, size_t num_prefetch) {
   HWY_DYNAMIC_DISPATCH(QkDots)
-  (type, q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride);
+  (type, q, q_stride, group, num_heads, rows, head_stride, n, dim, scores, score_stride, prefetch,
+   num_prefetch);
 }
 
 void qk_dots(KvElem type, const float* q, size_t q_stride, size_t num_q, const void* const* rows,

@@ -67,9 +67,19 @@ void pv_accumulate(KvElem type, const float* w, size_t w_stride, size_t num_q,
 // in strides of a token's size, which the hardware prefetchers do not follow.
 // pv_accumulate_heads keeps the accumulators in memory (they are too many for registers) and
 // applies rescale (num_heads * group factors, or nullptr) first.
+// qk_dots_heads can also prefetch rows into L1 as it goes, so that their loads overlap its
+// arithmetic instead of stalling it: while scoring token t it prefetches the `bytes` at
+// rows[t] of each of the num_prefetch lists (each with n entries). attn_cpu's decode passes the
+// K rows a few positions ahead and the tile's V rows, which the sums read next; a burst of
+// prefetches before a tile fills the miss buffers and stalls like the loads it replaces.
+struct PrefetchRows {
+  const void* const* rows;
+  size_t bytes;
+};
 void qk_dots_heads(KvElem type, const float* q, size_t q_stride, size_t group, size_t num_heads,
                    const void* const* rows, size_t head_stride, size_t n, size_t dim, float* scores,
-                   size_t score_stride);
+                   size_t score_stride, const PrefetchRows* prefetch = nullptr,
+                   size_t num_prefetch = 0);
 void pv_accumulate_heads(KvElem type, const float* w, size_t w_stride, size_t group,
                          size_t num_heads, const void* const* rows, size_t head_stride, size_t n,
                          size_t dim, const float* rescale, float* acc, size_t acc_stride);

@@ -244,7 +244,7 @@ class CpuAttention : public sdk::AttentionBase {
 
   // Byte offsets of run()'s scratch, fixed by the shape; see layout_scratch().
   struct Scratch {
-    uint64_t state, q, scores, rescale, s_off, k_rows, v_rows, k_scales, v_scales, slots,
+    uint64_t state, q, scores, rescale, s_off, k_rows, v_rows, k_ahead, k_scales, v_scales, slots,
         gathered_k, gathered_v, out_row, kt, vt, total;
   };
 
@@ -302,6 +302,7 @@ class CpuAttention : public sdk::AttentionBase {
     scratch_.s_off = take(8 * kTile);
     scratch_.k_rows = take(sizeof(void*) * kTile);
     scratch_.v_rows = take(sizeof(void*) * kTile);
+    scratch_.k_ahead = take(sizeof(void*) * kTile);
     scratch_.k_scales = take(4 * kv_row_floats);
     scratch_.v_scales = take(4 * kv_row_floats);
     scratch_.slots = take(8 * kTile);
@@ -542,6 +543,7 @@ class CpuAttention : public sdk::AttentionBase {
     auto* s_off = scratch<int64_t>(layer, scratch_.s_off);
     auto* k_rows = scratch<const void*>(layer, scratch_.k_rows);
     auto* v_rows = scratch<const void*>(layer, scratch_.v_rows);
+    auto* k_ahead = scratch<const void*>(layer, scratch_.k_ahead);
     auto* k_scales = scratch<float>(layer, scratch_.k_scales);
     auto* v_scales = scratch<float>(layer, scratch_.v_scales);
     auto* slots = scratch<int64_t>(layer, scratch_.slots);
@@ -572,10 +574,10 @@ class CpuAttention : public sdk::AttentionBase {
     // Software prefetch, because the hardware prefetchers start over at every page and a page
     // table puts pages anywhere:
     //  - prefill (shared tiles): the next tile's K and V rows, into L2, while this one computes;
-    //  - decode: the first row's scores go kPrefetchTokens positions at a time, each part
-    //    prefetching the K rows kPrefetchTokens positions on (into the next tile at its end)
-    //    and its own positions' V rows, for the sums after the softmax. A whole next tile at
-    //    once is as large as L1 and evicts the tile in use.
+    //  - decode: the first row's scores prefetch, token by token as they go, the K row
+    //    kPrefetchTokens positions on (into the next tile at its end) and the token's V row,
+    //    for the sums after the softmax. A whole next tile at once is as large as L1 and evicts
+    //    the tile in use, and a burst of prefetches stalls once the miss buffers are full.
     // Position pos of the sequence: its page id and its offset in the page, and the K and V
     // rows (head 0) there in the store's layout.
     auto locate = [&](int32_t pos) {
@@ -599,23 +601,17 @@ class CpuAttention : public sdk::AttentionBase {
         for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 1);
       }
     };
-    // Decode's first row: scores of positions [t0, t0 + valid) in parts of kPrefetchTokens.
+    // Decode's first row: scores of positions [t0, t0 + valid), prefetching as they go (the
+    // positions past the item's end prefetch its last row again).
     auto scores_prefetching = [&](const float* q, int32_t t0, int32_t valid) {
-      const auto part = static_cast<int32_t>(kPrefetchTokens);
-      for (int32_t j = 0; j < valid; j += part) {
-        const int32_t m = std::min(part, valid - j);
-        for (int32_t pos = t0 + j + part; pos < std::min(t0 + j + 2 * part, item.kv_end); ++pos) {
-          const auto [page, offset] = locate(pos);
-          const uint8_t* k = k_row(page, offset);
-          for (size_t b = 0; b < k_token_bytes; b += 64) __builtin_prefetch(k + b, 0, 3);
-        }
-        for (int32_t i = j; i < j + m; ++i) {
-          const auto* v = static_cast<const uint8_t*>(v_rows[i]);
-          for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 3);
-        }
-        kernels::qk_dots_heads(layer.k_type, q, qk_dim_, group_, kv_heads_, k_rows + j,
-                               k_head_stride, static_cast<size_t>(m), qk_dim_, scores + j, kTile);
+      const auto ahead = static_cast<int32_t>(kPrefetchTokens);
+      for (int32_t i = 0; i < valid; ++i) {
+        const auto [page, offset] = locate(std::min(t0 + i + ahead, item.kv_end - 1));
+        k_ahead[i] = k_row(page, offset);
       }
+      const kernels::PrefetchRows lists[] = {{k_ahead, k_token_bytes}, {v_rows, v_token_bytes}};
+      kernels::qk_dots_heads(layer.k_type, q, qk_dim_, group_, kv_heads_, k_rows, k_head_stride,
+                             static_cast<size_t>(valid), qk_dim_, scores, kTile, lists, 2);
     };
     const auto tile = static_cast<int32_t>(kTile);
     for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
