@@ -592,7 +592,7 @@ class CpuAttention : public sdk::AttentionBase {
     };
     const size_t k_token_bytes = kv_heads_ * k_head_stride;
     const size_t v_token_bytes = kv_heads_ * v_head_stride;
-    auto prefetch = [&](int32_t begin, int32_t n) {
+    auto prefetch_tile = [&](int32_t begin, int32_t n) {
       for (int32_t pos = begin; pos < begin + n; ++pos) {
         const auto [page, offset] = locate(pos);
         const uint8_t* k = k_row(page, offset);
@@ -617,7 +617,7 @@ class CpuAttention : public sdk::AttentionBase {
     for (int32_t t0 = item.kv_begin; t0 < item.kv_end; t0 += tile) {
       const int32_t n = std::min(tile, item.kv_end - t0);
       if (layer.native && shared_tile && t0 + tile < item.kv_end) {
-        prefetch(t0 + tile, std::min(tile, item.kv_end - t0 - tile));
+        prefetch_tile(t0 + tile, std::min(tile, item.kv_end - t0 - tile));
       }
       for (int32_t i = 0; i < n; ++i) {
         const auto [page, offset] = locate(t0 + i);
