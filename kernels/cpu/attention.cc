@@ -244,17 +244,23 @@ HWY_INLINE void Dots(const float* q, size_t q_stride, size_t group, size_t num_h
                      const void* const* rows, size_t head_stride, size_t n, size_t dim,
                      float* scores, size_t score_stride, const PrefetchRows* prefetch,
                      size_t num_prefetch) {
-  // Blocks of kR tokens, each against every head's queries, after prefetching the lists' rows of
-  // those tokens.
+  // Blocks of kR tokens, each against every head's queries. Each head's first query block
+  // prefetches that head's share of the lists' rows of those tokens, so the prefetches are
+  // spread over the arithmetic instead of filling the miss buffers in bursts.
   auto in_blocks_of = [&]<size_t kR>() HWY_ATTR {
     ForEachTokenBlock<kR>(n, [&]<size_t kB>(size_t t) HWY_ATTR {
-      for (size_t l = 0; l < num_prefetch; ++l) {
-        for (size_t u = t; u < t + kB; ++u) {
-          const auto* row = static_cast<const uint8_t*>(prefetch[l].rows[u]);
-          for (size_t b = 0; b < prefetch[l].bytes; b += 64) hwy::Prefetch(row + b);
-        }
-      }
       ForEachQueryBlock(group, num_heads, [&]<size_t kQ>(size_t h, size_t g) HWY_ATTR {
+        if (g == 0) {
+          for (size_t l = 0; l < num_prefetch; ++l) {
+            const size_t share = (prefetch[l].bytes + num_heads - 1) / num_heads;
+            const size_t begin = h * share / 64 * 64;
+            const size_t end = std::min(prefetch[l].bytes, (h + 1) * share);
+            for (size_t u = t; u < t + kB; ++u) {
+              const auto* row = static_cast<const uint8_t*>(prefetch[l].rows[u]);
+              for (size_t b = begin; b < end; b += 64) hwy::Prefetch(row + b);
+            }
+          }
+        }
         const size_t i = h * group + g;
         DotsBlock<kType, kQ, kB>(q + i * q_stride, q_stride, rows + t, h * head_stride, dim,
                                  scores + i * score_stride + t, score_stride);
