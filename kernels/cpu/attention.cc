@@ -174,16 +174,13 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
   } else if constexpr (kR == 2 && kQ % 2 == 0 && hn::MaxLanes(DF()) == 8) {
     // Two queries' two rows at a time: lanes [g r0, g r1, g+1 r0, g+1 r1], stored as two pairs.
     const hn::Half<DF> dh;
-    const hn::Repartition<double, decltype(dh)> dd;  // a pair of floats as one 64-bit lane
+    const hn::Half<decltype(dh)> d2;
     KVRT_UNROLL
     for (size_t g = 0; g < kQ; g += 2) {
-      const auto sums = hn::BitCast(
-          dd, hn::Mul(SumsOf4(df, acc[g][0], acc[g][1], acc[g + 1][0], acc[g + 1][1]),
-                      hn::Set(dh, unit)));
-      hn::StoreU(hn::LowerHalf(sums), hn::Half<decltype(dd)>(),
-                 reinterpret_cast<double*>(scores + g * score_stride));
-      hn::StoreU(hn::UpperHalf(hn::Half<decltype(dd)>(), sums), hn::Half<decltype(dd)>(),
-                 reinterpret_cast<double*>(scores + (g + 1) * score_stride));
+      const auto sums = hn::Mul(SumsOf4(df, acc[g][0], acc[g][1], acc[g + 1][0], acc[g + 1][1]),
+                                hn::Set(dh, unit));
+      hn::StoreU(hn::LowerHalf(d2, sums), d2, scores + g * score_stride);
+      hn::StoreU(hn::UpperHalf(d2, sums), d2, scores + (g + 1) * score_stride);
     }
     return;
   }
