@@ -601,13 +601,19 @@ class CpuAttention : public sdk::AttentionBase {
         for (size_t b = 0; b < v_token_bytes; b += 64) __builtin_prefetch(v + b, 0, 1);
       }
     };
-    // Decode's first row: scores of positions [t0, t0 + valid), prefetching as they go (the
-    // positions past the item's end prefetch its last row again).
-    auto scores_prefetching = [&](const float* q, int32_t t0, int32_t valid) {
+    // Decode's first row: scores of positions [t0, t0 + valid) of a tile of n, prefetching as
+    // they go (the positions past the item's end prefetch its last row again). Positions still
+    // in the tile take its row pointers; only those in the next tile are located here.
+    auto scores_prefetching = [&](const float* q, int32_t t0, int32_t n, int32_t valid) {
       const auto ahead = static_cast<int32_t>(kPrefetchTokens);
       for (int32_t i = 0; i < valid; ++i) {
-        const auto [page, offset] = locate(std::min(t0 + i + ahead, item.kv_end - 1));
-        k_ahead[i] = k_row(page, offset);
+        const int32_t pos = std::min(t0 + i + ahead, item.kv_end - 1);
+        if (pos < t0 + n) {
+          k_ahead[i] = k_rows[pos - t0];
+        } else {
+          const auto [page, offset] = locate(pos);
+          k_ahead[i] = k_row(page, offset);
+        }
       }
       const kernels::PrefetchRows lists[] = {{k_ahead, k_token_bytes}, {v_rows, v_token_bytes}};
       kernels::qk_dots_heads(layer.k_type, q, qk_dim_, group_, kv_heads_, k_rows, k_head_stride,
@@ -668,7 +674,7 @@ class CpuAttention : public sdk::AttentionBase {
                                         scores + q0 * kTile, kTile);
           }
         } else if (layer.native && r == 0) {
-          scores_prefetching(q_of(r), t0, valid);
+          scores_prefetching(q_of(r), t0, n, valid);
         } else {
           kernels::qk_dots_heads(layer.k_type, q_of(r), qk_dim_, group_, kv_heads_, k_rows,
                                  k_head_stride, static_cast<size_t>(valid), qk_dim_, scores, kTile);
