@@ -12,6 +12,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/cpu/unroll.h"
+
 // The micro-kernels keep small arrays of vectors in registers, which sizeless (scalable) vector
 // types do not allow; those targets are not built here.
 #ifndef HWY_DISABLED_TARGETS
@@ -26,12 +28,6 @@
 // clang-format off: math-inl.h must follow highway.h
 #include "hwy/contrib/math/math-inl.h"
 // clang-format on
-
-// Loops over the micro-kernels' register blocks must be unrolled completely, or the arrays of
-// accumulators live in memory instead of registers (GCC -O2 does not unroll them by itself).
-#ifndef KVRT_UNROLL
-#define KVRT_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace kvrt::kernels {

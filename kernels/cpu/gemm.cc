@@ -2,15 +2,12 @@
 // multiplied with up to four input rows at once, so it is read from memory once per four rows.
 #include "kernels/cpu/gemm.h"
 
+#include "kernels/cpu/unroll.h"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-
-// Loops over register arrays must be unrolled completely, or the arrays live in memory.
-#ifndef KVRT_UNROLL
-#define KVRT_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 HWY_BEFORE_NAMESPACE();
 namespace kvrt::kernels {
