@@ -94,6 +94,11 @@ HWY_INLINE VF LoadKey(DF df, const void* row, size_t d) {
   }
 }
 
+// The exact factor that turns products of decoded lanes back into values: LoadKey's (kKey) or
+// LoadRow's decode.
+template <KvElem kType, bool kKey>
+constexpr float kUnit = kType != KvElem::kE4M3 ? 1.0f : kKey ? kE4M3KeyUnit : kE4M3Unit;
+
 // Row pointer `row` moved `offset` bytes on: the same token's row of another head.
 HWY_INLINE const void* At(const void* row, size_t offset) {
   return static_cast<const uint8_t*>(row) + offset;
@@ -103,7 +108,7 @@ HWY_INLINE const void* At(const void* row, size_t offset) {
 template <KvElem kType>
 HWY_INLINE VF LoadValues(DF df, const void* row, size_t d) {
   const VF v = LoadRow<kType>(df, row, d);
-  return kType == KvElem::kE4M3 ? hn::Mul(v, hn::Set(df, kE4M3Unit)) : v;
+  return kType == KvElem::kE4M3 ? hn::Mul(v, hn::Set(df, kUnit<kType, false>)) : v;
 }
 
 #if HWY_TARGET != HWY_SCALAR
@@ -153,7 +158,7 @@ HWY_INLINE void DotsBlock(const float* q, size_t q_stride, const void* const* ro
       for (size_t r = 0; r < kR; ++r) acc[g][r] = hn::MulAdd(qv, k[r], acc[g][r]);
     }
   }
-  const float unit = kType == KvElem::kE4M3 ? kE4M3KeyUnit : 1.0f;
+  const float unit = kUnit<kType, true>;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (kR % 4 == 0 && hn::MaxLanes(DF()) == 8) {
     // Four rows' sums at a time, stored as one vector of 4 scores.
@@ -283,7 +288,7 @@ HWY_INLINE void PvTokens(const float* w, size_t w_stride, const void* const* row
   const size_t lanes = hn::Lanes(df);
   // E4M3 rows load as value / 256 (or 2^-120): weights times the inverse give the same products
   // (powers of two).
-  const float unit = kType != KvElem::kE4M3 ? 1.0f : kKey ? kE4M3KeyUnit : kE4M3Unit;
+  const float unit = kUnit<kType, kKey>;
   VF wv[kQ][kT];
   KVRT_UNROLL
   for (size_t g = 0; g < kQ; ++g) {
