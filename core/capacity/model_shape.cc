@@ -273,9 +273,7 @@ Result<ModelShape> read_model_shape(const std::string& dir_or_name) {
     shape.source = dir_or_name;
     shape.architecture = preset->architecture;
     shape.torch_dtype = "bfloat16";  // presets are served as bf16 models
-    shape.kv.layers = static_cast<uint32_t>(preset->num_hidden_layers);
-    shape.kv.kv_heads = static_cast<uint32_t>(preset->num_key_value_heads);
-    shape.kv.head_dim = shape.kv.v_head_dim = static_cast<uint32_t>(preset->head_dim);
+    shape.kv = kv_shape(*preset);
     shape.parameters = static_cast<uint64_t>(preset->parameter_count());
     return shape;
   }
@@ -289,6 +287,14 @@ Result<ModelShape> read_model_shape(const std::string& dir_or_name) {
                           "' is not a directory with a config.json, a config.json file, a preset "
                           "or a named shape (known: " +
                           known + ")");
+}
+
+KvShape kv_shape(const model::ModelConfig& config) {
+  KvShape kv;
+  kv.layers = static_cast<uint32_t>(config.num_hidden_layers);
+  kv.kv_heads = static_cast<uint32_t>(config.num_key_value_heads);
+  kv.head_dim = kv.v_head_dim = static_cast<uint32_t>(config.head_dim);
+  return kv;
 }
 
 std::vector<std::string> shape_names() {

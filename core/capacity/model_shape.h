@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/capacity/capacity.h"
+#include "core/model/model_config.h"
 #include "core/util/status.h"
 
 namespace kvrt::capacity {
@@ -40,6 +41,9 @@ Result<ModelShape> parse_model_shape(std::string_view config_json, const std::st
 // preset (model::preset_config: synth-76m, ...) or a named shape (shape_names()), tried in
 // that order. An unknown name is an error listing the presets and shapes.
 Result<ModelShape> read_model_shape(const std::string& dir_or_name);
+
+// The KV shape of a model the executor runs (what kv_geometry() turns into a rank's geometry).
+KvShape kv_shape(const model::ModelConfig& config);
 
 // Shapes known by name for planning only, with no weights behind them:
 //   llama3-8b-shape: Llama-3-8B (32 layers, 8 KV heads of 128, 8.03e9 parameters, bf16).

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "core/plugin/host.h"
+#include "core/plugin/kv_store.h"
 
 namespace kvrt::capacity {
 namespace {
@@ -27,14 +28,12 @@ StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::tabl
                              const kvrt_kv_geometry& geometry, const Budget& budget) {
   StoreCapacity out;
   out.store = store.name;
-  plugin::clear_last_error();
-  kvrt_status st =
-      store.kv.page_bytes(store.host_api(), &geometry, plugin::as_config(config), &out.page_bytes);
-  if (st != KVRT_OK) {
-    out.page_bytes = 0;
-    out.error = plugin::plugin_failure(store.name, "page_bytes", st);
+  Result<uint64_t> bytes = plugin::page_bytes(store, geometry, plugin::as_config(config));
+  if (!bytes.ok()) {
+    out.error = bytes.status();
     return out;
   }
+  out.page_bytes = *bytes;
   Result<Plan> plan = capacity::plan(budget, out.page_bytes, geometry.page_size);
   if (!plan.ok()) {
     out.error = plan.status();

@@ -1,9 +1,13 @@
 // One forward step's work: for each sequence, its new tokens (a prefill chunk, or one token
 // when decoding), where they start, and the pages that hold its KV (the core's page table).
+// Plain data that serialises to bytes, so rank 0 can broadcast it to ranks in other processes.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "core/util/status.h"
 
 namespace kvrt::exec {
 
@@ -21,5 +25,11 @@ struct Batch {
     return n;
   }
 };
+
+// The batch as little-endian int32 words: the sequence count, then per sequence its start,
+// token count, tokens, page count and pages. Replaces the contents of `out`.
+void serialize(const Batch& batch, std::vector<int32_t>* out);
+// The inverse; an error (never a read past the end) for words that do not describe a batch.
+Status deserialize(std::span<const int32_t> words, Batch* batch);
 
 }  // namespace kvrt::exec

@@ -1,55 +1,51 @@
-// The in-process communicator for tensor parallelism on CPU: TP ranks are threads, collectives
-// go through shared buffers and a barrier. Each collective must be called by every rank, in
-// the same order, with the same sizes (as with NCCL).
+// A communicator is one rank's handle on its tensor-parallel group, in the shape of NCCL's and
+// MPI's: created once per rank, collectives over typed buffers with a count and a stream. The
+// forward pass only sees this interface; threads in one process (thread_communicator.h) are one
+// implementation, MPI across processes and NCCL across GPUs are others.
+//
+// Every rank of the group must call the same collectives in the same order with the same counts
+// (as with NCCL). A collective that fails returns the error on the ranks that see it; the group
+// is then unusable (the caller tears it down).
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <span>
+
+#include "core/util/status.h"
 
 namespace kvrt::exec {
 
-// A reusable barrier for `size` threads that spins briefly before sleeping. Collectives run
-// twice per layer; std::barrier put waiting ranks to sleep in the kernel at once, and waking
-// them cost more than the collectives' arithmetic. Spinning is only worth it when every rank
-// has a core of its own (spin = false otherwise: the waiters sleep at once and leave the cores
-// to the ranks still working).
-class SpinBarrier {
- public:
-  SpinBarrier(int size, bool spin) : size_(size), spin_(spin) {}
-  void arrive_and_wait();
-
- private:
-  const int size_;
-  const bool spin_;
-  std::atomic<int> arrived_{0};
-  std::atomic<uint32_t> generation_{0};
+enum class ElementType : uint8_t {
+  kF32,   // float
+  kBF16,  // uint16_t raw bfloat16 bits; sums are taken in f32 and rounded to nearest even
+  kU8,    // bytes (broadcast and all_gather only)
 };
+
+size_t element_bytes(ElementType type);
+
+// A backend's stream (cudaStream_t for CUDA); nullptr on the CPU, where every call completes
+// before it returns.
+using Stream = void*;
 
 class Communicator {
  public:
-  explicit Communicator(int size);
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
 
-  int size() const { return size_; }
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
 
-  // data[0..n) becomes the element-wise sum over ranks, on every rank. The sum is taken in
-  // rank order on every rank, so all ranks get bit-identical results.
-  void all_reduce_sum(int rank, float* data, size_t n);
+  // data[0..count) becomes the element-wise sum over ranks, on every rank. The sum is taken in
+  // rank order on every rank, so all ranks get bit-identical results. Not for kU8.
+  virtual Status all_reduce_sum(void* data, size_t count, ElementType type, Stream stream) = 0;
 
-  // Rank r contributes counts[r] floats; every rank receives the concatenation in rank order
-  // into out[0 .. sum(counts)).
-  void all_gather(int rank, const float* in, const std::vector<size_t>& counts, float* out);
+  // Rank r contributes counts[r] elements from `in` (which may be null when counts[r] is 0);
+  // every rank receives the concatenation in rank order in out[0 .. sum(counts)).
+  virtual Status all_gather(const void* in, std::span<const size_t> counts, void* out,
+                            ElementType type, Stream stream) = 0;
 
-  // root's data[0..bytes) is copied to every other rank's data.
-  void broadcast(int rank, int root, void* data, size_t bytes);
-
- private:
-  int size_;
-  SpinBarrier barrier_;
-  std::vector<const void*> slots_;  // each rank's buffer for the collective in progress
+  // root's data[0..count) is copied into every other rank's data.
+  virtual Status broadcast(void* data, size_t count, ElementType type, int root, Stream stream) = 0;
 };
 
 }  // namespace kvrt::exec

@@ -1,10 +1,15 @@
 #include "core/exec/engine.h"
 
 #include <cblas.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
+
+#include "core/capacity/model_shape.h"
+#include "core/exec/cpu_backend.h"
 
 namespace kvrt::exec {
 namespace {
@@ -19,39 +24,87 @@ int default_threads() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
+// What rank 0 broadcasts ahead of each step: the batch's length in words, or kStop.
+constexpr uint64_t kStop = UINT64_MAX;
+
+// A rank's status as bytes for the all-gather: its code, then its message (truncated).
+constexpr size_t kStatusBytes = 1024;
+
+Status status_from(Status::Code code, std::string message) {
+  switch (code) {
+    case Status::Code::kOk:
+      return Status::Ok();
+    case Status::Code::kInvalidArgument:
+      return Status::InvalidArgument(std::move(message));
+    case Status::Code::kNotFound:
+      return Status::NotFound(std::move(message));
+    case Status::Code::kUnsupported:
+      return Status::Unsupported(std::move(message));
+    case Status::Code::kOutOfRange:
+      return Status::OutOfRange(std::move(message));
+    case Status::Code::kNoMemory:
+      return Status::NoMemory(std::move(message));
+    case Status::Code::kConfig:
+      return Status::ConfigError(std::move(message));
+    case Status::Code::kPlugin:
+      return Status::PluginError(std::move(message));
+    case Status::Code::kInternal:
+      break;
+  }
+  return Status::Internal(std::move(message));
+}
+
 }  // namespace
 
-Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
-    : config_(config), options_(options), comm_(std::make_unique<Communicator>(options.tp)) {}
-
 Engine::~Engine() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
+  if (!workers_.empty()) {
+    uint64_t stop = kStop;
+    (void)ranks_[0]->communicator().broadcast(&stop, sizeof(stop), ElementType::kU8, 0, nullptr);
   }
-  start_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
-void Engine::worker_loop(size_t rank) {
-  uint64_t seen = 0;
+Status Engine::gather_status(Communicator& comm, const Status& mine) {
+  const int size = comm.size();
+  if (size == 1) return mine;
+  std::vector<uint8_t> record(kStatusBytes, 0), all(kStatusBytes * size);
+  record[0] = static_cast<uint8_t>(mine.code());
+  const std::string& message = mine.message();
+  std::memcpy(record.data() + 1, message.data(), std::min(message.size(), kStatusBytes - 2));
+  const std::vector<size_t> counts(size, kStatusBytes);
+  if (Status s = comm.all_gather(record.data(), counts, all.data(), ElementType::kU8, nullptr);
+      !s.ok()) {
+    return s;
+  }
+  for (int r = 0; r < size; ++r) {
+    const uint8_t* rec = all.data() + r * kStatusBytes;
+    if (rec[0] != 0) {
+      return status_from(static_cast<Status::Code>(rec[0]),
+                         std::string(reinterpret_cast<const char*>(rec + 1)))
+          .WithContext("TP rank " + std::to_string(r));
+    }
+  }
+  return Status::Ok();
+}
+
+void Engine::worker_loop(RankExecutor* rank) {
+  Communicator& comm = rank->communicator();
+  std::vector<int32_t> words;
+  Batch batch;
   while (true) {
-    const Batch* batch = nullptr;
-    std::vector<float>* logits = nullptr;
-    {
-      std::unique_lock lock(mutex_);
-      start_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      batch = batch_;
-      logits = logits_;
+    uint64_t n = 0;
+    if (!comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr).ok() || n == kStop) return;
+    words.resize(n);
+    Status s = comm.broadcast(words.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr);
+    if (s.ok()) s = deserialize(words, &batch);
+    if (!s.ok()) {
+      // Rank 0 serialised these words itself: a batch this rank cannot read means the group is
+      // broken, and running on would leave the other ranks waiting in collectives forever.
+      spdlog::critical("TP rank {}: {}", rank->rank(), s.message());
+      std::abort();
     }
-    Status s = ranks_[rank]->forward(*batch, logits);  // only rank 0 writes logits
-    {
-      std::lock_guard lock(mutex_);
-      results_[rank] = std::move(s);
-      if (--running_ == 0) done_.notify_one();
-    }
+    s = rank->forward(batch, nullptr);  // only rank 0 writes logits
+    (void)gather_status(comm, s);
   }
 }
 
@@ -61,27 +114,30 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
     return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
   }
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
-  // Products are split over each rank's OpenMP threads (RankExecutor::matmul): the BLAS's own
+  const model::ModelConfig& c = weights.config;
+  Result<const model::ArchitectureFamily*> family = model::find_architecture(c);
+  if (!family.ok()) return family.status();
+  if (Status s = (*family)->check_tp(c, options.tp); !s.ok()) return s;
+  Result<kvrt_kv_geometry> geometry = capacity::kv_geometry(
+      capacity::kv_shape(c), static_cast<uint32_t>(options.tp), options.page_size, KVRT_DTYPE_F32);
+  if (!geometry.ok()) return geometry.status();
+  // Products are split over each rank's OpenMP threads (CpuBackend::matmul): the BLAS's own
   // threads would spin against them on the same cores.
   openblas_set_num_threads(1);
-  std::unique_ptr<Engine> engine(new Engine(weights.config, options));
-  const model::ModelConfig& c = weights.config;
-  const int cores =
-      options.threads > 0 ? options.threads : default_threads();
+  std::unique_ptr<Engine> engine(new Engine(c, options));
+  const int cores = options.threads > 0 ? options.threads : default_threads();
   const int threads_per_rank = std::max(1, cores / options.tp);
   for (int r = 0; r < options.tp; ++r) {
-    Result<RankShard> shard = shard_for(c.num_attention_heads, c.num_key_value_heads,
-                                        c.intermediate_size, c.vocab_size, r, options.tp);
-    if (!shard.ok()) return shard.status();
+    kvrt_kv_geometry g = *geometry;
+    g.tp_rank = static_cast<uint32_t>(r);
     Result<std::unique_ptr<RankExecutor>> rank = RankExecutor::create(
-        weights, *shard, engine->comm_.get(), options.plugins, options.page_size, options.num_pages,
-        options.bf16_weights, threads_per_rank);
+        **family, weights, std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank),
+        engine->group_.communicator(r), options.plugins, g, options.num_pages);
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
   }
-  engine->results_.resize(engine->ranks_.size());
   for (size_t r = 1; r < engine->ranks_.size(); ++r) {
-    engine->workers_.emplace_back([e = engine.get(), r] { e->worker_loop(r); });
+    engine->workers_.emplace_back([e = engine.get(), r] { e->worker_loop(e->ranks_[r].get()); });
   }
   return engine;
 }
@@ -119,23 +175,31 @@ Status Engine::check(const Batch& batch) const {
 Result<std::vector<float>> Engine::step(const Batch& batch) {
   if (Status s = check(batch); !s.ok()) return s;
   std::vector<float> logits;
-  if (!workers_.empty()) {
-    std::lock_guard lock(mutex_);
-    batch_ = &batch;
-    logits_ = &logits;
-    running_ = workers_.size();
-    ++generation_;
+  RankExecutor& rank0 = *ranks_[0];
+  if (workers_.empty()) {
+    if (Status s = rank0.forward(batch, &logits); !s.ok()) return s;
+    return logits;
   }
-  start_.notify_all();
-  results_[0] = ranks_[0]->forward(batch, &logits);
-  if (!workers_.empty()) {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return running_ == 0; });
+  Communicator& comm = rank0.communicator();
+  serialize(batch, &words_);
+  uint64_t n = words_.size();
+  if (Status s = comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr); !s.ok()) return s;
+  if (Status s = comm.broadcast(words_.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr);
+      !s.ok()) {
+    return s;
   }
-  for (const Status& s : results_) {
-    if (!s.ok()) return s;
-  }
+  Status mine = rank0.forward(batch, &logits);
+  if (Status s = gather_status(comm, mine); !s.ok()) return s;
   return logits;
+}
+
+std::vector<plugin::StoreTier*> Engine::store_tiers() {
+  std::vector<plugin::StoreTier*> tiers;
+  for (const auto& rank : ranks_) {
+    if (rank->store().tier() == nullptr) return {};
+    tiers.push_back(rank->store().tier());
+  }
+  return tiers;
 }
 
 }  // namespace kvrt::exec

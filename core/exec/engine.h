@@ -1,17 +1,18 @@
-// The execution engine: a model sharded over TP ranks (threads), each with its own KV store and
-// attention handle, stepping together. It knows nothing of requests or scheduling: the caller
-// owns page allocation and hands it batches.
+// The execution engine: a model sharded over TP ranks, each a RankExecutor (architecture +
+// backend + its KV store and attention handle + its communicator), stepping together. Ranks
+// 1..tp-1 run on threads of their own here (ThreadGroup); rank 0 runs on the caller's thread
+// and broadcasts each step's batch to the others as bytes, so the same loop serves ranks in
+// other processes. It knows nothing of requests or scheduling: the caller owns page allocation
+// and hands it batches.
 #pragma once
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/exec/batch.h"
-#include "core/exec/communicator.h"
 #include "core/exec/rank_executor.h"
+#include "core/exec/thread_communicator.h"
 #include "core/model/weights.h"
 #include "core/plugin/registry.h"
 
@@ -28,6 +29,8 @@ struct EngineOptions {
 
 class Engine {
  public:
+  // The architecture comes from weights.config (model::find_architecture), each rank's KV
+  // geometry from capacity::kv_geometry, the backend is the CPU's.
   static Result<std::unique_ptr<Engine>> create(const model::Weights& weights,
                                                 const EngineOptions& options);
   ~Engine();
@@ -37,36 +40,30 @@ class Engine {
   // every position), so a bad batch fails before any rank starts.
   Result<std::vector<float>> step(const Batch& batch);
 
-  // Every rank's executor (rank r at index r), e.g. to reach its KV store's tier.
-  const std::vector<std::unique_ptr<RankExecutor>>& ranks() const { return ranks_; }
+  // Each rank's KV store tier (rank r at index r), or empty when the store has none.
+  std::vector<plugin::StoreTier*> store_tiers();
+  // Rank 0's KV store (every rank's has the same format and size).
+  const plugin::KvStore& store() const { return ranks_.front()->store(); }
   const model::ModelConfig& config() const { return config_; }
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
   uint64_t num_pages() const { return options_.num_pages; }
 
  private:
-  Engine(const model::ModelConfig& config, const EngineOptions& options);
+  Engine(const model::ModelConfig& config, const EngineOptions& options)
+      : config_(config), options_(options), group_(options.tp) {}
   Status check(const Batch& batch) const;
-
-  void worker_loop(size_t rank);
+  // Every rank's status after a step, gathered on every rank; the first failure.
+  static Status gather_status(Communicator& comm, const Status& mine);
+  // Ranks 1..: receive each step's batch from rank 0, run it, report; until rank 0 says stop.
+  void worker_loop(RankExecutor* rank);
 
   model::ModelConfig config_;
   EngineOptions options_;
-  std::unique_ptr<Communicator> comm_;
+  ThreadGroup group_;
   std::vector<std::unique_ptr<RankExecutor>> ranks_;
-
-  // Ranks 1..tp-1 run on threads that live as long as the engine (so do their OpenMP teams);
-  // rank 0 runs on the caller's thread. step() publishes the batch as a new generation and
-  // waits until every worker has finished it.
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable start_, done_;
-  uint64_t generation_ = 0;
-  size_t running_ = 0;
-  bool stopping_ = false;
-  const Batch* batch_ = nullptr;
-  std::vector<float>* logits_ = nullptr;
-  std::vector<Status> results_;
+  std::vector<int32_t> words_;  // rank 0's serialised batch
 };
 
 }  // namespace kvrt::exec

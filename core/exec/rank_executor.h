@@ -1,20 +1,24 @@
-// One TP rank's share of the forward pass: its shard of the weights, its KV store (this rank's
-// KV heads) and its attention handle. All ranks of a step run forward() at once, each in its own
-// thread, meeting in the communicator's collectives.
+// One TP rank: the pairing of an architecture (the model's shard and its forward, core/model)
+// with a compute backend (where the tensors live and the ops run), this rank's KV store and
+// attention handle (through the plugin wrappers) and its communicator. It owns the step's
+// host-side bookkeeping -- the new tokens' slots and the attention plan -- and gives the
+// architecture's layers their KV writes and attention calls.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/exec/backend.h"
 #include "core/exec/batch.h"
 #include "core/exec/communicator.h"
-#include "core/exec/shard.h"
-#include "core/model/weights.h"
-#include "core/plugin/registry.h"
+#include "core/model/architecture.h"
+#include "core/plugin/attention.h"
+#include "core/plugin/kv_store.h"
 #include "core/util/status.h"
 
 namespace kvrt::exec {
 
+// The plugins every rank uses, with their option tables.
 struct RankPlugins {
   const plugin::LoadedPlugin* store = nullptr;
   const kvrt_config* store_config = nullptr;
@@ -22,18 +26,17 @@ struct RankPlugins {
   const kvrt_config* attention_config = nullptr;
 };
 
-class RankExecutor {
+class RankExecutor : private model::KvAttention {
  public:
-  // Takes this rank's shard out of `weights` (which stay the caller's) and creates its KV store
-  // of `num_pages` pages and its attention handle.
-  // With bf16_weights the matrices are held in bf16 (rounded to nearest even); `threads` is
-  // how many threads this rank's matrix products may use.
-  static Result<std::unique_ptr<RankExecutor>> create(const model::Weights& weights,
-                                                      const RankShard& shard, Communicator* comm,
-                                                      const RankPlugins& plugins,
-                                                      uint32_t page_size, uint64_t num_pages,
-                                                      bool bf16_weights = false, int threads = 1);
-  ~RankExecutor();
+  // Builds this rank's share of `weights` with `family` in `backend`, then creates its KV store
+  // (`geometry`, num_pages pages) and attention handle. The attention plugin is asked whether
+  // it reads the store's layout natively (supports()); when it does not and the store has no
+  // gather() to fall back on, the pairing is refused with both reasons.
+  static Result<std::unique_ptr<RankExecutor>> create(
+      const model::ArchitectureFamily& family, const model::Weights& weights,
+      std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm,
+      const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
+  ~RankExecutor() override;
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;
 
@@ -42,53 +45,29 @@ class RankExecutor {
   // failure on one rank still takes part in every collective, so no rank is left waiting.
   Status forward(const Batch& batch, std::vector<float>* logits);
 
-  const RankShard& shard() const { return shard_; }
-  // This rank's KV store and its plugin (for the tier operations the scheduler drives).
-  kvrt_kv_store* store() const { return store_; }
-  const plugin::LoadedPlugin* store_plugin() const { return plugins_.store; }
+  int rank() const { return comm_->rank(); }
+  Communicator& communicator() { return *comm_; }
+  plugin::KvStore& store() { return *store_; }
 
  private:
-  // A weight matrix [rows][cols] held in f32 or in bf16 (half the bytes to stream per step).
-  struct Matrix {
-    std::vector<float> f32;
-    std::vector<uint16_t> bf16;
-    int64_t rows = 0, cols = 0;
-  };
-  struct Layer {
-    std::vector<float> input_norm, post_norm;
-    Matrix qkv;                   // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
-    std::vector<float> qkv_bias;  // [(nq + 2 nkv) * D] or empty
-    Matrix o;                     // [H][nq * D]: this rank's columns of o_proj
-    Matrix gate_up;               // [2 I_r][H]: this rank's gate rows, then up rows
-    Matrix down;                  // [H][I_r]: this rank's columns of down_proj
-  };
-
-  RankExecutor(const model::Weights& weights, const RankShard& shard, Communicator* comm,
-               const RankPlugins& plugins, bool bf16_weights, int threads);
-  Matrix make_matrix(std::vector<float> data, int64_t rows, int64_t cols) const;
-  // y[m][rows] = x[m][cols] * w^T.
-  void matmul(const float* x, int64_t m, const Matrix& w, float* y);
-  Status attend(uint32_t layer, const float* q, float* out);
+  RankExecutor(std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm)
+      : backend_(std::move(backend)), comm_(std::move(comm)) {}
   Status plan_attention(const Batch& batch);
+  Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride) override;
+  Status attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
+                int64_t out_row_stride) override;
 
-  model::ModelConfig config_;
-  RankShard shard_;
-  Communicator* comm_;
-  RankPlugins plugins_;
-  int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
-  std::vector<Layer> layers_;
-  bool bf16_weights_ = false;
-  int threads_ = 1;
-  std::vector<float> scratch_;  // bf16 weights widened for large products
-  std::vector<float> embed_;    // [V_r][H] rows of this rank's vocab range
-  Matrix lm_head_;              // [V_r][H]
-  std::vector<float> final_norm_;
-
-  kvrt_kv_store* store_ = nullptr;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<model::Architecture> arch_;
+  std::unique_ptr<plugin::KvStore> store_;
+  std::unique_ptr<plugin::Attention> attention_;  // null on a rank without query heads
+  std::vector<kvrt_kv_layout> layouts_;           // per layer, read once at create
   uint32_t page_size_ = 0;
-  kvrt_attention* attention_ = nullptr;
-  std::vector<uint8_t> workspace_;
-  // The planned batch as CSR (kept alive for run()).
+  Status plan_status_;  // this step's attention plan
+  // The step: its new tokens' ids, positions and slots, and the planned batch as CSR.
+  std::vector<int32_t> ids_, positions_;
+  std::vector<int64_t> slots_, last_rows_;
   std::vector<int32_t> qo_indptr_, kv_page_indptr_, kv_page_indices_, kv_last_page_len_;
 };
 

@@ -1,6 +1,8 @@
 #include "core/exec/runtime.h"
 
+#include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
+#include "core/model/architecture.h"
 #include "core/model/weights.h"
 
 namespace kvrt::exec {
@@ -50,19 +52,14 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
 
   // Capacity: the weights, split over the ranks, then the KV pool.
   const int tp = cfg.tp.size;
-  Result<RankShard> shard0 = shard_for(rt.model.num_attention_heads, rt.model.num_key_value_heads,
-                                       rt.model.intermediate_size, rt.model.vocab_size, 0, tp);
-  if (!shard0.ok()) return shard0.status().WithContext("tp.size");
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = static_cast<uint32_t>(rt.model.num_hidden_layers);
-  g.num_kv_heads = static_cast<uint32_t>(shard0->kv_heads.size());
-  g.total_kv_heads = static_cast<uint32_t>(rt.model.num_key_value_heads);
-  g.k_head_dim = g.v_head_dim = static_cast<uint32_t>(rt.model.head_dim);
-  g.page_size = static_cast<uint32_t>(cfg.scheduler.page_size);
-  g.input_dtype = KVRT_DTYPE_F32;
-  g.tp_size = static_cast<uint32_t>(tp);
-  g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  Result<const model::ArchitectureFamily*> family = model::find_architecture(rt.model);
+  if (!family.ok()) return family.status().WithContext(rt.model_name);
+  if (Status s = (*family)->check_tp(rt.model, tp); !s.ok()) return s.WithContext("tp.size");
+  Result<kvrt_kv_geometry> geometry =
+      capacity::kv_geometry(capacity::kv_shape(rt.model), static_cast<uint32_t>(tp),
+                            static_cast<uint32_t>(cfg.scheduler.page_size), KVRT_DTYPE_F32);
+  if (!geometry.ok()) return geometry.status().WithContext("tp.size");
+  const kvrt_kv_geometry& g = *geometry;
   rt.budget.device_memory = cfg.device.memory_bytes;
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;

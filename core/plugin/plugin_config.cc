@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/plugin/kv_store.h"
+
 namespace kvrt::plugin {
 namespace {
 
@@ -73,13 +75,9 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   g.tp_size = 1;
   g.device = registry.device();
   for (const LoadedPlugin* p : stores) {
-    uint64_t bytes = 0;
-    clear_last_error();
-    kvrt_status st =
-        p->kv.page_bytes(p->host_api(), &g, as_config(cfg.plugin_table("kv", p->name)), &bytes);
-    if (st != KVRT_OK) {
-      return plugin_failure(p->name, "checking [kv." + p->name + "] (page_bytes)", st)
-          .WithContext(cfg.source);
+    Result<uint64_t> bytes = page_bytes(*p, g, as_config(cfg.plugin_table("kv", p->name)));
+    if (!bytes.ok()) {
+      return bytes.status().WithContext(cfg.source + ": checking [kv." + p->name + "]");
     }
   }
   Result<const LoadedPlugin*> attention = registry.load(cfg.attention.backend);

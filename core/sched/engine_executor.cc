@@ -1,6 +1,6 @@
 #include "core/sched/engine_executor.h"
 
-#include "core/plugin/host.h"
+#include <spdlog/spdlog.h>
 
 namespace kvrt::sched {
 
@@ -27,27 +27,24 @@ Status EngineExecutor::run(const ScheduledBatch& batch, std::vector<int32_t>* ne
 }
 
 std::unique_ptr<EngineTier> EngineTier::create(exec::Engine* engine) {
-  const plugin::LoadedPlugin* p = engine->ranks().front()->store_plugin();
-  if (p->kv.tier_info == nullptr || p->kv.tier_lookup == nullptr || p->kv.tier_save == nullptr ||
-      p->kv.tier_load == nullptr || p->kv.tier_wait == nullptr) {
-    return nullptr;
-  }
-  return std::unique_ptr<EngineTier>(new EngineTier(engine));
+  std::vector<plugin::StoreTier*> tiers = engine->store_tiers();
+  if (tiers.empty()) return nullptr;
+  return std::unique_ptr<EngineTier>(new EngineTier(std::move(tiers)));
 }
 
-EngineTier::EngineTier(exec::Engine* engine)
-    : engine_(engine), last_ticket_(engine->ranks().size(), 0) {}
+EngineTier::EngineTier(std::vector<plugin::StoreTier*> tiers)
+    : tiers_(std::move(tiers)), last_ticket_(tiers_.size(), 0) {}
 
 uint64_t EngineTier::lookup(std::span<const uint64_t> hashes) {
   uint64_t hits = hashes.size();
-  for (const auto& rank : engine_->ranks()) {
-    uint32_t n = 0;
-    const plugin::LoadedPlugin* p = rank->store_plugin();
-    if (p->kv.tier_lookup(rank->store(), static_cast<uint32_t>(hashes.size()), hashes.data(), &n) !=
-        KVRT_OK) {
+  for (plugin::StoreTier* tier : tiers_) {
+    Result<uint32_t> n = tier->lookup(hashes);
+    if (!n.ok()) {
+      // A lookup is a hint: without it the pages are recomputed.
+      spdlog::warn("{}; the prefix is recomputed", n.status().message());
       return 0;
     }
-    hits = std::min<uint64_t>(hits, n);
+    hits = std::min<uint64_t>(hits, *n);
   }
   return hits;
 }
@@ -55,13 +52,10 @@ uint64_t EngineTier::lookup(std::span<const uint64_t> hashes) {
 Status EngineTier::save(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
                         kvrt_tier_reason reason) {
   pages_.assign(pages.begin(), pages.end());
-  const auto& ranks = engine_->ranks();
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const plugin::LoadedPlugin* p = ranks[r]->store_plugin();
-    plugin::clear_last_error();
-    kvrt_status st = p->kv.tier_save(ranks[r]->store(), static_cast<uint32_t>(hashes.size()),
-                                     hashes.data(), pages_.data(), reason, &last_ticket_[r]);
-    if (st != KVRT_OK) return plugin::plugin_failure(p->name, "tier_save", st);
+  for (size_t r = 0; r < tiers_.size(); ++r) {
+    Result<uint64_t> ticket = tiers_[r]->save(hashes, pages_, reason);
+    if (!ticket.ok()) return ticket.status();
+    last_ticket_[r] = *ticket;
   }
   return Status::Ok();
 }
@@ -71,27 +65,20 @@ Status EngineTier::load(std::span<const uint64_t> hashes, std::span<const int32_
   pages_.assign(pages.begin(), pages.end());
   loaded->assign(hashes.size(), 1);
   rank_loaded_.resize(hashes.size());
-  const auto& ranks = engine_->ranks();
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const plugin::LoadedPlugin* p = ranks[r]->store_plugin();
-    plugin::clear_last_error();
-    kvrt_status st =
-        p->kv.tier_load(ranks[r]->store(), static_cast<uint32_t>(hashes.size()), hashes.data(),
-                        pages_.data(), rank_loaded_.data(), &last_ticket_[r]);
-    if (st != KVRT_OK) return plugin::plugin_failure(p->name, "tier_load", st);
+  for (size_t r = 0; r < tiers_.size(); ++r) {
+    Result<uint64_t> ticket = tiers_[r]->load(hashes, pages_, rank_loaded_);
+    if (!ticket.ok()) return ticket.status();
+    last_ticket_[r] = *ticket;
     for (size_t i = 0; i < hashes.size(); ++i) (*loaded)[i] &= rank_loaded_[i];
   }
   return wait();
 }
 
 Status EngineTier::wait() {
-  const auto& ranks = engine_->ranks();
   Status first = Status::Ok();
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const plugin::LoadedPlugin* p = ranks[r]->store_plugin();
-    plugin::clear_last_error();
-    kvrt_status st = p->kv.tier_wait(ranks[r]->store(), last_ticket_[r]);
-    if (st != KVRT_OK && first.ok()) first = plugin::plugin_failure(p->name, "tier_wait", st);
+  for (size_t r = 0; r < tiers_.size(); ++r) {
+    Status s = tiers_[r]->wait(last_ticket_[r]);
+    if (!s.ok() && first.ok()) first = s;
   }
   return first;
 }

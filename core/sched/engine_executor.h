@@ -35,9 +35,9 @@ class EngineTier : public KvTier {
   Status wait() override;
 
  private:
-  explicit EngineTier(exec::Engine* engine);
-  exec::Engine* engine_;
-  std::vector<uint64_t> last_ticket_;  // per rank; waiting on it covers every earlier copy
+  explicit EngineTier(std::vector<plugin::StoreTier*> tiers);
+  std::vector<plugin::StoreTier*> tiers_;  // rank r's at index r
+  std::vector<uint64_t> last_ticket_;      // per rank; waiting on it covers every earlier copy
   std::vector<int64_t> pages_;
   std::vector<uint8_t> rank_loaded_;
 };

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
@@ -13,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "core/exec/communicator.h"
 #include "core/exec/generate.h"
 #include "core/exec/sampler.h"
-#include "core/exec/shard.h"
+#include "core/exec/thread_communicator.h"
+#include "core/model/llama.h"
 #include "core/model/weights.h"
 #include "core/plugin/registry.h"
 
@@ -162,27 +163,58 @@ TEST_F(EngineTest, RequestLongerThanThePoolIsRefused) {
 
 TEST(Communicator, CollectivesAcrossRankThreads) {
   const int tp = 4;
-  Communicator comm(tp);
+  ThreadGroup group(tp);
   std::vector<std::vector<float>> reduced(tp), gathered(tp), broadcast(tp);
+  std::vector<std::vector<uint16_t>> reduced_bf16(tp);
   std::vector<std::thread> ranks;
   for (int r = 0; r < tp; ++r) {
     ranks.emplace_back([&, r] {
+      std::unique_ptr<Communicator> comm = group.communicator(r);
+      ASSERT_EQ(comm->rank(), r);
+      ASSERT_EQ(comm->size(), tp);
       reduced[r] = {1.0f * r, 10.0f * r, 1.0f};
-      comm.all_reduce_sum(r, reduced[r].data(), 3);
+      EXPECT_TRUE(comm->all_reduce_sum(reduced[r].data(), 3, ElementType::kF32, nullptr).ok());
+      // bf16 1.0 (0x3f80) and 0.5 + r (exact in bf16): sums 4 and 8 on every rank.
+      const float halves[] = {0.5f, 1.5f, 2.5f, 3.5f};
+      reduced_bf16[r] = {0x3f80, static_cast<uint16_t>(std::bit_cast<uint32_t>(halves[r]) >> 16)};
+      EXPECT_TRUE(
+          comm->all_reduce_sum(reduced_bf16[r].data(), 2, ElementType::kBF16, nullptr).ok());
       const std::vector<size_t> counts = {1, 2, 0, 1};  // uneven, one rank empty
       std::vector<float> mine(counts[r], static_cast<float>(r));
       gathered[r].resize(4);
-      comm.all_gather(r, mine.data(), counts, gathered[r].data());
+      EXPECT_TRUE(
+          comm->all_gather(mine.data(), counts, gathered[r].data(), ElementType::kF32, nullptr)
+              .ok());
       broadcast[r] = {static_cast<float>(r), static_cast<float>(r)};
-      comm.broadcast(r, 2, broadcast[r].data(), 2 * sizeof(float));
+      EXPECT_TRUE(comm->broadcast(broadcast[r].data(), 2, ElementType::kF32, 2, nullptr).ok());
     });
   }
   for (std::thread& t : ranks) t.join();
   for (int r = 0; r < tp; ++r) {
     EXPECT_EQ(reduced[r], (std::vector<float>{6, 60, 4}));
+    EXPECT_EQ(reduced_bf16[r], (std::vector<uint16_t>{0x4080, 0x4100}));  // 4.0, 8.0
     EXPECT_EQ(gathered[r], (std::vector<float>{0, 1, 1, 3}));
     EXPECT_EQ(broadcast[r], (std::vector<float>{2, 2}));
   }
+}
+
+TEST(Batch, SerialisesAndRefusesTruncatedWords) {
+  Batch batch{{{{5, 6, 7}, 0, {3}}, {{9}, 12, {0, 1, 2, 4}}}};
+  std::vector<int32_t> words;
+  serialize(batch, &words);
+  Batch back;
+  ASSERT_TRUE(deserialize(words, &back).ok());
+  ASSERT_EQ(back.sequences.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(back.sequences[i].tokens, batch.sequences[i].tokens);
+    EXPECT_EQ(back.sequences[i].start, batch.sequences[i].start);
+    EXPECT_EQ(back.sequences[i].pages, batch.sequences[i].pages);
+  }
+  for (size_t cut = 0; cut < words.size(); ++cut) {
+    EXPECT_FALSE(deserialize(std::span<const int32_t>(words).first(cut), &back).ok()) << cut;
+  }
+  words[2] = -1;  // a negative token count
+  EXPECT_FALSE(deserialize(words, &back).ok());
 }
 
 // Nobody passes a phase before everyone has arrived, and every phase reuses the barrier: each
@@ -220,7 +252,7 @@ TEST(Shard, UnevenAndReplicated) {
   // stories260k at TP 8: 8 heads, 4 KV heads, MLP 172, vocab 512.
   int64_t mlp = 0, vocab = 0;
   for (int r = 0; r < 8; ++r) {
-    RankShard s = *shard_for(8, 4, 172, 512, r, 8);
+    model::LlamaShard s = *model::llama_shard(8, 4, 172, 512, r, 8);
     EXPECT_EQ(s.kv_heads.begin, r / 2);
     EXPECT_EQ(s.kv_heads.size(), 1);
     EXPECT_EQ(s.q_heads.begin, r);
@@ -230,7 +262,7 @@ TEST(Shard, UnevenAndReplicated) {
   }
   EXPECT_EQ(mlp, 172);
   EXPECT_EQ(vocab, 512);
-  EXPECT_FALSE(shard_for(12, 3, 100, 512, 0, 8).ok());
+  EXPECT_FALSE(model::llama_shard(12, 3, 100, 512, 0, 8).ok());
 }
 
 TEST(Sampler, GreedyTopKAndSeeds) {

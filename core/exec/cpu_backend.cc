@@ -1,0 +1,155 @@
+#include "core/exec/cpu_backend.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvrt::exec {
+namespace {
+
+// A weight matrix held in f32 or in bf16 (half the bytes to stream per step).
+struct CpuMatrix : Matrix {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+};
+
+void release(float* data, size_t) { std::free(data); }
+
+}  // namespace
+
+CpuBackend::CpuBackend(bool bf16_weights, int threads)
+    : bf16_weights_(bf16_weights), threads_(std::max(1, threads)) {}
+
+// This rank's share of the cores, for what runs on OpenMP in this thread (the products, and the
+// attention plugin's work items).
+void CpuBackend::begin_step() { omp_set_num_threads(threads_); }
+
+Buffer CpuBackend::allocate(size_t n) {
+  auto* data = static_cast<float*>(std::calloc(std::max<size_t>(n, 1), sizeof(float)));
+  if (data == nullptr) throw std::bad_alloc();
+  return Buffer(data, n, release);
+}
+
+Buffer CpuBackend::upload(std::span<const float> host) {
+  Buffer b = allocate(host.size());
+  if (!host.empty()) std::memcpy(b.data(), host.data(), host.size_bytes());
+  return b;
+}
+
+std::unique_ptr<Matrix> CpuBackend::upload_matrix(std::vector<float> data, int64_t rows,
+                                                  int64_t cols) {
+  auto m = std::make_unique<CpuMatrix>();
+  m->rows = rows;
+  m->cols = cols;
+  if (bf16_weights_) {
+    m->bf16.resize(data.size());
+    kernels::f32_to_bf16(data.data(), m->bf16.data(), data.size());
+  } else {
+    m->f32 = std::move(data);
+  }
+  return m;
+}
+
+void CpuBackend::download(const float* device, size_t n, float* host) {
+  if (n > 0) std::memcpy(host, device, n * sizeof(float));
+}
+
+void CpuBackend::fill_zero(float* x, size_t n) { std::fill(x, x + n, 0.0f); }
+
+void CpuBackend::embed(const Buffer& table, int64_t first_row, std::span<const int32_t> ids,
+                       int64_t width, float* out) {
+  const int64_t rows = static_cast<int64_t>(table.size()) / std::max<int64_t>(1, width);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    float* row = out + static_cast<int64_t>(t) * width;
+    const int64_t r = ids[t] - first_row;
+    if (r >= 0 && r < rows) {
+      std::memcpy(row, table.data() + r * width, width * sizeof(float));
+    } else {
+      std::fill(row, row + width, 0.0f);
+    }
+  }
+}
+
+void CpuBackend::gather_rows(const float* src, std::span<const int64_t> rows, int64_t width,
+                             float* out) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out + static_cast<int64_t>(i) * width, src + rows[i] * width,
+                width * sizeof(float));
+  }
+}
+
+// Decode-sized products stream bf16 weights through the SIMD kernel; larger ones widen the
+// weights once and use the BLAS, where the arithmetic, not the bytes, is the cost.
+void CpuBackend::matmul(const float* x, int64_t m, const Matrix& matrix, float* y) {
+  const auto& w = static_cast<const CpuMatrix&>(matrix);
+  if (!w.bf16.empty() && (m <= 16 || w.cols == 0)) {
+    kernels::matmul_bf16(x, m, w.cols, w.bf16.data(), w.rows, y, threads_);
+    return;
+  }
+  // The BLAS runs single-threaded (see Engine::create); the rank's OpenMP threads each take a
+  // band of output columns, so BLAS threads never spin against OpenMP's on the same cores.
+  const int64_t n = w.rows, k = w.cols;
+  if (!w.bf16.empty()) scratch_.resize(w.bf16.size());
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads_, n / 64)));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    const int64_t parts = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t band = (n + parts - 1) / parts;
+    const int64_t begin = std::min(n, t * band), end = std::min(n, begin + band);
+    if (begin < end) {
+      const float* rows = nullptr;
+      if (w.bf16.empty()) {
+        rows = w.f32.data() + begin * k;
+      } else {
+        kernels::bf16_to_f32(w.bf16.data() + begin * k, scratch_.data() + begin * k,
+                             static_cast<size_t>((end - begin) * k));
+        rows = scratch_.data() + begin * k;
+      }
+      if (m > 0 && k == 0) {
+        for (int64_t i = 0; i < m; ++i) std::fill(y + i * n + begin, y + i * n + end, 0.0f);
+      } else if (m > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                    static_cast<int>(end - begin), static_cast<int>(k), 1.0f, x,
+                    static_cast<int>(k), rows, static_cast<int>(k), 0.0f, y + begin,
+                    static_cast<int>(n));
+      }
+    }
+  }
+}
+
+void CpuBackend::add_bias(float* x, int64_t rows, int64_t row_stride, const Buffer& bias) {
+  for (int64_t r = 0; r < rows; ++r)
+    kernels::add_inplace(x + r * row_stride, bias.data(), bias.size());
+}
+
+void CpuBackend::add(float* x, const float* y, size_t n) { kernels::add_inplace(x, y, n); }
+
+void CpuBackend::rms_norm(const float* x, const Buffer& weight, float* out, int64_t rows,
+                          int64_t dim, float eps) {
+  kernels::rms_norm(x, weight.data(), out, rows, dim, eps);
+}
+
+void CpuBackend::silu_mul(const float* x, int64_t rows, int64_t n, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    kernels::silu_mul(x + r * 2 * n, x + r * 2 * n + n, out + r * n, n);
+  }
+}
+
+void CpuBackend::rope_tables(std::span<const int32_t> positions, int64_t head_dim, float theta,
+                             float* cos, float* sin) {
+  kernels::rope_tables(positions.data(), positions.size(), head_dim, theta, cos, sin);
+}
+
+void CpuBackend::apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                            int64_t row_stride, const float* cos, const float* sin) {
+  kernels::apply_rope(x, tokens, heads, head_dim, row_stride, cos, sin);
+}
+
+}  // namespace kvrt::exec

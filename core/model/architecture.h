@@ -1,0 +1,76 @@
+// The architecture interface: one model family's tensors, how they shard over TP ranks, and a
+// step's forward written in a compute backend's ops (core/exec/backend.h). One instance holds
+// one rank's shard. Llama-family models are llama.h; a new family (DeepSeek-V3's MLA + MoE) is a
+// new file registered in architecture.cc, with no change to the others or to the backends.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/exec/backend.h"
+#include "core/exec/communicator.h"
+#include "core/model/model_config.h"
+#include "core/model/weights.h"
+#include "core/util/status.h"
+
+namespace kvrt::model {
+
+// What one step gives the forward pass, in host memory and batch order.
+struct StepInputs {
+  std::span<const int32_t> ids;        // the new tokens
+  std::span<const int32_t> positions;  // their positions
+  std::span<const int64_t> last_rows;  // per sequence, the row of its last new token
+};
+
+// This rank's KV store and attention plugin, as a layer's forward uses them. The step's KV slots
+// and its attention plan are the rank executor's; a layer only hands over rows.
+class KvAttention {
+ public:
+  virtual ~KvAttention() = default;
+  // Stores the step's new K and V rows of `layer` (this rank's KV heads; row i at k + i *
+  // row_stride floats, the same for v).
+  virtual Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride) = 0;
+  // Attention of the step's query rows over the layer's KV (the new rows included).
+  virtual Status attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
+                        int64_t out_row_stride) = 0;
+};
+
+// This rank's attention shape, for the attention plugin and the KV geometry.
+struct AttentionShape {
+  int64_t q_heads = 0;  // 0: the rank computes no attention (TP above the query heads)
+  int64_t kv_heads = 0;
+  int64_t qk_head_dim = 0;
+  int64_t v_head_dim = 0;
+  float softmax_scale = 1;
+};
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  virtual AttentionShape attention_shape() const = 0;
+  // One step on this rank. Every rank runs it at once with the same inputs, meeting in `comm`'s
+  // collectives; rank 0 fills `logits` with [sequences][vocab] of each sequence's last token,
+  // the others leave it alone. A failure (a plugin call) still takes part in every collective,
+  // so no rank is left waiting, and is returned at the end.
+  virtual Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
+                         KvAttention& kv, std::vector<float>* logits) = 0;
+};
+
+// A model family: the config.json names it serves, and how to shard and build it.
+struct ArchitectureFamily {
+  const char* name;  // "llama"
+  // Refuses a TP size the model cannot be sharded over, naming the counts.
+  Status (*check_tp)(const ModelConfig& config, int tp);
+  // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's) into
+  // `backend`'s memory.
+  Result<std::unique_ptr<Architecture>> (*create)(const Weights& weights, int rank, int tp,
+                                                  exec::Backend& backend);
+};
+
+// The family serving config.architecture, or an error naming it and the families there are.
+Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config);
+
+}  // namespace kvrt::model

@@ -1,0 +1,242 @@
+#include "core/model/llama.h"
+
+#include <cmath>
+
+namespace kvrt::model {
+namespace {
+
+// Rows [begin, end) of a row-major matrix with `cols` columns.
+void append_rows(const std::vector<float>& m, int64_t cols, Range rows, std::vector<float>* out) {
+  out->insert(out->end(), m.begin() + rows.begin * cols, m.begin() + rows.end * cols);
+}
+
+// Columns [begin, end) of a row-major matrix with `rows` rows and `cols` columns.
+std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, Range keep) {
+  std::vector<float> out;
+  out.reserve(rows * keep.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
+  }
+  return out;
+}
+
+class Llama : public Architecture {
+ public:
+  Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend);
+  AttentionShape attention_shape() const override;
+  Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
+                 KvAttention& kv, std::vector<float>* logits) override;
+
+ private:
+  struct Layer {
+    exec::Buffer input_norm, post_norm;
+    std::unique_ptr<exec::Matrix> qkv;      // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
+    exec::Buffer qkv_bias;                  // [(nq + 2 nkv) * D], or empty
+    std::unique_ptr<exec::Matrix> o;        // [H][nq * D]: this rank's columns of o_proj
+    std::unique_ptr<exec::Matrix> gate_up;  // [2 I_r][H]: this rank's gate rows, then up rows
+    std::unique_ptr<exec::Matrix> down;     // [H][I_r]: this rank's columns of down_proj
+  };
+
+  ModelConfig config_;
+  LlamaShard shard_;
+  int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
+  std::vector<Layer> layers_;
+  exec::Buffer embed_;                     // [V_r][H] rows of this rank's vocab range
+  std::unique_ptr<exec::Matrix> lm_head_;  // [V_r][H]
+  exec::Buffer final_norm_;
+  // Activations, grown to the largest step seen.
+  exec::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_, last_, local_, gathered_;
+};
+
+Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend)
+    : config_(weights.config), shard_(shard) {
+  const ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  head_dim_ = c.head_dim;
+  nq_ = shard.q_heads.size();
+  nkv_ = shard.kv_heads.size();
+  const Range q_rows{shard.q_heads.begin * head_dim_, shard.q_heads.end * head_dim_};
+  const Range kv_rows{shard.kv_heads.begin * head_dim_, shard.kv_heads.end * head_dim_};
+  const int64_t qkv_rows = (nq_ + 2 * nkv_) * head_dim_, I = shard.intermediate.size();
+  for (const LayerWeights& lw : weights.layers) {
+    Layer l;
+    l.input_norm = backend.upload(lw.input_norm);
+    l.post_norm = backend.upload(lw.post_norm);
+    std::vector<float> qkv, gate_up, bias;
+    append_rows(lw.q, hidden, q_rows, &qkv);
+    append_rows(lw.k, hidden, kv_rows, &qkv);
+    append_rows(lw.v, hidden, kv_rows, &qkv);
+    l.qkv = backend.upload_matrix(std::move(qkv), qkv_rows, hidden);
+    if (!lw.q_bias.empty()) {
+      append_rows(lw.q_bias, 1, q_rows, &bias);
+      append_rows(lw.k_bias, 1, kv_rows, &bias);
+      append_rows(lw.v_bias, 1, kv_rows, &bias);
+      l.qkv_bias = backend.upload(bias);
+    }
+    l.o = backend.upload_matrix(columns(lw.o, hidden, c.num_attention_heads * head_dim_, q_rows),
+                                hidden, nq_ * head_dim_);
+    append_rows(lw.gate, hidden, shard.intermediate, &gate_up);
+    append_rows(lw.up, hidden, shard.intermediate, &gate_up);
+    l.gate_up = backend.upload_matrix(std::move(gate_up), 2 * I, hidden);
+    l.down = backend.upload_matrix(
+        columns(lw.down, hidden, c.intermediate_size, shard.intermediate), hidden, I);
+    layers_.push_back(std::move(l));
+  }
+  std::vector<float> embed, lm_head;
+  append_rows(weights.embed, hidden, shard.vocab, &embed);
+  embed_ = backend.upload(embed);
+  append_rows(weights.output_embedding(), hidden, shard.vocab, &lm_head);
+  lm_head_ = backend.upload_matrix(std::move(lm_head), shard.vocab.size(), hidden);
+  final_norm_ = backend.upload(weights.final_norm);
+}
+
+AttentionShape Llama::attention_shape() const {
+  AttentionShape s;
+  s.q_heads = nq_;
+  s.kv_heads = nkv_;
+  s.qk_head_dim = s.v_head_dim = head_dim_;
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
+  return s;
+}
+
+Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicator& comm,
+                      KvAttention& kv, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, D = head_dim_, T = static_cast<int64_t>(in.ids.size());
+  const int64_t qkv_width = (nq_ + 2 * nkv_) * D, I = shard_.intermediate.size();
+  const int64_t B = static_cast<int64_t>(in.last_rows.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const exec::Stream stream = be.stream();
+  Status status;  // the first failure; collectives go on regardless
+  auto check = [&status](Status s) {
+    if (status.ok() && !s.ok()) status = s;
+    return status.ok();
+  };
+  using exec::ElementType;
+
+  // Vocab-parallel embedding: each rank fills its rows, the all-reduce completes them.
+  be.reserve(&x_, T * H);
+  be.embed(embed_, shard_.vocab.begin, in.ids, H, x_.data());
+  check(comm.all_reduce_sum(x_.data(), T * H, ElementType::kF32, stream));
+
+  for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
+  be.rope_tables(in.positions, D, static_cast<float>(c.rope_theta), cos_.data(), sin_.data());
+  be.reserve(&h_, T * H);
+  be.reserve(&qkv_, T * qkv_width);
+  be.reserve(&attn_, T * nq_ * D);
+  be.reserve(&partial_, T * H);
+  be.reserve(&gate_up_, T * 2 * I);
+  be.reserve(&act_, T * I);
+  float* x = x_.data();
+  float* h = h_.data();
+  float* qkv = qkv_.data();
+  float* partial = partial_.data();
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    const Layer& l = layers_[li];
+    const auto layer = static_cast<uint32_t>(li);
+    be.rms_norm(x, l.input_norm, h, T, H, eps);
+    be.fill_zero(partial, T * H);
+    if (nq_ > 0 && status.ok()) {
+      be.matmul(h, T, *l.qkv, qkv);
+      if (l.qkv_bias.size() > 0) be.add_bias(qkv, T, qkv_width, l.qkv_bias);
+      be.apply_rope(qkv, T, nq_ + nkv_, D, qkv_width, cos_.data(), sin_.data());
+      if (check(kv.write(layer, qkv + nq_ * D, qkv + (nq_ + nkv_) * D, qkv_width)) &&
+          check(kv.attend(layer, qkv, qkv_width, attn_.data(), nq_ * D))) {
+        be.matmul(attn_.data(), T, *l.o, partial);
+      }
+    }
+    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    be.add(x, partial, T * H);
+
+    be.rms_norm(x, l.post_norm, h, T, H, eps);
+    be.matmul(h, T, *l.gate_up, gate_up_.data());
+    be.silu_mul(gate_up_.data(), T, I, act_.data());
+    be.matmul(act_.data(), T, *l.down, partial);
+    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    be.add(x, partial, T * H);
+  }
+
+  // Logits of each sequence's last token: this rank's vocab slice, gathered on every rank.
+  be.reserve(&last_, B * H);
+  be.gather_rows(x, in.last_rows, H, last_.data());
+  be.rms_norm(last_.data(), final_norm_, last_.data(), B, H, eps);
+  const int64_t Vr = shard_.vocab.size();
+  be.reserve(&local_, B * Vr);
+  be.matmul(last_.data(), B, *lm_head_, local_.data());
+  std::vector<size_t> counts(shard_.tp);
+  for (int r = 0; r < shard_.tp; ++r) counts[r] = B * split(c.vocab_size, shard_.tp, r).size();
+  be.reserve(&gathered_, B * c.vocab_size);
+  check(comm.all_gather(local_.data(), counts, gathered_.data(), ElementType::kF32, stream));
+  if (shard_.rank == 0) {
+    // gathered is [rank][B][V_r]; logits are [B][V].
+    std::vector<float> host(B * c.vocab_size);
+    be.download(gathered_.data(), host.size(), host.data());
+    logits->assign(B * c.vocab_size, 0.0f);
+    int64_t offset = 0;
+    for (int r = 0; r < shard_.tp; ++r) {
+      const Range vr = split(c.vocab_size, shard_.tp, r);
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy_n(host.data() + offset + b * vr.size(), vr.size(),
+                    logits->data() + b * c.vocab_size + vr.begin);
+      }
+      offset += B * vr.size();
+    }
+  }
+  return status;
+}
+
+Status check_tp(const ModelConfig& c, int tp) {
+  return llama_shard(c.num_attention_heads, c.num_key_value_heads, c.intermediate_size,
+                     c.vocab_size, 0, tp)
+      .status();
+}
+
+Result<std::unique_ptr<Architecture>> create(const Weights& weights, int rank, int tp,
+                                             exec::Backend& backend) {
+  const ModelConfig& c = weights.config;
+  Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
+                                         c.intermediate_size, c.vocab_size, rank, tp);
+  if (!shard.ok()) return shard.status();
+  return std::unique_ptr<Architecture>(new Llama(weights, *shard, backend));
+}
+
+}  // namespace
+
+Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t intermediate,
+                               int64_t vocab, int rank, int tp) {
+  if (tp < 1 || rank < 0 || rank >= tp) return Status::InvalidArgument("bad TP rank");
+  if (num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
+    return Status::InvalidArgument("num_attention_heads " + std::to_string(num_heads) +
+                                   " is not a multiple of num_key_value_heads " +
+                                   std::to_string(num_kv_heads));
+  }
+  const int64_t group = num_heads / num_kv_heads;
+  LlamaShard s;
+  s.rank = rank;
+  s.tp = tp;
+  if (num_kv_heads % tp == 0) {
+    s.kv_heads = split(num_kv_heads, tp, rank);
+    s.q_heads = {s.kv_heads.begin * group, s.kv_heads.end * group};
+  } else if (tp % num_kv_heads == 0) {
+    // Each KV head is replicated on tp / kv ranks, which split its query heads between them.
+    const int replicas = tp / static_cast<int>(num_kv_heads);
+    const int64_t kv = rank / replicas;
+    s.kv_heads = {kv, kv + 1};
+    const Range part = split(group, replicas, rank % replicas);
+    s.q_heads = {kv * group + part.begin, kv * group + part.end};
+  } else {
+    return Status::InvalidArgument(std::to_string(num_kv_heads) +
+                                   " KV heads cannot be split over " + std::to_string(tp) +
+                                   " TP ranks (need one to divide the other)");
+  }
+  s.intermediate = split(intermediate, tp, rank);
+  s.vocab = split(vocab, tp, rank);
+  return s;
+}
+
+const ArchitectureFamily& llama_family() {
+  static const ArchitectureFamily kFamily{"llama", check_tp, create};
+  return kFamily;
+}
+
+}  // namespace kvrt::model

@@ -1,0 +1,181 @@
+#include "core/plugin/kv_store.h"
+
+#include "core/plugin/host.h"
+
+namespace kvrt::plugin {
+
+Result<uint64_t> page_bytes(const LoadedPlugin& store, const kvrt_kv_geometry& geometry,
+                            const kvrt_config* config) {
+  uint64_t bytes = 0;
+  clear_last_error();
+  if (kvrt_status st = store.kv.page_bytes(store.host_api(), &geometry, config, &bytes);
+      st != KVRT_OK) {
+    return plugin_failure(store.name, "page_bytes", st);
+  }
+  if (bytes == 0) {
+    return Status::PluginError("plugin " + store.name + ": page_bytes returned 0 bytes");
+  }
+  return bytes;
+}
+
+KvStore::KvStore(const LoadedPlugin& plugin, const kvrt_kv_geometry& geometry, kvrt_kv_store* store)
+    : plugin_(&plugin), geometry_(geometry), store_(store) {
+  if (plugin.kv.tier_info != nullptr) tier_ = std::make_unique<StoreTier>(this, store_);
+}
+
+KvStore::~KvStore() { plugin_->kv.destroy(store_); }
+
+Status KvStore::failure(const char* callback, kvrt_status status) const {
+  return plugin_failure(plugin_->name, callback, status);
+}
+
+Result<std::unique_ptr<KvStore>> KvStore::create(const LoadedPlugin& plugin,
+                                                 const kvrt_kv_geometry& geometry,
+                                                 uint64_t num_pages, const kvrt_config* config) {
+  if (plugin.kind() != KVRT_PLUGIN_KV_STORE) {
+    return Status::PluginError("plugin " + plugin.name + " is not a KV store");
+  }
+  Result<uint64_t> expected = page_bytes(plugin, geometry, config);
+  if (!expected.ok()) return expected.status();
+  kvrt_kv_store* handle = nullptr;
+  clear_last_error();
+  if (kvrt_status st = plugin.kv.create(plugin.host_api(), &geometry, num_pages, config, &handle);
+      st != KVRT_OK) {
+    return plugin_failure(plugin.name, "create", st);
+  }
+  if (handle == nullptr) {
+    return Status::PluginError("plugin " + plugin.name + ": create returned OK and no store");
+  }
+  std::unique_ptr<KvStore> store(new KvStore(plugin, geometry, handle));
+  if (Status s = store->check_created(num_pages, *expected); !s.ok()) return s;
+  return store;
+}
+
+Status KvStore::check_created(uint64_t num_pages, uint64_t expected_page_bytes) {
+  const std::string who = "plugin " + plugin_->name + ": ";
+  info_.struct_size = sizeof(info_);
+  clear_last_error();
+  if (kvrt_status st = plugin_->kv.info(store_, &info_); st != KVRT_OK) return failure("info", st);
+  if (info_.num_pages != num_pages) {
+    return Status::PluginError(who + "info() reports " + std::to_string(info_.num_pages) +
+                               " pages, " + std::to_string(num_pages) + " were created");
+  }
+  if (info_.bytes_per_page != expected_page_bytes) {
+    return Status::PluginError(who + "info() reports " + std::to_string(info_.bytes_per_page) +
+                               " bytes per page, page_bytes() said " +
+                               std::to_string(expected_page_bytes));
+  }
+  for (uint32_t layer = 0; layer < geometry_.num_layers; ++layer) {
+    Result<kvrt_kv_layout> l = layout(layer);
+    if (!l.ok()) return l.status();
+    const std::string where = who + "layout(" + std::to_string(layer) + ") ";
+    auto mismatch = [&](const char* field, uint64_t got, uint64_t want) {
+      return Status::PluginError(where + "has " + field + " " + std::to_string(got) +
+                                 ", the store was created with " + std::to_string(want));
+    };
+    if (l->page_size != geometry_.page_size) {
+      return mismatch("page_size", l->page_size, geometry_.page_size);
+    }
+    if (l->num_pages != num_pages) return mismatch("num_pages", l->num_pages, num_pages);
+    if (l->num_kv_heads != geometry_.num_kv_heads) {
+      return mismatch("num_kv_heads", l->num_kv_heads, geometry_.num_kv_heads);
+    }
+    if (l->k_head_dim != geometry_.k_head_dim) {
+      return mismatch("k_head_dim", l->k_head_dim, geometry_.k_head_dim);
+    }
+    if (l->v_head_dim != geometry_.v_head_dim) {
+      return mismatch("v_head_dim", l->v_head_dim, geometry_.v_head_dim);
+    }
+    if (l->k_base == nullptr || (geometry_.v_head_dim > 0 && l->v_base == nullptr)) {
+      return Status::PluginError(where + "has a null base pointer");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<kvrt_kv_layout> KvStore::layout(uint32_t layer) const {
+  kvrt_kv_layout l{};
+  l.struct_size = sizeof(l);
+  clear_last_error();
+  if (kvrt_status st = plugin_->kv.layout(store_, layer, &l); st != KVRT_OK) {
+    return failure("layout", st);
+  }
+  return l;
+}
+
+Status KvStore::write(const kvrt_kv_write& w) {
+  clear_last_error();
+  kvrt_status st = plugin_->kv.write(store_, &w);
+  return st == KVRT_OK ? Status::Ok() : failure("write", st);
+}
+
+Status KvStore::gather(uint32_t layer, std::span<const int64_t> slots, float* k_out,
+                       float* v_out) const {
+  if (!has_gather()) {
+    return Status::Unsupported("plugin " + plugin_->name + " has no gather()");
+  }
+  clear_last_error();
+  kvrt_status st = plugin_->kv.gather(store_, layer, static_cast<uint32_t>(slots.size()),
+                                      slots.data(), k_out, v_out);
+  return st == KVRT_OK ? Status::Ok() : failure("gather", st);
+}
+
+Result<kvrt_tier_info> StoreTier::info() const {
+  kvrt_tier_info info{};
+  info.struct_size = sizeof(info);
+  clear_last_error();
+  const kvrt_kv_store_api& api = store_->plugin().kv;
+  if (kvrt_status st = api.tier_info(handle_, &info); st != KVRT_OK) {
+    return plugin_failure(store_->name(), "tier_info", st);
+  }
+  return info;
+}
+
+Result<uint32_t> StoreTier::lookup(std::span<const uint64_t> hashes) {
+  uint32_t hits = 0;
+  clear_last_error();
+  const kvrt_kv_store_api& api = store_->plugin().kv;
+  const auto n = static_cast<uint32_t>(hashes.size());
+  if (kvrt_status st = api.tier_lookup(handle_, n, hashes.data(), &hits); st != KVRT_OK) {
+    return plugin_failure(store_->name(), "tier_lookup", st);
+  }
+  if (hits > n) {
+    return Status::PluginError("plugin " + store_->name() + ": tier_lookup reports " +
+                               std::to_string(hits) + " hits of " + std::to_string(n) + " pages");
+  }
+  return hits;
+}
+
+Result<uint64_t> StoreTier::save(std::span<const uint64_t> hashes,
+                                 std::span<const int64_t> device_pages, kvrt_tier_reason reason) {
+  uint64_t ticket = 0;
+  clear_last_error();
+  const kvrt_kv_store_api& api = store_->plugin().kv;
+  if (kvrt_status st = api.tier_save(handle_, static_cast<uint32_t>(hashes.size()), hashes.data(),
+                                     device_pages.data(), reason, &ticket);
+      st != KVRT_OK) {
+    return plugin_failure(store_->name(), "tier_save", st);
+  }
+  return ticket;
+}
+
+Result<uint64_t> StoreTier::load(std::span<const uint64_t> hashes,
+                                 std::span<const int64_t> device_pages, std::span<uint8_t> loaded) {
+  uint64_t ticket = 0;
+  clear_last_error();
+  const kvrt_kv_store_api& api = store_->plugin().kv;
+  if (kvrt_status st = api.tier_load(handle_, static_cast<uint32_t>(hashes.size()), hashes.data(),
+                                     device_pages.data(), loaded.data(), &ticket);
+      st != KVRT_OK) {
+    return plugin_failure(store_->name(), "tier_load", st);
+  }
+  return ticket;
+}
+
+Status StoreTier::wait(uint64_t ticket) {
+  clear_last_error();
+  kvrt_status st = store_->plugin().kv.tier_wait(handle_, ticket);
+  return st == KVRT_OK ? Status::Ok() : plugin_failure(store_->name(), "tier_wait", st);
+}
+
+}  // namespace kvrt::plugin
