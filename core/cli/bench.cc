@@ -8,9 +8,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/sched/engine_executor.h"
-#include "core/sched/page_hash.h"
-
 namespace kvrt::bench {
 namespace {
 
@@ -42,38 +39,15 @@ struct InFlight {
 
 }  // namespace
 
-sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec::Runtime& rt) {
-  sched::SchedulerOptions o;
-  const config::Config::Scheduler& s = cfg.scheduler;
-  o.page_size = static_cast<uint32_t>(s.page_size);
-  o.num_pages = rt.plan.num_pages;
-  o.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
-  o.max_context = rt.model.max_position_embeddings;
-  o.root_hash = sched::root_hash(rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32"));
-  o.chunked_prefill_size = s.chunked_prefill_size;
-  o.max_running_requests = s.max_running_requests;
-  o.max_prefill_tokens = s.max_prefill_tokens;
-  o.num_continuous_decode_steps = s.num_continuous_decode_steps;
-  o.new_token_ratio = s.new_token_ratio;
-  o.new_token_ratio_decay = s.new_token_ratio_decay;
-  o.min_new_token_ratio = s.min_new_token_ratio;
-  o.max_new_tokens_clip = s.max_new_tokens_clip;
-  o.longest_prefix_first = s.schedule_policy == "lpm";
-  o.log_interval = s.log_interval;
-  o.tier_min_hit_pages = static_cast<uint64_t>(s.tier_min_load_pages);
-  return o;
-}
-
-Result<BenchReport> run_bench(exec::Runtime& rt, const config::Config& cfg,
+Result<BenchReport> run_bench(runtime::Runtime& rt, const config::Config& cfg,
                               const WorkloadSpec& workload,
                               const std::vector<metrics::StoreCeiling>& other_stores,
                               const BenchOptions& options) {
-  sched::EngineExecutor executor(rt.engine.get());
-  std::unique_ptr<sched::EngineTier> tier = sched::EngineTier::create(rt.engine.get());
-  sched::SchedulerOptions so = scheduler_options(cfg, rt);
-  if (!options.log) so.log_interval = 0;
-  return run_workload(so, &executor, tier.get(), static_cast<int32_t>(rt.model.vocab_size),
-                      cfg.kv.store, workload, other_stores, options);
+  serve::ServingOptions so = runtime::serving_options(cfg, rt, other_stores);
+  so.diagnosis_interval = options.diagnosis_interval;
+  if (!options.log) so.scheduler.log_interval = 0;
+  serve::ServingCore core(so, rt.engine.get());
+  return drive(core, static_cast<int32_t>(rt.model.vocab_size), workload);
 }
 
 Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
@@ -82,14 +56,22 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
                                  const WorkloadSpec& workload,
                                  const std::vector<metrics::StoreCeiling>& other_stores,
                                  const BenchOptions& options) {
-  sched::Scheduler scheduler(sched_options, executor, tier);
-  metrics::Registry registry;
-  metrics::ServerMetrics server_metrics(registry);
-  scheduler.set_metrics(&server_metrics);
+  serve::ServingOptions so;
+  so.scheduler = sched_options;
+  so.store = store;
+  so.other_stores = other_stores;
+  so.diagnosis_interval = options.diagnosis_interval;
+  if (!options.log) so.scheduler.log_interval = 0;
+  serve::ServingCore core(so, executor, tier);
+  return drive(core, vocab_size, workload);
+}
+
+Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
+                          const WorkloadSpec& workload) {
   WorkloadPlan plan(workload, vocab_size);
   BenchReport report;
-  report.store = store;
-  report.max_total_num_tokens = sched_options.num_pages * sched_options.page_size;
+  report.store = core.options().store;
+  report.max_total_num_tokens = core.max_total_num_tokens();
   report.requests = plan.total_requests();
 
   std::deque<PlannedRequest> pending(plan.initial().begin(), plan.initial().end());
@@ -98,7 +80,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
   std::unordered_map<uint64_t, std::pair<int64_t, int>> turn_of;  // id -> (conversation, turn)
   std::vector<double> ttft, itl, e2e, effective;
 
-  scheduler.on_token([&](const sched::Request& r, int32_t) {
+  core.on_token([&](const sched::Request& r, int32_t) {
     const Clock::time_point now = Clock::now();
     InFlight& f = in_flight[r.spec.id];
     if (r.output_len() == 1) {
@@ -109,7 +91,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
     f.last = now;
     f.has_token = true;
   });
-  scheduler.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string&) {
+  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string&) {
     const Clock::time_point now = Clock::now();
     auto it = in_flight.find(r.spec.id);
     if (kind == sched::FinishKind::kAborted) {
@@ -141,11 +123,6 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
     }
   });
 
-  metrics::DiagnosisWindow whole, interval;
-  const int diag_every = options.diagnosis_interval > 0
-                             ? options.diagnosis_interval
-                             : std::max(1, 5 * sched_options.log_interval);
-  uint64_t decode_since_diag = 0;
   double running_sum = 0, usage_sum = 0, queue_sum = 0;
   double sat_running = 0, sat_live = 0;
   bool saturated = false;
@@ -153,14 +130,14 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
   const Clock::time_point start = Clock::now();
 
   auto send = [&](PlannedRequest& p) {
-    sched::RequestSpec spec;
+    serve::GenerateRequest spec;
     spec.id = p.id;
-    spec.prompt = std::move(p.prompt);
+    spec.input_ids = std::move(p.prompt);
     spec.max_new_tokens = p.max_new_tokens;
     in_flight[p.id] = InFlight{Clock::now(), {}, false};
     if (p.conversation >= 0) turn_of[p.id] = {p.conversation, p.turn};
     if (first_send == Clock::time_point{}) first_send = Clock::now();
-    scheduler.submit(std::move(spec));
+    core.submit(std::move(spec));
   };
 
   while (true) {
@@ -176,7 +153,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
       send(pending.front());
       pending.pop_front();
     }
-    if (scheduler.idle()) {
+    if (core.idle()) {
       if (pending.empty() && ready.empty()) break;
       if (!pending.empty() && ready.empty() && room()) {
         std::this_thread::sleep_for(std::chrono::duration<double>(
@@ -184,24 +161,12 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
       }
       continue;
     }
-    Result<sched::StepStats> st = scheduler.step();
+    Result<sched::StepStats> st = core.step();
     if (!st.ok()) return st.status();
     const sched::StepStats& s = *st;
     if (!s.ran) continue;
     ++report.steps;
     report.decode_steps += s.prefill ? 0 : 1;
-    metrics::StepSample sample;
-    sample.running = s.running;
-    sample.queued = s.queued;
-    sample.tokens_in_use = s.pages_in_use * sched_options.page_size;
-    sample.live_tokens = s.live_tokens;
-    sample.admission_blocked_by_kv = s.admission_blocked_by_kv;
-    sample.new_admissions = s.new_requests;
-    sample.step_seconds = s.seconds;
-    sample.decode_tokens = s.prefill ? 0 : static_cast<int>(s.new_tokens);
-    sample.prefill_tokens = s.prefill ? static_cast<int>(s.new_tokens) : 0;
-    whole.add(sample);
-    interval.add(sample);
     report.max_running = std::max(report.max_running, s.running);
     running_sum += s.running;
     usage_sum += s.token_usage;
@@ -212,17 +177,10 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
       sat_running += s.running;
       sat_live += static_cast<double>(s.live_tokens);
     }
-    if (!s.prefill && ++decode_since_diag >= static_cast<uint64_t>(diag_every)) {
-      if (options.log) {
-        spdlog::info(interval.diagnose(report.max_total_num_tokens, store, other_stores).line);
-      }
-      interval.reset();
-      decode_since_diag = 0;
-    }
     last_end = Clock::now();
   }
 
-  const sched::SchedulerCounters& c = scheduler.counters();
+  const sched::SchedulerCounters& c = core.counters();
   report.duration_s = seconds(Clock::now() - start);
   report.prompt_tokens = c.prompt_tokens;
   report.generated_tokens = c.generated_tokens;
@@ -251,8 +209,8 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
     report.saturated_ceiling =
         static_cast<double>(report.max_total_num_tokens) / report.saturated_live_length;
   }
-  report.diagnosis = whole.diagnose(report.max_total_num_tokens, store, other_stores);
-  report.prometheus = registry.render_prometheus();
+  report.diagnosis = core.diagnosis();
+  report.prometheus = core.prometheus();
   return report;
 }
 

@@ -9,14 +9,12 @@
 
 #include "core/cli/workload.h"
 #include "core/config/config.h"
-#include "core/exec/runtime.h"
 #include "core/metrics/diagnosis.h"
+#include "core/runtime/runtime.h"
 #include "core/sched/scheduler.h"
+#include "core/serve/serving_core.h"
 
 namespace kvrt::bench {
-
-// The scheduler options a configuration gives for a runtime's model and pool.
-sched::SchedulerOptions scheduler_options(const config::Config& cfg, const exec::Runtime& rt);
 
 struct Percentiles {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;
@@ -52,9 +50,9 @@ struct BenchOptions {
   int diagnosis_interval = 0;  // decode steps per diagnosis line; 0: 5 * log_interval
 };
 
-// Runs `workload` through a fresh scheduler over the runtime's engine (and its store's tier,
+// Runs `workload` through a fresh serving core over the runtime's engine (and its store's tier,
 // when it has one). `other_stores` are the ceilings the diagnosis compares with.
-Result<BenchReport> run_bench(exec::Runtime& rt, const config::Config& cfg,
+Result<BenchReport> run_bench(runtime::Runtime& rt, const config::Config& cfg,
                               const WorkloadSpec& workload,
                               const std::vector<metrics::StoreCeiling>& other_stores,
                               const BenchOptions& options = {});
@@ -66,6 +64,12 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
                                  const WorkloadSpec& workload,
                                  const std::vector<metrics::StoreCeiling>& other_stores,
                                  const BenchOptions& options = {});
+
+// The workload driver both use: sends the workload's requests to `core` as their arrival times,
+// the concurrency limit and earlier turns allow, steps it until every request has ended, and
+// measures what clients see. `core`'s callbacks are the driver's until it returns.
+Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
+                          const WorkloadSpec& workload);
 
 // A table of the report's figures, one per line.
 std::string format_report(const BenchReport& report);

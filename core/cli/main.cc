@@ -1,11 +1,15 @@
-// kvrt: the command line.
+// kvrt: the command line. Program output goes to stdout, log lines and errors to stderr.
 //   kvrt plugins [-v]                         what can be loaded, and why not
 //   kvrt config check FILE [--set k=v ...]    validate and print the effective configuration
 //   kvrt capacity [--config FILE] [...]       KV capacity of every store for a geometry
+//   kvrt generate [--config FILE] --prompt T  one request through the serving core
+//   kvrt bench [--config FILE] --workload W   a workload through the serving core, reported
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -16,10 +20,10 @@
 #include "core/capacity/stores.h"
 #include "core/cli/bench.h"
 #include "core/config/config.h"
-#include "core/exec/generate.h"
-#include "core/exec/runtime.h"
+#include "core/exec/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
+#include "core/runtime/runtime.h"
 
 namespace kvrt {
 namespace {
@@ -214,7 +218,8 @@ struct GenerateArgs {
   bool no_bos = false;
   bool ignore_eos = false;
   bool verbose = false;
-  exec::GenerateOptions options;
+  int32_t max_new_tokens = 64;
+  exec::SamplingParams sampling;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag) {
@@ -234,29 +239,30 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag
 }
 
 int run_generate(const std::string& path, const std::vector<std::string>& overrides,
-                 GenerateArgs args) {
+                 const GenerateArgs& args) {
   Result<config::Config> cfg = load_config(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
   wire(registry, *cfg);
-  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
-  std::vector<int32_t> prompt;
+  serve::GenerateRequest request;
   if (!args.ids.empty()) {
     Result<std::vector<int32_t>> ids = parse_ids(args.ids, "--ids");
     if (!ids.ok()) return fail(ids.status());
-    prompt = *ids;
+    request.input_ids = *ids;
   } else {
-    prompt = rt->tokenizer->encode(args.prompt, !args.no_bos);
+    request.input_ids = rt->tokenizer->encode(args.prompt, !args.no_bos);
   }
   if (!args.stop.empty()) {
     Result<std::vector<int32_t>> stop = parse_ids(args.stop, "--stop");
     if (!stop.ok()) return fail(stop.status());
-    args.options.stop_ids = *stop;
+    request.stop_token_ids = *stop;
   } else if (!args.ignore_eos) {
-    args.options.stop_ids = rt->model.eos_token_ids;
+    request.stop_token_ids = rt->model.eos_token_ids;
   }
-  args.options.prefill_chunk = cfg->scheduler.chunked_prefill_size;
+  request.max_new_tokens = args.max_new_tokens;
+  request.sampling = args.sampling;
   if (args.verbose) {
     std::fprintf(stderr, "%s", rt->capacity_report.c_str());
     std::fprintf(stderr,
@@ -268,20 +274,46 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
                  static_cast<unsigned long long>(rt->plan.max_total_num_tokens),
                  static_cast<unsigned long long>(rt->plan.bytes_per_token()));
   }
-  Result<exec::GenerateResult> out = exec::generate(*rt->engine, prompt, args.options);
-  if (!out.ok()) return fail(out.status());
-  std::cout << rt->tokenizer->decode(prompt) << rt->tokenizer->decode(out->ids) << std::endl;
+
+  // One request through the same serving core `kvrt bench` and the server use (prefix cache,
+  // tier, chunked prefill, the scheduler's checks); its scheduler log lines are for servers.
+  serve::ServingOptions options = runtime::serving_options(*cfg, *rt, {});
+  options.scheduler.log_interval = 0;
+  serve::ServingCore core(options, rt->engine.get());
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first{}, last{};
+  std::vector<int32_t> output;
+  std::string ended, reason;
+  core.on_token([&](const sched::Request&, int32_t token) {
+    last = Clock::now();
+    if (output.empty()) first = last;
+    output.push_back(token);
+  });
+  core.on_finish([&](const sched::Request&, sched::FinishKind kind, const std::string& why) {
+    ended = kind == sched::FinishKind::kAborted ? "aborted" : why;
+    reason = why;
+  });
+  const std::vector<int32_t> prompt = request.input_ids;
+  core.submit(std::move(request));
+  while (!core.idle()) {
+    Result<sched::StepStats> st = core.step();
+    if (!st.ok()) return fail(st.status());
+  }
+  if (ended == "aborted") return fail(Status::InvalidArgument(reason));
+  std::cout << rt->tokenizer->decode(prompt) << rt->tokenizer->decode(output) << std::endl;
   if (args.verbose) {
+    auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     std::string ids;
-    for (int32_t id : out->ids) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : output) ids += (ids.empty() ? "" : " ") + std::to_string(id);
     std::fprintf(stderr, "prompt ids:");
     for (int32_t id : prompt) std::fprintf(stderr, " %d", id);
     std::fprintf(stderr, "\ngenerated ids: %s\n", ids.c_str());
-    std::fprintf(
-        stderr, "prefill: %zu tokens, %.1f tok/s; decode: %zu tokens, %.1f tok/s (%s)\n",
-        prompt.size(), static_cast<double>(prompt.size()) / out->prefill_seconds, out->ids.size(),
-        out->ids.size() > 1 ? static_cast<double>(out->ids.size() - 1) / out->decode_seconds : 0.0,
-        out->stop_reason.c_str());
+    const double prefill_s = seconds(first - start), decode_s = seconds(last - first);
+    std::fprintf(stderr, "prefill: %zu tokens, %.1f tok/s; decode: %zu tokens, %.1f tok/s (%s)\n",
+                 prompt.size(), static_cast<double>(prompt.size()) / prefill_s, output.size(),
+                 output.size() > 1 ? static_cast<double>(output.size() - 1) / decode_s : 0.0,
+                 ended.c_str());
   }
   return 0;
 }
@@ -303,18 +335,14 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
   wire(registry, *cfg);
-  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
   spdlog::info("model {} ({} weights), TP {}, kv {}, attention {}", rt->model_name,
                rt->bf16_weights ? "bf16" : "f32", cfg->tp.size, cfg->kv.store,
                cfg->attention.backend);
   std::fprintf(stderr, "%s", rt->capacity_report.c_str());
   // Every loadable store on the same budget, for the diagnosis's "what would X give".
-  std::vector<metrics::StoreCeiling> ceilings;
-  for (const capacity::StoreCapacity& c :
-       capacity::compare_stores(registry, rt->geometry, rt->budget)) {
-    if (c.error.ok()) ceilings.push_back({c.store, c.plan.max_total_num_tokens, c.host_tier});
-  }
+  const std::vector<metrics::StoreCeiling> ceilings = runtime::store_ceilings(registry, *rt);
   const bench::WorkloadSpec& w = *workload;
   spdlog::info("workload {}: {} requests, concurrency {}, rate {}, input {}, output {}{}", w.source,
                w.num_requests, w.concurrency > 0 ? std::to_string(w.concurrency) : "unlimited",
@@ -339,6 +367,8 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
 int main(int argc, char** argv) {
   CLI::App app{"kvrt: an LLM inference runtime whose KV cache is a plugin"};
   app.require_subcommand(1);
+  // Log lines go to stderr, so stdout holds only what a command prints (a config, a table).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvrt"));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%l] %v");
 
   bool verbose = false;
@@ -380,14 +410,13 @@ int main(int argc, char** argv) {
   auto* prompt = generate->add_option("--prompt", gen.prompt, "text to continue");
   auto* ids = generate->add_option("--ids", gen.ids, "prompt token ids, e.g. 1,403,407");
   prompt->excludes(ids);
-  generate->add_option("--max-new-tokens", gen.options.max_new_tokens, "tokens to generate")
+  generate->add_option("--max-new-tokens", gen.max_new_tokens, "tokens to generate")
       ->capture_default_str();
-  generate->add_option("--temperature", gen.options.sampling.temperature, "0 = greedy")
+  generate->add_option("--temperature", gen.sampling.temperature, "0 = greedy")
       ->capture_default_str();
-  generate->add_option("--top-k", gen.options.sampling.top_k, "0 = all")->capture_default_str();
-  generate->add_option("--top-p", gen.options.sampling.top_p, "nucleus mass")
-      ->capture_default_str();
-  generate->add_option("--seed", gen.options.sampling.seed, "sampling seed")->capture_default_str();
+  generate->add_option("--top-k", gen.sampling.top_k, "0 = all")->capture_default_str();
+  generate->add_option("--top-p", gen.sampling.top_p, "nucleus mass")->capture_default_str();
+  generate->add_option("--seed", gen.sampling.seed, "sampling seed")->capture_default_str();
   generate->add_option("--stop", gen.stop, "stop token ids (default: the model's EOS)");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at the model's EOS");
   generate->add_flag("--no-bos", gen.no_bos, "do not prepend BOS to --prompt");

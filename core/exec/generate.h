@@ -1,6 +1,7 @@
-// One sequence through the engine: chunked prefill of the prompt, then decode steps until
-// max_new_tokens or a stop token. Pages are taken in order from the start of the pool (the
-// scheduler, which shares the pool among requests, comes later).
+// One sequence straight through the engine, without the scheduler: chunked prefill of the
+// prompt, then decode steps until max_new_tokens or a stop token, on pages taken in order from
+// the start of the pool. The reference that engine tests and benchmarks measure against;
+// `kvrt generate` goes through the serving core (core/serve) like every other request.
 #pragma once
 
 #include <span>

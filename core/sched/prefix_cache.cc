@@ -1,11 +1,21 @@
 #include "core/sched/prefix_cache.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "core/sched/page_hash.h"
 
 namespace kvrt::sched {
+namespace {
+
+// The tier is best effort (a page it misses is recomputed), but a failing one is reported.
+void log_tier_failure(const Status& s, const char* reason) {
+  if (!s.ok()) spdlog::warn("KV tier: saving {} pages: {}", reason, s.message());
+}
+
+}  // namespace
 
 PrefixCache::PrefixCache(uint32_t page_size, uint64_t root_hash, KvTier* tier)
     : page_size_(page_size), tier_(tier), root_(std::make_unique<Node>()) {
@@ -47,7 +57,7 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> tokens, bool repo
   }
   if (tier_ != nullptr && !hash_buffer_.empty()) {
     // Best effort: a failed report only means the tier's policy saw one hit fewer.
-    (void)tier_->save(hash_buffer_, m.pages, KVRT_TIER_HIT);
+    log_tier_failure(tier_->save(hash_buffer_, m.pages, KVRT_TIER_HIT), "hit");
   }
   return m;
 }
@@ -108,7 +118,7 @@ PrefixCache::Node* PrefixCache::insert(std::span<const int32_t> tokens, std::spa
     touch_leaf_set(node);
   }
   if (tier_ != nullptr && !hash_buffer_.empty()) {
-    (void)tier_->save(hash_buffer_, page_buffer_, KVRT_TIER_INSERTED);
+    log_tier_failure(tier_->save(hash_buffer_, page_buffer_, KVRT_TIER_INSERTED), "inserted");
   }
   return node;
 }
@@ -150,7 +160,7 @@ uint64_t PrefixCache::evict(uint64_t n, std::vector<int32_t>* freed) {
     touch_leaf_set(parent);  // it may have become an evictable leaf
   }
   if (tier_ != nullptr && !hash_buffer_.empty()) {
-    (void)tier_->save(hash_buffer_, page_buffer_, KVRT_TIER_EVICTING);
+    log_tier_failure(tier_->save(hash_buffer_, page_buffer_, KVRT_TIER_EVICTING), "evicting");
   }
   return done;
 }

@@ -19,8 +19,7 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 Request::Request(RequestSpec s)
     : spec(std::move(s)),
       tokens(spec.prompt),
-      prompt_len(static_cast<int32_t>(spec.prompt.size())),
-      sampler(spec.sampling) {}
+      prompt_len(static_cast<int32_t>(spec.prompt.size())) {}
 
 Scheduler::Scheduler(const SchedulerOptions& options, StepExecutor* executor, KvTier* tier)
     : options_(options),
@@ -109,7 +108,10 @@ uint64_t Scheduler::evict(uint64_t n) {
   counters_.evicted_pages += freed;
   free_pages_.insert(free_pages_.end(), scratch_pages_.begin(), scratch_pages_.end());
   // A tier copying evicted pages out must finish before they are written again.
-  if (tier_ != nullptr && freed > 0) (void)tier_->wait();
+  if (tier_ != nullptr && freed > 0) {
+    if (Status s = tier_->wait(); !s.ok())
+      spdlog::warn("KV tier: waiting for copies: {}", s.message());
+  }
   return freed;
 }
 
@@ -304,14 +306,17 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
       const std::span<const int32_t> key(r.tokens.data(), r.tokens.size() - 1);
       std::vector<uint64_t> hashes = cache_.hashes_after(r.locked, key, UINT64_MAX);
       const uint64_t hits = hashes.empty() ? 0 : tier_->lookup(hashes);
-      if (hits >= options_.tier_min_hit_pages && hits > 0) {
+      if (hits >= options_.tier_min_load_pages && hits > 0) {
         hashes.resize(hits);
         std::vector<int32_t> fresh;
         if (take_pages(hits, &fresh)) {
           std::vector<uint8_t> loaded;
           uint64_t k = 0;
-          if (tier_->load(hashes, fresh, &loaded).ok()) {
+          if (Status s = tier_->load(hashes, fresh, &loaded); s.ok()) {
             while (k < hits && loaded[k]) ++k;
+          } else {
+            spdlog::warn("KV tier: loading {} pages for request {}: {}; they are recomputed", hits,
+                         r.spec.id, s.message());
           }
           free_pages_.insert(free_pages_.end(), fresh.begin() + k, fresh.end());
           r.pages.insert(r.pages.end(), fresh.begin(), fresh.begin() + k);

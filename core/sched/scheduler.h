@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "core/config/scheduler_defaults.h"
-#include "core/exec/sampler.h"
 #include "core/metrics/metrics.h"
 #include "core/sched/kv_tier.h"
 #include "core/sched/prefix_cache.h"
@@ -41,7 +40,6 @@ struct RequestSpec {
   uint64_t id = 0;
   std::vector<int32_t> prompt;
   int32_t max_new_tokens = 128;
-  exec::SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after one of these (empty: only length)
 };
 
@@ -59,7 +57,6 @@ struct Request {
   int32_t retractions = 0;
   uint64_t arrival_order = 0;
   Clock::time_point arrival, first_token, last_token;
-  exec::Sampler sampler;
 
   explicit Request(RequestSpec s);
   int32_t output_len() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
@@ -113,7 +110,7 @@ struct SchedulerOptions {
   int64_t max_new_tokens_clip = config::scheduler_defaults::kMaxNewTokensClip;
   bool longest_prefix_first = false;  // "lpm" policy (fcfs past 128 waiting requests)
   // load from the tier when it holds at least this many pages
-  uint64_t tier_min_hit_pages = config::scheduler_defaults::kTierMinLoadPages;
+  uint64_t tier_min_load_pages = config::scheduler_defaults::kTierMinLoadPages;
   int log_interval = config::scheduler_defaults::kLogInterval;  // 0: no log lines
 #ifdef NDEBUG
   bool check_invariants = false;  // after every step

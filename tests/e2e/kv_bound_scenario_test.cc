@@ -14,7 +14,7 @@
 
 #include "core/cli/bench.h"
 #include "core/config/config.h"
-#include "core/exec/runtime.h"
+#include "core/runtime/runtime.h"
 
 namespace kvrt {
 namespace {
@@ -33,7 +33,7 @@ bench::BenchReport run(const std::string& store, const std::string& workload_fil
   plugin::Registry registry;
   registry.set_config_source(
       [&](const std::string& name) { return cfg->plugin_table("kv", name); });
-  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   EXPECT_TRUE(rt.ok()) << rt.status().message();
   Result<bench::WorkloadSpec> w = bench::load_workload_toml(source_path(workload_file));
   EXPECT_TRUE(w.ok()) << w.status().message();

@@ -10,11 +10,10 @@
 #include <map>
 #include <tuple>
 
-#include "core/cli/bench.h"
 #include "core/config/config.h"
-#include "core/exec/runtime.h"
-#include "core/sched/engine_executor.h"
+#include "core/runtime/runtime.h"
 #include "core/sched/scheduler.h"
+#include "core/serve/serving_core.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt {
@@ -45,47 +44,46 @@ TEST_P(Stories260kScheduler, EveryRequestGetsTheReferenceIds) {
   plugin::Registry registry;
   registry.set_config_source(
       [&](const std::string& name) { return cfg->plugin_table("kv", name); });
-  Result<exec::Runtime> rt = exec::build_runtime(*cfg, registry);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   ASSERT_TRUE(rt.ok()) << rt.status().message();
 
   constexpr int kRequests = 24;
-  sched::SchedulerOptions options = bench::scheduler_options(*cfg, *rt);
+  serve::ServingOptions serving = runtime::serving_options(*cfg, *rt, {});
+  sched::SchedulerOptions& options = serving.scheduler;
   options.check_invariants = true;
   // Every request fits alone, but not all at once.
   ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 32 / 3);
-  sched::EngineExecutor executor(rt->engine.get());
-  std::unique_ptr<sched::EngineTier> tier = sched::EngineTier::create(rt->engine.get());
-  ASSERT_EQ(tier != nullptr, store == "kv_host_tiered");
-  sched::Scheduler scheduler(options, &executor, tier.get());
+  ASSERT_EQ(!rt->engine->store_tiers().empty(), store == "kv_host_tiered");
+  serve::ServingCore core(serving, rt->engine.get());
   std::map<uint64_t, std::vector<int32_t>> outputs;
-  scheduler.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
+  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
     EXPECT_EQ(kind, sched::FinishKind::kLength) << why;
     outputs[r.spec.id].assign(r.output().begin(), r.output().end());
   });
   for (int i = 0; i < kRequests; ++i) {
     // The prompt, then the first k reference ids: the answer is the remaining ones.
     const int k = (i * 5) % 13;
-    sched::RequestSpec spec;
+    serve::GenerateRequest spec;
     spec.id = static_cast<uint64_t>(i);
-    spec.prompt = kPrompt;
-    spec.prompt.insert(spec.prompt.end(), kExpected.begin(), kExpected.begin() + k);
+    spec.input_ids = kPrompt;
+    spec.input_ids.insert(spec.input_ids.end(), kExpected.begin(), kExpected.begin() + k);
     spec.max_new_tokens = static_cast<int32_t>(kExpected.size()) - k;
-    scheduler.submit(std::move(spec));
+    core.submit(std::move(spec));
   }
   int steps = 0;
-  while (!scheduler.idle() && steps < 5000) {
-    Result<sched::StepStats> s = scheduler.step();
+  while (!core.idle() && steps < 5000) {
+    Result<sched::StepStats> s = core.step();
     ASSERT_TRUE(s.ok()) << s.status().message();
     ++steps;
   }
-  ASSERT_TRUE(scheduler.idle());
+  ASSERT_TRUE(core.idle());
   ASSERT_EQ(outputs.size(), static_cast<size_t>(kRequests));
   for (int i = 0; i < kRequests; ++i) {
     const int k = (i * 5) % 13;
     EXPECT_EQ(outputs[i], std::vector<int32_t>(kExpected.begin() + k, kExpected.end()))
         << "request " << i << " (prompt + " << k << " reference ids)";
   }
-  const sched::SchedulerCounters& c = scheduler.counters();
+  const sched::SchedulerCounters& c = core.counters();
   std::printf(
       "%s TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from "
       "the tier)\n",

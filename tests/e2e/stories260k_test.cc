@@ -12,7 +12,7 @@
 
 #include "core/config/config.h"
 #include "core/exec/generate.h"
-#include "core/exec/runtime.h"
+#include "core/runtime/runtime.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::exec {
@@ -26,7 +26,7 @@ using stories260k::model_dir;
 struct ModelRun {
   plugin::Registry registry;
   config::Config cfg;
-  Result<Runtime> runtime = Status::Internal("unset");
+  Result<runtime::Runtime> runtime = Status::Internal("unset");
 
   ModelRun(const std::string& store, int tp, int page_size, std::vector<std::string> extra = {}) {
     setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
@@ -41,7 +41,7 @@ struct ModelRun {
     registry.set_config_source([this](const std::string& name) -> const toml::table* {
       return cfg.plugin_table("kv", name);
     });
-    runtime = build_runtime(cfg, registry);
+    runtime = runtime::build_runtime(cfg, registry);
   }
 };
 
@@ -131,7 +131,7 @@ TEST(Stories260kCapacity, RefusedBeforeTheWeightsAreRead) {
       "", "<test>", {"model.path=\"" + dir.string() + "\"", "device.memory=\"512KiB\""});
   ASSERT_TRUE(cfg.ok()) << cfg.status().message();
   plugin::Registry registry;
-  Result<Runtime> rt = build_runtime(*cfg, registry);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   std::filesystem::remove_all(dir);
   ASSERT_FALSE(rt.ok());
   EXPECT_NE(rt.status().message().find("short by"), std::string::npos) << rt.status().message();

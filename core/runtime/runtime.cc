@@ -1,14 +1,21 @@
-#include "core/exec/runtime.h"
+#include "core/runtime/runtime.h"
 
 #include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
 #include "core/model/architecture.h"
 #include "core/model/weights.h"
+#include "core/sched/page_hash.h"
 
-namespace kvrt::exec {
+namespace kvrt::runtime {
 
 Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
   Runtime rt;
+  // The CPU is the only backend so far: a configuration asking for another is refused, not run
+  // on the CPU without a word.
+  if (cfg.device.kind != "cpu") {
+    return Status::Unsupported(cfg.source + ": device.kind = \"" + cfg.device.kind +
+                               "\" has no backend in this build; there is: cpu");
+  }
   // The shape first: the capacity plan needs only it, so a configuration that cannot fit is
   // refused before any weights are read or generated.
   Result<model::ModelConfig> shape = Status::Internal("unset");
@@ -27,7 +34,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                std::to_string(rt.model.sliding_window) + ") is not supported yet");
   }
 
-  RankPlugins plugins;
+  exec::RankPlugins plugins;
   Result<const plugin::LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
   if (!store.ok()) return store.status().WithContext("kv.store");
   plugins.store = *store;
@@ -90,16 +97,56 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     rt.tokenizer = std::move(*tok);
   }
 
-  EngineOptions options;
+  exec::EngineOptions options;
   options.tp = tp;
   options.page_size = g.page_size;
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
   options.plugins = plugins;
-  Result<std::unique_ptr<Engine>> engine = Engine::create(*weights, options);
+  Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();
   rt.engine = std::move(*engine);
   return rt;
 }
 
-}  // namespace kvrt::exec
+std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt) {
+  std::vector<metrics::StoreCeiling> ceilings;
+  for (const capacity::StoreCapacity& c :
+       capacity::compare_stores(registry, rt.geometry, rt.budget)) {
+    if (c.error.ok()) ceilings.push_back({c.store, c.plan.max_total_num_tokens, c.host_tier});
+  }
+  return ceilings;
+}
+
+sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runtime& rt) {
+  sched::SchedulerOptions o;
+  const config::Config::Scheduler& s = cfg.scheduler;
+  o.page_size = static_cast<uint32_t>(s.page_size);
+  o.num_pages = rt.plan.num_pages;
+  o.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
+  o.max_context = rt.model.max_position_embeddings;
+  o.root_hash = sched::root_hash(rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32"));
+  o.chunked_prefill_size = s.chunked_prefill_size;
+  o.max_running_requests = s.max_running_requests;
+  o.max_prefill_tokens = s.max_prefill_tokens;
+  o.num_continuous_decode_steps = s.num_continuous_decode_steps;
+  o.new_token_ratio = s.new_token_ratio;
+  o.new_token_ratio_decay = s.new_token_ratio_decay;
+  o.min_new_token_ratio = s.min_new_token_ratio;
+  o.max_new_tokens_clip = s.max_new_tokens_clip;
+  o.longest_prefix_first = s.schedule_policy == "lpm";
+  o.log_interval = s.log_interval;
+  o.tier_min_load_pages = static_cast<uint64_t>(s.tier_min_load_pages);
+  return o;
+}
+
+serve::ServingOptions serving_options(const config::Config& cfg, const Runtime& rt,
+                                      std::vector<metrics::StoreCeiling> other_stores) {
+  serve::ServingOptions o;
+  o.scheduler = scheduler_options(cfg, rt);
+  o.store = cfg.kv.store;
+  o.other_stores = std::move(other_stores);
+  return o;
+}
+
+}  // namespace kvrt::runtime

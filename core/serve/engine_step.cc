@@ -1,13 +1,13 @@
-#include "core/sched/engine_executor.h"
+#include "core/serve/engine_step.h"
 
 #include <spdlog/spdlog.h>
 
-namespace kvrt::sched {
+namespace kvrt::serve {
 
-Status EngineExecutor::run(const ScheduledBatch& batch, std::vector<int32_t>* next) {
+Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) {
   exec_batch_.sequences.resize(batch.sequences.size());
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const ScheduledSequence& s = batch.sequences[i];
+    const sched::ScheduledSequence& s = batch.sequences[i];
     exec::SequenceStep& e = exec_batch_.sequences[i];
     e.tokens.assign(s.tokens.begin(), s.tokens.end());
     e.start = s.start;
@@ -18,10 +18,10 @@ Status EngineExecutor::run(const ScheduledBatch& batch, std::vector<int32_t>* ne
   const size_t vocab = static_cast<size_t>(engine_->config().vocab_size);
   next->resize(batch.sequences.size());
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
-    const ScheduledSequence& s = batch.sequences[i];
+    const sched::ScheduledSequence& s = batch.sequences[i];
     if (!s.samples) continue;
     (*next)[i] =
-        s.request->sampler.sample(std::span<const float>(logits->data() + i * vocab, vocab));
+        sampler_of_(*s.request).sample(std::span<const float>(logits->data() + i * vocab, vocab));
   }
   return Status::Ok();
 }
@@ -83,4 +83,4 @@ Status EngineTier::wait() {
   return first;
 }
 
-}  // namespace kvrt::sched
+}  // namespace kvrt::serve

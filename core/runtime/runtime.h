@@ -1,0 +1,52 @@
+// The composition root: everything a configuration names, put together in order --
+// config -> plugins -> capacity plan -> model (shape, weights, tokenizer) -> engine -> serving
+// core options. Every subcommand that runs a model (generate, bench, and the coming server)
+// starts here; nothing below this folder reads the configuration.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/capacity/capacity.h"
+#include "core/config/config.h"
+#include "core/exec/engine.h"
+#include "core/metrics/diagnosis.h"
+#include "core/model/tokenizer.h"
+#include "core/plugin/registry.h"
+#include "core/sched/scheduler.h"
+#include "core/serve/serving_core.h"
+
+namespace kvrt::runtime {
+
+struct Runtime {
+  std::string model_name;  // the directory or the preset
+  model::ModelConfig model;
+  bool bf16_weights = false;  // matrices held in bf16 rather than f32
+  std::unique_ptr<model::Tokenizer> tokenizer;
+  capacity::Budget budget;
+  capacity::Plan plan;
+  // capacity::format_report() of the store and budget above: every term of the plan, for the
+  // start-up log.
+  std::string capacity_report;
+  // The KV geometry of one rank that the plan is for (what other stores are compared on).
+  kvrt_kv_geometry geometry{};
+  std::unique_ptr<exec::Engine> engine;
+};
+
+// Loads and checks everything in order, failing before the KV pool is allocated when the
+// configuration cannot fit (the message gives the shortfall in bytes). `registry` must outlive
+// the runtime and already know the config's plugin tables (set_config_source).
+Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry);
+
+// The ceiling every loadable KV store would give on the runtime's budget and geometry, for the
+// diagnosis's "what would X give" (stores that cannot serve the geometry are left out).
+std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt);
+
+// The scheduler options the [scheduler] table gives for the runtime's model and pool.
+sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runtime& rt);
+// The serving core's options: the scheduler's, the store, and the other stores' ceilings.
+serve::ServingOptions serving_options(const config::Config& cfg, const Runtime& rt,
+                                      std::vector<metrics::StoreCeiling> other_stores);
+
+}  // namespace kvrt::runtime

@@ -1,0 +1,97 @@
+#include "core/serve/serving_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kvrt::serve {
+
+ServingCore::ServingCore(const ServingOptions& options, exec::Engine* engine)
+    : options_(options),
+      engine_executor_(std::make_unique<EngineExecutor>(
+          engine, [this](const sched::Request& r) -> exec::Sampler& { return sampler_of(r); })),
+      engine_tier_(EngineTier::create(engine)),
+      scheduler_(options.scheduler, engine_executor_.get(), engine_tier_.get()),
+      server_metrics_(registry_) {
+  wire();
+}
+
+ServingCore::ServingCore(const ServingOptions& options, sched::StepExecutor* executor,
+                         sched::KvTier* tier)
+    : options_(options), scheduler_(options.scheduler, executor, tier), server_metrics_(registry_) {
+  wire();
+}
+
+void ServingCore::wire() {
+  scheduler_.set_metrics(&server_metrics_);
+  scheduler_.on_token([this](const sched::Request& r, int32_t token) {
+    if (on_token_) on_token_(r, token);
+  });
+  scheduler_.on_finish(
+      [this](const sched::Request& r, sched::FinishKind kind, const std::string& reason) {
+        samplers_.erase(r.spec.id);
+        if (on_finish_) on_finish_(r, kind, reason);
+      });
+  diagnosis_every_ = options_.diagnosis_interval > 0
+                         ? options_.diagnosis_interval
+                         : std::max(1, 5 * options_.scheduler.log_interval);
+}
+
+exec::Sampler& ServingCore::sampler_of(const sched::Request& r) {
+  auto it = samplers_.find(r.spec.id);
+  // A request submitted before its sampler existed cannot happen (submit makes it); greedy
+  // is the safe reading should it ever.
+  if (it == samplers_.end()) it = samplers_.emplace(r.spec.id, exec::Sampler({})).first;
+  return it->second;
+}
+
+void ServingCore::submit(GenerateRequest request) {
+  samplers_.insert_or_assign(request.id, exec::Sampler(request.sampling));
+  sched::RequestSpec spec;
+  spec.id = request.id;
+  spec.prompt = std::move(request.input_ids);
+  spec.max_new_tokens = request.max_new_tokens;
+  spec.stop_ids = std::move(request.stop_token_ids);
+  scheduler_.submit(std::move(spec));
+}
+
+bool ServingCore::abort(uint64_t id, const std::string& reason) {
+  return scheduler_.abort(id, reason);
+}
+
+uint64_t ServingCore::max_total_num_tokens() const {
+  return options_.scheduler.num_pages * options_.scheduler.page_size;
+}
+
+metrics::Diagnosis ServingCore::diagnosis() const {
+  return whole_.diagnose(max_total_num_tokens(), options_.store, options_.other_stores);
+}
+
+Result<sched::StepStats> ServingCore::step() {
+  Result<sched::StepStats> st = scheduler_.step();
+  if (!st.ok() || !st->ran) return st;
+  const sched::StepStats& s = *st;
+  metrics::StepSample sample;
+  sample.running = s.running;
+  sample.queued = s.queued;
+  sample.tokens_in_use = s.pages_in_use * options_.scheduler.page_size;
+  sample.live_tokens = s.live_tokens;
+  sample.admission_blocked_by_kv = s.admission_blocked_by_kv;
+  sample.new_admissions = s.new_requests;
+  sample.step_seconds = s.seconds;
+  sample.decode_tokens = s.prefill ? 0 : static_cast<int>(s.new_tokens);
+  sample.prefill_tokens = s.prefill ? static_cast<int>(s.new_tokens) : 0;
+  whole_.add(sample);
+  interval_.add(sample);
+  if (!s.prefill && ++decode_since_diagnosis_ >= static_cast<uint64_t>(diagnosis_every_)) {
+    if (options_.scheduler.log_interval > 0) {
+      spdlog::info(
+          interval_.diagnose(max_total_num_tokens(), options_.store, options_.other_stores).line);
+    }
+    interval_.reset();
+    decode_since_diagnosis_ = 0;
+  }
+  return st;
+}
+
+}  // namespace kvrt::serve

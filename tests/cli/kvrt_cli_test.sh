@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The command line as a user runs it: `kvrt generate` gives the reference ids through the serving
+# core, logs go to stderr and program output to stdout, and a device without a backend is
+# refused by name.   usage: kvrt_cli_test.sh <kvrt binary> <source dir>
+set -u
+kvrt=$1
+src=$2
+model=$src/../shared/models/stories260k
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+failed=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
+}
+
+# A warning (an attention backend that does not load) goes to stderr; stdout stays TOML.
+"$kvrt" config check "$src/configs/default.toml" --set attention.backend=nope \
+  >"$out/config.toml" 2>"$out/config.err"
+check "config check exits 0" test $? -eq 0
+check "the warning is on stderr" grep -q "attention.backend" "$out/config.err"
+check "stdout has no log line" bash -c "! grep -qE '^\[[0-9]{4}-' '$out/config.toml'"
+check "stdout reads back as a config" bash -c \
+  "'$kvrt' config check '$out/config.toml' --set attention.backend=nope >/dev/null 2>&1"
+
+# device.kind = "cuda" has no backend in this build: refused, naming what exists.
+"$kvrt" generate --set device.kind=cuda --prompt hi >"$out/cuda.out" 2>"$out/cuda.err"
+check "cuda is refused" test $? -ne 0
+check "the refusal names the backends" grep -q 'device.kind = "cuda" has no backend.*there is: cpu' \
+  "$out/cuda.err"
+
+if [ -f "$model/model.safetensors" ]; then
+  # The reference ids of issue 3, through the serving core, at TP 1 and 2, with a prefix that
+  # the cache would hold: the CLI's -v line lists the generated ids.
+  expected="432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 337 410 408 419 292 411 322 265 282 295 433 426"
+  for tp in 1 2; do
+    "$kvrt" generate --set "model.path=\"$model\"" --set tp.size=$tp --ignore-eos \
+      --prompt "Once upon a time" --max-new-tokens 27 -v >"$out/gen.out" 2>"$out/gen.err"
+    check "generate TP $tp exits 0" test $? -eq 0
+    check "generate TP $tp gives the reference ids" grep -qx "generated ids: $expected" \
+      "$out/gen.err"
+    check "generate TP $tp prints the text on stdout" grep -q "^Once upon a time" "$out/gen.out"
+  done
+  # Too long for the model's context: refused with the reason, exit code non-zero.
+  "$kvrt" generate --set "model.path=\"$model\"" --prompt "Once upon a time" \
+    --max-new-tokens 100000 >"$out/long.out" 2>"$out/long.err"
+  check "an impossible request exits non-zero" test $? -ne 0
+  check "and says why" grep -q "max_new_tokens" "$out/long.err"
+else
+  echo "skipped the generation checks: $model not found"
+fi
+exit $failed
