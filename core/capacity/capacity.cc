@@ -50,6 +50,8 @@ Result<kvrt_kv_geometry> kv_geometry(const KvShape& shape, uint32_t tp_size, uin
     g.num_kv_heads = g.total_kv_heads = 1;
     g.k_head_dim = shape.kv_lora_rank + shape.qk_rope_head_dim;
     g.v_head_dim = 0;
+    g.v_width = shape.kv_lora_rank;  // V is the latent, the row's first kv_lora_rank values
+    g.v_offset = 0;
     return g;
   }
   if (shape.head_dim == 0) return zero("head_dim");
@@ -59,6 +61,8 @@ Result<kvrt_kv_geometry> kv_geometry(const KvShape& shape, uint32_t tp_size, uin
   g.total_kv_heads = shape.kv_heads;
   g.k_head_dim = shape.head_dim;
   g.v_head_dim = shape.v_head_dim;
+  g.v_width = shape.v_head_dim != 0 ? shape.v_head_dim : shape.head_dim;
+  g.v_offset = 0;
   return g;
 }
 
@@ -111,9 +115,11 @@ std::string format_report(const StoreCapacity& capacity, const Budget& budget) {
   line("num pages", std::to_string(p.num_pages) + " = floor(KV budget / page bytes)");
   line("max_total_num_tokens", std::to_string(p.max_total_num_tokens) + " = num pages * page size");
   line("host tier tokens",
-       capacity.host_tier ? std::to_string(capacity.host_tier_tokens) +
-                                " (evicted prefixes kept for reuse; no extra concurrent decodes)"
-                          : std::string("none"));
+       !capacity.host_tier ? std::string("none")
+       : !capacity.host_tier_sized
+           ? std::string("unknown (the store's tier does not say: no tier_pages, ABI 1.0)")
+           : std::to_string(capacity.host_tier_tokens) +
+                 " (evicted prefixes kept for reuse; no extra concurrent decodes)");
   std::string decodes;
   for (uint64_t n : kReportLengths) {
     decodes += (decodes.empty() ? "@" : ", @") + std::to_string(n / 1024) + "K " +

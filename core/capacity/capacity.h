@@ -72,6 +72,7 @@ struct StoreCapacity {
   // The store keeps pages in host memory too (a tier); its size in tokens. A tier keeps
   // evicted prefixes for reuse and never raises the number of concurrent decodes.
   bool host_tier = false;
+  bool host_tier_sized = false;  // the tier said its size (tier_pages); unknown otherwise
   uint64_t host_tier_tokens = 0;
   Status error;  // why there is no plan: page_bytes refused, or the budget does not fit
 };

@@ -1,28 +1,9 @@
 #include "core/capacity/stores.h"
 
-#include <cstdlib>
-
 #include "core/plugin/host.h"
 #include "core/plugin/kv_store.h"
 
 namespace kvrt::capacity {
-namespace {
-
-// An option's value from the store's table, else the default the plugin declares, else 0.
-double store_option(const plugin::LoadedPlugin& store, const toml::table* config,
-                    const char* name) {
-  if (config != nullptr) {
-    if (std::optional<double> v = config->at_path(name).value<double>()) return *v;
-  }
-  for (const kvrt_option_desc& o : store.options) {
-    if (o.name != nullptr && o.default_value != nullptr && std::string_view(o.name) == name) {
-      return std::strtod(o.default_value, nullptr);
-    }
-  }
-  return 0;
-}
-
-}  // namespace
 
 StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::table* config,
                              const kvrt_kv_geometry& geometry, const Budget& budget) {
@@ -40,15 +21,17 @@ StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::tabl
     return out;
   }
   out.plan = *plan;
-  // Tier operations come all or none; tier_info stands for them. The tier is sized like
-  // kv_host_tiered's: host_pool_gib when positive, else host_pool_ratio times the device pages.
+  // The tier's own sizing rule (tier_pages, ABI 1.1), for a tier of any store.
   if (store.kv.tier_info != nullptr) {
     out.host_tier = true;
-    const double gib = store_option(store, config, "host_pool_gib");
-    const double ratio = store_option(store, config, "host_pool_ratio");
-    const uint64_t pages = gib > 0 ? static_cast<uint64_t>(gib * (1ull << 30)) / out.page_bytes
-                                   : static_cast<uint64_t>(ratio * out.plan.num_pages);
-    out.host_tier_tokens = pages * geometry.page_size;
+    Result<uint64_t> pages =
+        plugin::tier_pages(store, geometry, plugin::as_config(config), out.plan.num_pages);
+    if (pages.ok()) {
+      out.host_tier_sized = true;
+      out.host_tier_tokens = *pages * geometry.page_size;
+    } else if (!pages.status().IsNotFound()) {
+      out.error = pages.status();
+    }
   }
   return out;
 }

@@ -13,10 +13,9 @@ namespace kvrt::capacity {
 
 // Asks `store` for its page bytes on `geometry` with its option table `config` (nullptr: its
 // defaults) and plans them on `budget`. A refusal (page_bytes failing, or a budget with no room
-// for one page) is returned in .error, naming the plugin or the shortfall in bytes; the host
-// tier's size is read from the store's host_pool_gib / host_pool_ratio options (the table's
-// value, else the default the plugin declares), as kv_host_tiered sizes its tier. Thread:
-// whichever thread may call the plugin's page_bytes (any).
+// for one page) is returned in .error, naming the plugin or the shortfall in bytes. A tier's
+// size comes from the store's own tier_pages (ABI 1.1); a 1.0 tier's is left unknown
+// (host_tier_sized false). Thread: whichever thread may call the plugin's page_bytes (any).
 StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::table* config,
                              const kvrt_kv_geometry& geometry, const Budget& budget);
 

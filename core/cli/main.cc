@@ -192,7 +192,9 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
                 static_cast<unsigned long long>(p.concurrent_decodes(1024)),
                 static_cast<unsigned long long>(p.concurrent_decodes(4096)),
                 static_cast<unsigned long long>(p.concurrent_decodes(16384)),
-                s.host_tier ? std::to_string(s.host_tier_tokens).c_str() : "-");
+                !s.host_tier         ? "-"
+                : !s.host_tier_sized ? "unknown"
+                                     : std::to_string(s.host_tier_tokens).c_str());
   }
   std::printf(
       "\n@N: requests that can decode at once when each holds N tokens of KV.\n"

@@ -37,6 +37,7 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
   p.qk_head_dim = static_cast<uint32_t>(shape.qk_head_dim);
   p.v_head_dim = static_cast<uint32_t>(shape.v_head_dim);
   p.softmax_scale = shape.softmax_scale;
+  p.v_offset = geometry.v_offset;
   p.device = r->backend_->device();
   Result<std::unique_ptr<plugin::Attention>> attention =
       plugin::Attention::create(*plugins.attention, p, plugins.attention_config);

@@ -96,7 +96,9 @@ kvrt_status host_config_bool(const kvrt_host_api*, const kvrt_config* config, co
 
 kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
                        uint64_t alignment, void** out) {
-  if (out == nullptr || (kind != KVRT_MEMORY_DEVICE && kind != KVRT_MEMORY_HOST)) {
+  if (out == nullptr ||
+      (kind != KVRT_MEMORY_DEVICE && kind != KVRT_MEMORY_HOST && kind != KVRT_MEMORY_PINNED_HOST)) {
+    t_last_error = "alloc: unknown memory kind " + std::to_string(kind);
     return KVRT_ERR_INVALID_ARGUMENT;
   }
   if (alignment == 0) alignment = 64;
@@ -143,6 +145,22 @@ kvrt_status host_copy(const kvrt_host_api*, void* dst, kvrt_memory_kind, const v
   return KVRT_OK;
 }
 
+// On the CPU there is no stream to order on: the stream variants complete before they return.
+kvrt_status host_alloc_async(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
+                             uint64_t alignment, void*, void** out) {
+  return host_alloc(host, kind, bytes, alignment, out);
+}
+
+void host_free_async(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr, uint64_t bytes,
+                     void*) {
+  host_free(host, kind, ptr, bytes);
+}
+
+kvrt_status host_copy_async(const kvrt_host_api* host, void* dst, kvrt_memory_kind dst_kind,
+                            const void* src, kvrt_memory_kind src_kind, uint64_t bytes, void*) {
+  return host_copy(host, dst, dst_kind, src, src_kind, bytes);
+}
+
 kvrt_status host_open_kv_store(const kvrt_host_api* host, const char* name,
                                const kvrt_kv_store_api** api, const kvrt_host_api** store_host,
                                const kvrt_config** config) {
@@ -167,7 +185,7 @@ kvrt_status host_open_kv_store(const kvrt_host_api* host, const char* name,
 }  // namespace
 
 bool MemoryAccount::reserve(kvrt_memory_kind kind, uint64_t bytes) {
-  if (kind == KVRT_MEMORY_HOST) {
+  if (kind != KVRT_MEMORY_DEVICE) {  // host RAM, pinned or not
     host_used_ += bytes;
     return true;
   }
@@ -182,7 +200,7 @@ bool MemoryAccount::reserve(kvrt_memory_kind kind, uint64_t bytes) {
 }
 
 void MemoryAccount::release(kvrt_memory_kind kind, uint64_t bytes) {
-  (kind == KVRT_MEMORY_HOST ? host_used_ : device_used_) -= bytes;
+  (kind == KVRT_MEMORY_DEVICE ? device_used_ : host_used_) -= bytes;
 }
 
 void MemoryAccount::track(const void* ptr, uint64_t bytes) {
@@ -220,6 +238,9 @@ PluginHost::PluginHost(std::string plugin_name, HostContext* context)
   api_.free = host_free;
   api_.copy = host_copy;
   api_.open_kv_store = host_open_kv_store;
+  api_.alloc_async = host_alloc_async;
+  api_.free_async = host_free_async;
+  api_.copy_async = host_copy_async;
 }
 
 std::string take_last_error() {

@@ -18,6 +18,30 @@ Result<uint64_t> page_bytes(const LoadedPlugin& store, const kvrt_kv_geometry& g
   return bytes;
 }
 
+Result<uint64_t> tier_pages(const LoadedPlugin& store, const kvrt_kv_geometry& geometry,
+                            const kvrt_config* config, uint64_t device_pages) {
+  if (store.kv.tier_info == nullptr) return uint64_t{0};
+  if (store.kv.tier_pages == nullptr) {
+    return Status::NotFound("plugin " + store.name +
+                            " has a tier but no tier_pages (built against ABI 1.0)");
+  }
+  uint64_t pages = 0;
+  clear_last_error();
+  if (kvrt_status st =
+          store.kv.tier_pages(store.host_api(), &geometry, config, device_pages, &pages);
+      st != KVRT_OK) {
+    return plugin_failure(store.name, "tier_pages", st);
+  }
+  return pages;
+}
+
+void complete_layout(const kvrt_kv_geometry& geometry, kvrt_kv_layout* layout) {
+  if (layout->v_width == 0) {
+    layout->v_width = sdk::v_width(geometry);
+    layout->v_offset = geometry.v_offset;
+  }
+}
+
 KvStore::KvStore(const LoadedPlugin& plugin, const kvrt_kv_geometry& geometry, kvrt_kv_store* store)
     : plugin_(&plugin), geometry_(geometry), store_(store) {
   if (plugin.kv.tier_info != nullptr) tier_ = std::make_unique<StoreTier>(this, store_);
@@ -86,6 +110,12 @@ Status KvStore::check_created(uint64_t num_pages, uint64_t expected_page_bytes) 
     if (l->v_head_dim != geometry_.v_head_dim) {
       return mismatch("v_head_dim", l->v_head_dim, geometry_.v_head_dim);
     }
+    if (l->v_width != sdk::v_width(geometry_)) {
+      return mismatch("v_width", l->v_width, sdk::v_width(geometry_));
+    }
+    if (l->v_offset != geometry_.v_offset) {
+      return mismatch("v_offset", l->v_offset, geometry_.v_offset);
+    }
     if (l->k_base == nullptr || (geometry_.v_head_dim > 0 && l->v_base == nullptr)) {
       return Status::PluginError(where + "has a null base pointer");
     }
@@ -100,6 +130,7 @@ Result<kvrt_kv_layout> KvStore::layout(uint32_t layer) const {
   if (kvrt_status st = plugin_->kv.layout(store_, layer, &l); st != KVRT_OK) {
     return failure("layout", st);
   }
+  complete_layout(geometry_, &l);
   return l;
 }
 

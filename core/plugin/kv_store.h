@@ -23,6 +23,16 @@ class StoreTier;
 Result<uint64_t> page_bytes(const LoadedPlugin& store, const kvrt_kv_geometry& geometry,
                             const kvrt_config* config);
 
+// Host pages the store's tier gives beside a pool of `device_pages` pages (its own sizing rule,
+// tier_pages, ABI 1.1). 0 for a store without a tier; NotFound for a tier that cannot say (built
+// against ABI 1.0).
+Result<uint64_t> tier_pages(const LoadedPlugin& store, const kvrt_kv_geometry& geometry,
+                            const kvrt_config* config, uint64_t device_pages);
+
+// A layout from a store built against ABI 1.0 has no v_width / v_offset: they are filled in from
+// the geometry's (sdk::v_width), so every reader sees explicit values.
+void complete_layout(const kvrt_kv_geometry& geometry, kvrt_kv_layout* layout);
+
 // One created store: a rank's KV pool. Not copyable; destroying it destroys the plugin's store.
 // Thread-safety as kv_store.h says: write() from several threads on distinct slots, the tier
 // beside writes on other pages, everything else from one thread at a time.
@@ -44,7 +54,8 @@ class KvStore {
   // What info() said at create (the totals do not change over the store's life).
   const kvrt_kv_info& info() const { return info_; }
 
-  // The layout of one layer, as the store publishes it (checked at create).
+  // The layout of one layer, as the store publishes it (checked at create; completed for a 1.0
+  // store).
   Result<kvrt_kv_layout> layout(uint32_t layer) const;
   Status write(const kvrt_kv_write& write);
   bool has_gather() const { return plugin_->kv.gather != nullptr; }

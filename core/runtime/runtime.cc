@@ -109,6 +109,15 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   return rt;
 }
 
+std::string kv_identity(const Runtime& rt) {
+  const plugin::KvStore& store = rt.engine->store();
+  const kvrt_kv_info& info = store.info();
+  return rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32") + "|" + store.name() + ":" +
+         plugin::dtype_name(info.k_dtype) + "/" + plugin::dtype_name(info.v_dtype) + ":scales" +
+         std::to_string(info.scale_mode) + ":" + std::to_string(info.bytes_per_page) + "B|tp" +
+         std::to_string(rt.engine->tp());
+}
+
 std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt) {
   std::vector<metrics::StoreCeiling> ceilings;
   for (const capacity::StoreCapacity& c :
@@ -125,7 +134,7 @@ sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runti
   o.num_pages = rt.plan.num_pages;
   o.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
   o.max_context = rt.model.max_position_embeddings;
-  o.root_hash = sched::root_hash(rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32"));
+  o.root_hash = sched::root_hash(kv_identity(rt));
   o.chunked_prefill_size = s.chunked_prefill_size;
   o.max_running_requests = s.max_running_requests;
   o.max_prefill_tokens = s.max_prefill_tokens;

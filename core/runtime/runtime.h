@@ -43,6 +43,10 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
 // diagnosis's "what would X give" (stores that cannot serve the geometry are left out).
 std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt);
 
+// What the page hashes' root is seeded with: the model (its name and weight dtype) and the KV
+// store's format (name, K/V dtypes, scale mode, page bytes, TP size).
+std::string kv_identity(const Runtime& rt);
+
 // The scheduler options the [scheduler] table gives for the runtime's model and pool.
 sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runtime& rt);
 // The serving core's options: the scheduler's, the store, and the other stores' ceilings.

@@ -4,8 +4,12 @@
 
 namespace kvrt::sched {
 
-uint64_t root_hash(std::string_view model_identity) {
-  return XXH3_64bits(model_identity.data(), model_identity.size());
+uint64_t root_hash(std::string_view identity) {
+  return XXH3_64bits(identity.data(), identity.size());
+}
+
+uint64_t rank_hash(uint64_t page_hash, uint32_t rank) {
+  return XXH3_64bits_withSeed(&page_hash, sizeof(page_hash), uint64_t{rank} + 1);
 }
 
 uint64_t page_hash(uint64_t parent, std::span<const int32_t> tokens) {

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/sched/page_hash.h"
+
 namespace kvrt::serve {
 
 Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) {
@@ -35,10 +37,18 @@ std::unique_ptr<EngineTier> EngineTier::create(exec::Engine* engine) {
 EngineTier::EngineTier(std::vector<plugin::StoreTier*> tiers)
     : tiers_(std::move(tiers)), last_ticket_(tiers_.size(), 0) {}
 
+std::span<const uint64_t> EngineTier::for_rank(std::span<const uint64_t> hashes, size_t rank) {
+  rank_hashes_.resize(hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    rank_hashes_[i] = sched::rank_hash(hashes[i], static_cast<uint32_t>(rank));
+  }
+  return rank_hashes_;
+}
+
 uint64_t EngineTier::lookup(std::span<const uint64_t> hashes) {
   uint64_t hits = hashes.size();
-  for (plugin::StoreTier* tier : tiers_) {
-    Result<uint32_t> n = tier->lookup(hashes);
+  for (size_t r = 0; r < tiers_.size(); ++r) {
+    Result<uint32_t> n = tiers_[r]->lookup(for_rank(hashes, r));
     if (!n.ok()) {
       // A lookup is a hint: without it the pages are recomputed.
       spdlog::warn("{}; the prefix is recomputed", n.status().message());
@@ -53,7 +63,7 @@ Status EngineTier::save(std::span<const uint64_t> hashes, std::span<const int32_
                         kvrt_tier_reason reason) {
   pages_.assign(pages.begin(), pages.end());
   for (size_t r = 0; r < tiers_.size(); ++r) {
-    Result<uint64_t> ticket = tiers_[r]->save(hashes, pages_, reason);
+    Result<uint64_t> ticket = tiers_[r]->save(for_rank(hashes, r), pages_, reason);
     if (!ticket.ok()) return ticket.status();
     last_ticket_[r] = *ticket;
   }
@@ -66,7 +76,7 @@ Status EngineTier::load(std::span<const uint64_t> hashes, std::span<const int32_
   loaded->assign(hashes.size(), 1);
   rank_loaded_.resize(hashes.size());
   for (size_t r = 0; r < tiers_.size(); ++r) {
-    Result<uint64_t> ticket = tiers_[r]->load(hashes, pages_, rank_loaded_);
+    Result<uint64_t> ticket = tiers_[r]->load(for_rank(hashes, r), pages_, rank_loaded_);
     if (!ticket.ok()) return ticket.status();
     last_ticket_[r] = *ticket;
     for (size_t i = 0; i < hashes.size(); ++i) (*loaded)[i] &= rank_loaded_[i];

@@ -43,8 +43,12 @@ class EngineTier : public sched::KvTier {
 
  private:
   explicit EngineTier(std::vector<plugin::StoreTier*> tiers);
+  // The hashes as rank r's tier keys them (sched::rank_hash), in rank_hashes_.
+  std::span<const uint64_t> for_rank(std::span<const uint64_t> hashes, size_t rank);
+
   std::vector<plugin::StoreTier*> tiers_;  // rank r's at index r
-  std::vector<uint64_t> last_ticket_;      // per rank; waiting on it covers every earlier copy
+  std::vector<uint64_t> rank_hashes_;
+  std::vector<uint64_t> last_ticket_;  // per rank; waiting on it covers every earlier copy
   std::vector<int64_t> pages_;
   std::vector<uint8_t> rank_loaded_;
 };

@@ -121,6 +121,11 @@ class CpuAttention : public sdk::AttentionBase {
     if (p.qk_head_dim == 0) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "qk_head_dim is 0");
     check_dim("qk_head_dim", p.qk_head_dim);
     if (p.v_head_dim != 0) check_dim("v_head_dim", p.v_head_dim);
+    if (p.v_offset != 0) {
+      // V starting inside the K row (ABI 1.1, MLA-style) is not read by these kernels yet.
+      sdk::fail(KVRT_ERR_UNSUPPORTED,
+                "v_offset " + std::to_string(p.v_offset) + ": V must start its row (v_offset 0)");
+    }
     if (!std::isfinite(p.softmax_scale)) {
       sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "softmax_scale is not finite");
     }
@@ -412,6 +417,9 @@ class CpuAttention : public sdk::AttentionBase {
     if (l.num_kv_heads != p.num_kv_heads) return differs("num_kv_heads", l.num_kv_heads, kv_heads_);
     if (l.k_head_dim != p.qk_head_dim) return differs("k_head_dim", l.k_head_dim, qk_dim_);
     if (l.v_head_dim != p.v_head_dim) return differs("v_head_dim", l.v_head_dim, p.v_head_dim);
+    // A 1.1 layout names V's width and offset (0 from a 1.0 store: the whole V row).
+    if (l.v_width != 0 && l.v_width != v_dim_) return differs("v_width", l.v_width, v_dim_);
+    if (l.v_offset != 0) return differs("v_offset", l.v_offset, 0);
     if (l.page_size == 0) return "layout.page_size is 0";
     return "";
   }

@@ -83,6 +83,8 @@ class PagedPool {
     l.v_page_stride = shared ? l.k_page_stride : static_cast<int64_t>(v_page_bytes());
     l.v_token_stride = shared ? l.k_token_stride : static_cast<int64_t>(v_token_bytes());
     l.v_head_stride = shared ? l.k_head_stride : static_cast<int64_t>(g_.v_head_dim) * elem_bytes_;
+    l.v_width = sdk::v_width(g_);
+    l.v_offset = g_.v_offset;
     if (scales_) {
       l.k_scale = k_scales(layer);
       l.v_scale = shared ? l.k_scale : v_scales(layer);

@@ -88,9 +88,7 @@ class TieredStore : public sdk::StoreBase {
     inner_.check(inner_.api->create(inner_.host, &g, num_pages, inner_.config, &store_));
     try {
       plan_segments();
-      capacity_ = options_.host_pool_gib > 0
-                      ? static_cast<uint64_t>(options_.host_pool_gib * (1ull << 30)) / page_bytes_
-                      : static_cast<uint64_t>(options_.host_pool_ratio * num_pages);
+      capacity_ = host_pages(options_, page_bytes_, num_pages);
       pool_ = sdk::HostBuffer(host, KVRT_MEMORY_HOST, capacity_ * page_bytes_, "the host tier");
       slots_.resize(capacity_);
       for (uint64_t i = 0; i < capacity_; ++i) free_.push_back(i);
@@ -117,6 +115,18 @@ class TieredStore : public sdk::StoreBase {
     uint64_t bytes = 0;
     inner.check(inner.api->page_bytes(inner.host, &g, inner.config, &bytes));
     return bytes;
+  }
+
+  // The tier's size: host_pool_gib when positive, else host_pool_ratio times the device pages.
+  static uint64_t host_pages(const TierOptions& options, uint64_t page_bytes,
+                             uint64_t device_pages) {
+    return options.host_pool_gib > 0
+               ? static_cast<uint64_t>(options.host_pool_gib * (1ull << 30)) / page_bytes
+               : static_cast<uint64_t>(options.host_pool_ratio * static_cast<double>(device_pages));
+  }
+  static uint64_t tier_pages(const kvrt_host_api* host, const kvrt_kv_geometry& g,
+                             sdk::ConfigView config, uint64_t device_pages) {
+    return host_pages(TierOptions(config), page_bytes(host, g, config), device_pages);
   }
 
   // The inner store, refusing this very plugin (also when named by path): it would recurse.

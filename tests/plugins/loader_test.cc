@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/capacity/stores.h"
+#include "core/plugin/kv_store.h"
 #include "core/plugin/registry.h"
 
 namespace kvrt::plugin {
@@ -92,6 +94,54 @@ TEST(Loader, LoadsShippedStoresByNameFromThePluginPath) {
   EXPECT_EQ(tiered->capabilities(), "layout,gather,tier");
   EXPECT_EQ((*registry.load("kv_bf16_paged"))->capabilities(), "layout,gather");
   EXPECT_EQ(tiered->input_dtype_names(), "f32,bf16");
+}
+
+// A store built against ABI 1.0 (minor 0, a table ending at tier_wait) loads into a 1.1 host;
+// the 1.1 slot it lacks reads as NULL, and the tier it has is reported with an unknown size
+// rather than a size the core would have to guess.
+TEST(Loader, AnAbi10PluginStillLoads) {
+  Registry registry;
+  Result<const LoadedPlugin*> old = registry.load(broken("broken_abi_1_0.so"));
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ((*old)->desc.abi_minor, 0u);
+  EXPECT_NE((*old)->kv.tier_wait, nullptr);
+  EXPECT_EQ((*old)->kv.tier_pages, nullptr);
+  kvrt_kv_geometry g{};
+  g.struct_size = sizeof(g);
+  g.num_layers = g.num_kv_heads = g.total_kv_heads = g.tp_size = 1;
+  g.k_head_dim = g.v_head_dim = 8;
+  g.page_size = 16;
+  Result<uint64_t> pages = tier_pages(**old, g, nullptr, 100);
+  ASSERT_FALSE(pages.ok());
+  EXPECT_TRUE(pages.status().IsNotFound()) << pages.status().message();
+  capacity::Budget budget;
+  budget.device_memory = 1 << 20;
+  capacity::StoreCapacity c = capacity::store_capacity(**old, nullptr, g, budget);
+  ASSERT_TRUE(c.error.ok()) << c.error.message();
+  EXPECT_TRUE(c.host_tier);
+  EXPECT_FALSE(c.host_tier_sized);
+  EXPECT_NE(capacity::format_report(c, budget).find("host tier tokens       unknown"),
+            std::string::npos)
+      << capacity::format_report(c, budget);
+}
+
+// The 1.1 store sizes its own tier (tier_pages), and the capacity report takes its word.
+TEST(Loader, ATierSizesItselfThroughTierPages) {
+  setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+  Registry registry;
+  Result<const LoadedPlugin*> tiered = registry.load("kv_host_tiered");
+  unsetenv("KVRT_PLUGIN_PATH");
+  ASSERT_TRUE(tiered.ok()) << tiered.status().message();
+  ASSERT_NE((*tiered)->kv.tier_pages, nullptr);
+  kvrt_kv_geometry g{};
+  g.struct_size = sizeof(g);
+  g.num_layers = g.num_kv_heads = g.total_kv_heads = g.tp_size = 1;
+  g.k_head_dim = g.v_head_dim = 64;
+  g.page_size = 16;
+  g.input_dtype = KVRT_DTYPE_F32;
+  Result<uint64_t> pages = tier_pages(**tiered, g, nullptr, 100);
+  ASSERT_TRUE(pages.ok()) << pages.status().message();
+  EXPECT_EQ(*pages, 200u);  // host_pool_ratio's default of 2 times the device pages
 }
 
 TEST(Loader, DiscoverReportsBrokenPluginsWithoutStopping) {

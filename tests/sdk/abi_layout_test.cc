@@ -20,7 +20,7 @@ TEST(AbiLayout, Device) {
 }
 
 TEST(AbiLayout, HostApi) {
-  PIN_SIZE(kvrt_host_api, 104);
+  PIN_SIZE(kvrt_host_api, 128);
   PIN(kvrt_host_api, struct_size, 0);
   PIN(kvrt_host_api, abi_major, 4);
   PIN(kvrt_host_api, abi_minor, 8);
@@ -36,6 +36,9 @@ TEST(AbiLayout, HostApi) {
   PIN(kvrt_host_api, free, 80);
   PIN(kvrt_host_api, copy, 88);
   PIN(kvrt_host_api, open_kv_store, 96);
+  PIN(kvrt_host_api, alloc_async, 104);  // ABI 1.1
+  PIN(kvrt_host_api, free_async, 112);
+  PIN(kvrt_host_api, copy_async, 120);
 }
 
 TEST(AbiLayout, OptionDesc) {
@@ -64,7 +67,7 @@ TEST(AbiLayout, PluginDesc) {
 }
 
 TEST(AbiLayout, KvGeometry) {
-  PIN_SIZE(kvrt_kv_geometry, 56);
+  PIN_SIZE(kvrt_kv_geometry, 64);
   PIN(kvrt_kv_geometry, struct_size, 0);
   PIN(kvrt_kv_geometry, num_layers, 4);
   PIN(kvrt_kv_geometry, num_kv_heads, 8);
@@ -76,6 +79,8 @@ TEST(AbiLayout, KvGeometry) {
   PIN(kvrt_kv_geometry, tp_rank, 32);
   PIN(kvrt_kv_geometry, tp_size, 36);
   PIN(kvrt_kv_geometry, device, 40);
+  PIN(kvrt_kv_geometry, v_width, 56);  // ABI 1.1
+  PIN(kvrt_kv_geometry, v_offset, 60);
 }
 
 TEST(AbiLayout, KvInfo) {
@@ -91,7 +96,7 @@ TEST(AbiLayout, KvInfo) {
 }
 
 TEST(AbiLayout, KvLayout) {
-  PIN_SIZE(kvrt_kv_layout, 144);
+  PIN_SIZE(kvrt_kv_layout, 152);
   PIN(kvrt_kv_layout, struct_size, 0);
   PIN(kvrt_kv_layout, k_dtype, 4);
   PIN(kvrt_kv_layout, v_dtype, 8);
@@ -114,6 +119,8 @@ TEST(AbiLayout, KvLayout) {
   PIN(kvrt_kv_layout, scale_page_stride, 120);
   PIN(kvrt_kv_layout, scale_token_stride, 128);
   PIN(kvrt_kv_layout, scale_head_stride, 136);
+  PIN(kvrt_kv_layout, v_width, 144);  // ABI 1.1
+  PIN(kvrt_kv_layout, v_offset, 148);
 }
 
 TEST(AbiLayout, KvWrite) {
@@ -141,7 +148,7 @@ TEST(AbiLayout, TierInfo) {
 }
 
 TEST(AbiLayout, KvStoreApi) {
-  PIN_SIZE(kvrt_kv_store_api, 104);
+  PIN_SIZE(kvrt_kv_store_api, 112);
   PIN(kvrt_kv_store_api, struct_size, 0);
   PIN(kvrt_kv_store_api, reserved, 4);
   PIN(kvrt_kv_store_api, page_bytes, 8);
@@ -156,10 +163,11 @@ TEST(AbiLayout, KvStoreApi) {
   PIN(kvrt_kv_store_api, tier_save, 80);
   PIN(kvrt_kv_store_api, tier_load, 88);
   PIN(kvrt_kv_store_api, tier_wait, 96);
+  PIN(kvrt_kv_store_api, tier_pages, 104);  // ABI 1.1
 }
 
 TEST(AbiLayout, AttentionParams) {
-  PIN_SIZE(kvrt_attention_params, 40);
+  PIN_SIZE(kvrt_attention_params, 48);
   PIN(kvrt_attention_params, struct_size, 0);
   PIN(kvrt_attention_params, num_q_heads, 4);
   PIN(kvrt_attention_params, num_kv_heads, 8);
@@ -167,6 +175,8 @@ TEST(AbiLayout, AttentionParams) {
   PIN(kvrt_attention_params, v_head_dim, 16);
   PIN(kvrt_attention_params, softmax_scale, 20);
   PIN(kvrt_attention_params, device, 24);
+  PIN(kvrt_attention_params, v_offset, 40);  // ABI 1.1
+  PIN(kvrt_attention_params, reserved, 44);
 }
 
 TEST(AbiLayout, AttentionBatch) {
@@ -211,5 +221,5 @@ TEST(AbiLayout, AttentionApi) {
 
 TEST(AbiLayout, Version) {
   EXPECT_EQ(KVRT_ABI_MAJOR, 1u);
-  EXPECT_EQ(KVRT_ABI_MINOR, 0u);
+  EXPECT_EQ(KVRT_ABI_MINOR, 1u);  // 1.1: V width and offset, streams, tier_pages
 }

@@ -7,6 +7,8 @@
  *  - Every struct that crosses the boundary begins with `uint32_t struct_size`. A reader uses
  *    only the fields that lie inside min(its own size, struct_size); a missing or NULL callback
  *    slot means "unsupported". Tables are append-only; a removed callback keeps its slot (NULL).
+ *    Fields and callbacks added by a minor version are marked "(ABI 1.N)"; a plugin built
+ *    against an older minor never sees them and the host reads them as 0 / NULL from it.
  *  - Status codes plus a message: a callback that fails returns a non-OK code and, where it can,
  *    first calls host->set_error() with one line saying why. Expected outcomes (unsupported
  *    layout, pool full) are documented codes, not failures of the plugin.
@@ -26,7 +28,7 @@ extern "C" {
 #endif
 
 #define KVRT_ABI_MAJOR 1u
-#define KVRT_ABI_MINOR 0u
+#define KVRT_ABI_MINOR 1u
 
 #if defined(_WIN32)
 #define KVRT_EXPORT __declspec(dllexport)
@@ -69,8 +71,11 @@ typedef struct kvrt_device {
 } kvrt_device;
 
 typedef uint32_t kvrt_memory_kind;
-#define KVRT_MEMORY_DEVICE 0u /* counted against the device budget (KV pool, workspaces) */
-#define KVRT_MEMORY_HOST 1u   /* host RAM, e.g. a host tier; counted separately */
+#define KVRT_MEMORY_DEVICE 0u      /* counted against the device budget (KV pool, workspaces) */
+#define KVRT_MEMORY_HOST 1u        /* host RAM, e.g. a host tier; counted separately */
+#define KVRT_MEMORY_PINNED_HOST 2u /* page-locked host RAM that a device copies to and from
+                                    * asynchronously (ABI 1.1); counted as host memory. On the CPU
+                                    * it is plain host RAM. */
 
 typedef uint32_t kvrt_log_level;
 #define KVRT_LOG_DEBUG 0u
@@ -133,6 +138,21 @@ typedef struct kvrt_host_api {
   kvrt_status (*open_kv_store)(const struct kvrt_host_api *host, const char *name,
                                const struct kvrt_kv_store_api **api,
                                const struct kvrt_host_api **store_host, const kvrt_config **config);
+
+  /* ===== ABI 1.1: memory and copies ordered on a stream =====
+   * Present when host->abi_minor >= 1. `kind` is DEVICE, HOST or PINNED_HOST. `stream` is the
+   * compute backend's (a cudaStream_t on CUDA) or NULL for the default; the operation is
+   * ordered on it and may complete after the call returns, so a copy's buffers must stay valid
+   * until the stream has reached it (on the CPU every call completes before it returns).
+   * Errors and accounting as alloc / free / copy; memory from alloc_async goes back through
+   * free_async (or free) with the same kind and size. */
+  kvrt_status (*alloc_async)(const struct kvrt_host_api *host, kvrt_memory_kind kind,
+                             uint64_t bytes, uint64_t alignment, void *stream, void **out);
+  void (*free_async)(const struct kvrt_host_api *host, kvrt_memory_kind kind, void *ptr,
+                     uint64_t bytes, void *stream);
+  kvrt_status (*copy_async)(const struct kvrt_host_api *host, void *dst,
+                            kvrt_memory_kind dst_kind, const void *src, kvrt_memory_kind src_kind,
+                            uint64_t bytes, void *stream);
 } kvrt_host_api;
 
 /* ---- plugin options (for config validation and `kvrt plugins`) ---------------------------- */

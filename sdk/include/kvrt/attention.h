@@ -30,6 +30,11 @@ typedef struct kvrt_attention_params {
   uint32_t v_head_dim;
   float softmax_scale; /* usually 1 / sqrt(qk_head_dim) */
   kvrt_device device;
+  /* (ABI 1.1) V's first element within each head's V row -- its K row when the layout's
+   * v_head_dim is 0 (MLA: V is elements [v_offset, v_offset + v_head_dim) of the latent).
+   * v_head_dim is V's width and the output's. 0 from an ABI 1.0 host. */
+  uint32_t v_offset;
+  uint32_t reserved;
 } kvrt_attention_params;
 
 /* One batch, CSR. Sequence b has query rows qo_indptr[b] .. qo_indptr[b+1] (its newest tokens)

@@ -38,6 +38,12 @@ typedef struct kvrt_kv_geometry {
   uint32_t tp_rank;
   uint32_t tp_size;
   kvrt_device device;
+  /* (ABI 1.1) The V values attention reads per head: v_width elements from element v_offset of
+   * the head's V row -- of its K row when v_head_dim == 0 (MLA keeps a 576-wide latent whose
+   * first 512 values are V: v_width 512, v_offset 0). 0 from an ABI 1.0 host, which means
+   * v_head_dim (or k_head_dim when v_head_dim == 0) and offset 0. */
+  uint32_t v_width;
+  uint32_t v_offset;
 } kvrt_kv_geometry;
 
 typedef uint32_t kvrt_scale_mode;
@@ -86,6 +92,10 @@ typedef struct kvrt_kv_layout {
   int64_t scale_page_stride; /* per-token-head only; bytes */
   int64_t scale_token_stride;
   int64_t scale_head_stride;
+  /* (ABI 1.1) As the geometry's: V is v_width elements from element v_offset of each head's row
+   * at v_base. A store copies them from its geometry (the core fills them in for a 1.0 store). */
+  uint32_t v_width;
+  uint32_t v_offset;
 } kvrt_kv_layout;
 
 /* New tokens for one layer. K rows are [num_kv_heads][k_head_dim] elements of `dtype`; row i
@@ -161,7 +171,11 @@ typedef struct kvrt_kv_store_api {
 
   /* ===== tier (optional, all five or none) =====
    * Pages are keyed by chained page hashes (XXH3-64 of the parent's hash and the page's token
-   * ids) so a tier may outlive the process or be shared. Copies are asynchronous: save/load
+   * ids) so a tier may outlive the process or be shared. The root is seeded with the model's
+ * identity and the store's format (its name, K/V dtypes, scale mode, page bytes and TP size),
+ * and each rank's store is given the hashes mixed with its TP rank, so a tier shared by several
+ * servers never serves one format's or one rank's bytes to another. Copies are asynchronous:
+ * save/load
    * return a ticket; tier_wait(ticket) returns when that call's copies (and all earlier ones)
    * are done. Until then the core must not write the device pages involved. */
 
@@ -185,6 +199,15 @@ typedef struct kvrt_kv_store_api {
                            const int64_t *device_pages, uint8_t *out_loaded, uint64_t *out_ticket);
 
   kvrt_status (*tier_wait)(kvrt_kv_store *store, uint64_t ticket);
+
+  /* ===== ABI 1.1 (optional; only with the tier callbacks) ===== */
+
+  /* Host pages the tier would hold beside a device pool of `device_pages` pages of `geometry`
+   * under `config`: the store's own sizing rule, so the core's capacity report shows a tier's
+   * size without creating it. Pure, like page_bytes. NULL in a 1.0 store (the report then says
+   * the size is unknown). */
+  kvrt_status (*tier_pages)(const kvrt_host_api *host, const kvrt_kv_geometry *geometry,
+                            const kvrt_config *config, uint64_t device_pages, uint64_t *out_pages);
 } kvrt_kv_store_api;
 
 #ifdef __cplusplus

@@ -12,6 +12,7 @@
 #define KVRT_PLUGIN_HPP
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -80,6 +81,12 @@ inline constexpr uint32_t kGeometryV1Size =
     offsetof(kvrt_kv_geometry, device) + sizeof(kvrt_device);
 inline constexpr uint32_t kKvWriteV1Size =
     offsetof(kvrt_kv_write, v_token_stride) + sizeof(int64_t);
+
+// The V values attention reads per head (ABI 1.1's v_width; a 1.0 host leaves it 0): v_head_dim,
+// or the whole K row when V shares K's storage (v_head_dim 0).
+inline uint32_t v_width(const kvrt_kv_geometry& g) {
+  return g.v_width != 0 ? g.v_width : (g.v_head_dim != 0 ? g.v_head_dim : g.k_head_dim);
+}
 
 // Copies a host's input struct over a zeroed one of this plugin's size.
 template <class T>
@@ -295,6 +302,8 @@ inline kvrt_status null_store(const void* p) {
 // optional, all or none: kvrt_tier_info tier_info() const; uint32_t tier_lookup(n, hashes);
 //   uint64_t tier_save(n, hashes, pages, reason); uint64_t tier_load(n, hashes, pages, loaded);
 //   void tier_wait(uint64_t ticket);
+// optional, with the tier (ABI 1.1): static uint64_t tier_pages(const kvrt_host_api*,
+//   const kvrt_kv_geometry&, ConfigView, uint64_t device_pages);
 template <class S>
 const kvrt_kv_store_api& kv_store_table() {
   using detail::self;
@@ -396,6 +405,19 @@ const kvrt_kv_store_api& kv_store_table() {
         if (detail::null_store(s)) return KVRT_ERR_INVALID_ARGUMENT;
         return guard(self<S>(s)->host(), [&] { self<S>(s)->tier_wait(ticket); });
       };
+      if constexpr (requires(const kvrt_host_api* h, const kvrt_kv_geometry& g, ConfigView c) {
+                      { S::tier_pages(h, g, c, uint64_t{0}) } -> std::convertible_to<uint64_t>;
+                    }) {
+        t.tier_pages = [](const kvrt_host_api* host, const kvrt_kv_geometry* g,
+                          const kvrt_config* cfg, uint64_t device_pages,
+                          uint64_t* out) -> kvrt_status {
+          return guard(host, [&] {
+            if (out == nullptr) fail(KVRT_ERR_INVALID_ARGUMENT, "out_pages is NULL");
+            *out = S::tier_pages(host, read_input(g, kGeometryV1Size, "geometry"),
+                                 ConfigView(host, cfg), device_pages);
+          });
+        };
+      }
     }
     return t;
   }();

@@ -123,6 +123,7 @@ TEST(Capacity, ReportPrintsEveryTerm) {
     EXPECT_NE(r.find(line), std::string::npos) << "missing: " << line << "in:\n" << r;
   }
   c.host_tier = true;
+  c.host_tier_sized = true;
   c.host_tier_tokens = 2 * 458384;
   EXPECT_NE(format_report(c, b).find("  host tier tokens       916768 (evicted prefixes kept for "
                                      "reuse; no extra concurrent decodes)\n"),
