@@ -30,8 +30,8 @@ void SpinBarrier::arrive_and_wait() {
     return;
   }
   if (spin_) {
-    // 4096 pauses: about 0.1 ms on the machines this was measured on, a few percent of a
-    // decode step that runs about 25 collectives.
+    // A few thousand pauses: long enough to cover a rank that arrives a little late within a
+    // layer, short enough that a rank left waiting for a whole step goes to sleep.
     for (int i = 0; i < 4096; ++i) {
       if (generation_.load(std::memory_order_acquire) != generation) return;
 #if defined(__x86_64__) || defined(__i386__)

@@ -82,7 +82,8 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   }
   Result<const LoadedPlugin*> attention = registry.load(cfg.attention.backend);
   if (!attention.ok()) {
-    // Attention plugins arrive with model execution; until then a missing one is a warning.
+    // A file may be checked on a machine other than the one that serves it: the attention
+    // backend is loaded and refused for good when a model runs (runtime::build_runtime).
     spdlog::warn("attention.backend = \"{}\": {}", cfg.attention.backend,
                  attention.status().message());
   }

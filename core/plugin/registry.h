@@ -33,7 +33,7 @@ struct LoadedPlugin {
 
   kvrt_plugin_kind kind() const { return desc.kind; }
   const kvrt_host_api* host_api() const { return host->api(); }
-  // "layout,gather,tier" for stores; "layout-reader" style flags for attention.
+  // "layout,gather,tier" for stores (what the table offers); "paged" for attention.
   std::string capabilities() const;
   std::string input_dtype_names() const;
 };
