@@ -96,6 +96,17 @@ TEST(Loader, LoadsShippedStoresByNameFromThePluginPath) {
   EXPECT_EQ(tiered->input_dtype_names(), "f32,bf16");
 }
 
+// One layer of one KV head of `dim`, pages of 16.
+kvrt_kv_geometry one_layer(uint32_t dim) {
+  kvrt_kv_geometry g{};
+  g.struct_size = sizeof(g);
+  g.num_layers = g.num_kv_heads = g.total_kv_heads = g.tp_size = 1;
+  g.k_head_dim = g.v_head_dim = dim;
+  g.page_size = 16;
+  g.input_dtype = KVRT_DTYPE_F32;
+  return g;
+}
+
 // A store built against ABI 1.0 (minor 0, a table ending at tier_wait) loads into a 1.1 host;
 // the 1.1 slot it lacks reads as NULL, and the tier it has is reported with an unknown size
 // rather than a size the core would have to guess.
@@ -106,11 +117,7 @@ TEST(Loader, AnAbi10PluginStillLoads) {
   EXPECT_EQ((*old)->desc.abi_minor, 0u);
   EXPECT_NE((*old)->kv.tier_wait, nullptr);
   EXPECT_EQ((*old)->kv.tier_pages, nullptr);
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = g.num_kv_heads = g.total_kv_heads = g.tp_size = 1;
-  g.k_head_dim = g.v_head_dim = 8;
-  g.page_size = 16;
+  const kvrt_kv_geometry g = one_layer(8);
   Result<uint64_t> pages = tier_pages(**old, g, nullptr, 100);
   ASSERT_FALSE(pages.ok());
   EXPECT_TRUE(pages.status().IsNotFound()) << pages.status().message();
@@ -133,12 +140,7 @@ TEST(Loader, ATierSizesItselfThroughTierPages) {
   unsetenv("KVRT_PLUGIN_PATH");
   ASSERT_TRUE(tiered.ok()) << tiered.status().message();
   ASSERT_NE((*tiered)->kv.tier_pages, nullptr);
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = g.num_kv_heads = g.total_kv_heads = g.tp_size = 1;
-  g.k_head_dim = g.v_head_dim = 64;
-  g.page_size = 16;
-  g.input_dtype = KVRT_DTYPE_F32;
+  const kvrt_kv_geometry g = one_layer(64);
   Result<uint64_t> pages = tier_pages(**tiered, g, nullptr, 100);
   ASSERT_TRUE(pages.ok()) << pages.status().message();
   EXPECT_EQ(*pages, 200u);  // host_pool_ratio's default of 2 times the device pages
