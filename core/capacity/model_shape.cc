@@ -40,119 +40,63 @@ constexpr NamedShape kNamedShapes[] = {
                               "weight_block_size": [128, 128]}})"},
 };
 
-// Reads an unsigned field; absent or null gives nullopt, any other non-integer is an error.
-class Fields {
- public:
-  Fields(const json& object, const std::string& source) : object_(object), source_(source) {}
-
-  Result<std::optional<uint64_t>> get(const char* key) const {
-    auto it = object_.find(key);
-    if (it == object_.end() || it->is_null()) return std::optional<uint64_t>();
-    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-      return Status::ConfigError(source_ + ": " + key +
-                                 ": expected a non-negative integer, found " + it->dump());
-    }
-    return std::optional<uint64_t>(it->get<uint64_t>());
-  }
-  // A field the count needs; nullopt (not derivable) when absent.
-  std::optional<uint64_t> optional(const char* key) const {
-    Result<std::optional<uint64_t>> v = get(key);
-    return v.ok() ? *v : std::nullopt;
-  }
-  Result<uint64_t> required(const char* key) const {
-    Result<std::optional<uint64_t>> v = get(key);
-    if (!v.ok()) return v.status();
-    if (!v->has_value()) return Status::ConfigError(source_ + ": " + key + " is missing");
-    return **v;
-  }
-  bool flag(const char* key, bool fallback) const {
-    auto it = object_.find(key);
-    return it != object_.end() && it->is_boolean() ? it->get<bool>() : fallback;
-  }
-  bool has(const char* key) const {
-    auto it = object_.find(key);
-    return it != object_.end() && !it->is_null();
-  }
-
- private:
-  const json& object_;
-  const std::string& source_;
-};
-
-Result<uint32_t> narrow(uint64_t v, const std::string& source, const char* key) {
-  if (v > UINT32_MAX) return Status::ConfigError(source + ": " + key + " is too large");
-  return static_cast<uint32_t>(v);
-}
-
 // Parameters of a DeepSeek-V2/V3-style model (MLA attention, optional MoE), split into those
 // an fp8 checkpoint quantizes (the projections) and the rest (embeddings, norms, routers).
 // The multi-token-prediction layers (num_nextn_predict_layers) are not counted: a server
 // loads them only for speculative decoding.
-void count_mla(const Fields& f, uint64_t layers, uint64_t heads, ModelShape& shape) {
-  const auto h = f.optional("hidden_size"), vocab = f.optional("vocab_size"),
-             inter = f.optional("intermediate_size"), nope = f.optional("qk_nope_head_dim"),
-             v = f.optional("v_head_dim");
-  if (!h || !vocab || !inter || !nope || !v) return;
-  const uint64_t rope = shape.kv.qk_rope_head_dim, kv_rank = shape.kv.kv_lora_rank;
-  const uint64_t q_rank = f.optional("q_lora_rank").value_or(0);
-  const uint64_t experts = f.optional("n_routed_experts").value_or(0);
-  const uint64_t shared = f.optional("n_shared_experts").value_or(0);
-  const uint64_t moe_inter = f.optional("moe_intermediate_size").value_or(0);
-  const uint64_t first_dense = f.optional("first_k_dense_replace").value_or(0);
-  const uint64_t moe_freq = std::max<uint64_t>(1, f.optional("moe_layer_freq").value_or(1));
+void count_mla(const model::ModelConfig& c, ModelShape& shape) {
+  const model::ModelConfig::Mla& mla = c.mla;
+  const model::ModelConfig::Moe& moe = c.moe;
+  const uint64_t h = c.hidden_size, vocab = c.vocab_size, inter = c.intermediate_size;
+  const uint64_t nope = mla.qk_nope_head_dim, v = mla.v_head_dim;
+  if (h == 0 || vocab == 0 || inter == 0 || nope == 0 || v == 0) return;
+  const uint64_t rope = mla.qk_rope_head_dim, kv_rank = mla.kv_lora_rank;
+  const uint64_t q_rank = mla.q_lora_rank, heads = c.num_attention_heads;
+  const uint64_t experts = moe.n_routed_experts, shared = moe.n_shared_experts;
+  const uint64_t moe_inter = moe.moe_intermediate_size;
+  const uint64_t first_dense = moe.first_k_dense_replace;
+  const uint64_t moe_freq = std::max<int64_t>(1, moe.moe_layer_freq);
   if (experts > 0 && moe_inter == 0) return;
 
-  const uint64_t q_head = *nope + rope;
+  const uint64_t q_head = nope + rope;
   uint64_t proj = 0, other = 0;
-  for (uint64_t i = 0; i < layers; ++i) {
+  for (uint64_t i = 0; i < static_cast<uint64_t>(c.num_hidden_layers); ++i) {
     if (q_rank > 0) {
-      proj += *h * q_rank + q_rank * heads * q_head;  // q_a_proj, q_b_proj
-      other += q_rank;                                // q_a_layernorm
+      proj += h * q_rank + q_rank * heads * q_head;  // q_a_proj, q_b_proj
+      other += q_rank;                               // q_a_layernorm
     } else {
-      proj += *h * heads * q_head;  // q_proj
+      proj += h * heads * q_head;  // q_proj
     }
-    proj += *h * (kv_rank + rope) + kv_rank * heads * (*nope + *v);  // kv_a (with MQA rope), kv_b
-    proj += heads * *v * *h;                                         // o_proj
-    other += kv_rank + 2 * *h;  // kv_a_layernorm, input and post-attention norms
+    proj += h * (kv_rank + rope) + kv_rank * heads * (nope + v);  // kv_a (with MQA rope), kv_b
+    proj += heads * v * h;                                        // o_proj
+    other += kv_rank + 2 * h;  // kv_a_layernorm, input and post-attention norms
     if (experts > 0 && i >= first_dense && i % moe_freq == 0) {
-      proj += (experts + shared) * 3 * *h * moe_inter;  // routed and shared experts
-      other += experts * *h;                            // the router
+      proj += (experts + shared) * 3 * h * moe_inter;  // routed and shared experts
+      other += experts * h;                            // the router
     } else {
-      proj += 3 * *h * *inter;  // gate, up, down
+      proj += 3 * h * inter;  // gate, up, down
     }
   }
-  other += *vocab * *h + *h;  // embeddings, final norm
-  if (!f.flag("tie_word_embeddings", false)) other += *vocab * *h;
+  other += vocab * h + h;  // embeddings, final norm
+  if (!c.tie_word_embeddings) other += vocab * h;
   shape.parameters = other;
   shape.fp8_parameters = proj;
 }
 
 // Parameters of a Llama-family dense model, counted by model::ModelConfig.
-void count_dense(const Fields& f, const std::string& architecture, uint64_t layers, uint64_t heads,
-                 ModelShape& shape) {
-  const auto h = f.optional("hidden_size"), vocab = f.optional("vocab_size"),
-             inter = f.optional("intermediate_size");
-  if (!h || !vocab || !inter) return;
-  model::ModelConfig c;
-  c.hidden_size = static_cast<int64_t>(*h);
-  c.intermediate_size = static_cast<int64_t>(*inter);
-  c.vocab_size = static_cast<int64_t>(*vocab);
-  c.num_hidden_layers = static_cast<int64_t>(layers);
-  c.num_attention_heads = static_cast<int64_t>(heads);
-  c.num_key_value_heads = shape.kv.kv_heads;
-  c.head_dim = shape.kv.head_dim;
-  // transformers' Qwen2 config defaults attention_bias to true; the others to false.
-  c.attention_bias = f.flag("attention_bias", architecture == "Qwen2ForCausalLM");
-  c.tie_word_embeddings = f.flag("tie_word_embeddings", false);
+void count_dense(const model::ModelConfig& c, ModelShape& shape) {
+  if (c.hidden_size <= 0 || c.vocab_size <= 0 || c.intermediate_size <= 0) return;
   shape.fp8_parameters = static_cast<uint64_t>(c.projection_parameter_count());
   shape.parameters = static_cast<uint64_t>(c.parameter_count()) - shape.fp8_parameters;
 }
 
-bool is_fp8_checkpoint(const json& config) {
-  auto q = config.find("quantization_config");
-  if (q == config.end() || !q->is_object()) return false;
-  auto method = q->find("quant_method");
-  return method != q->end() && method->is_string() && method->get<std::string>() == "fp8";
+Result<uint32_t> narrow(int64_t v, const std::string& source, const char* key) {
+  if (v < 0) {
+    return Status::ConfigError(source + ": " + key + ": expected a non-negative integer, found " +
+                               std::to_string(v));
+  }
+  if (v > UINT32_MAX) return Status::ConfigError(source + ": " + key + " is too large");
+  return static_cast<uint32_t>(v);
 }
 
 // The checkpoint's bytes: the sharded index's own total, or the single file's size.
@@ -171,88 +115,53 @@ uint64_t checkpoint_bytes(const fs::path& dir) {
 }
 
 Result<ModelShape> from_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot read " + path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_model_shape(text.str(), path.string());
+  Result<model::ModelConfig> c = model::read_hf_config_file(path.string());
+  if (!c.ok()) return c.status();
+  return shape_of(*c, path.string());
 }
 
 }  // namespace
 
 Result<ModelShape> parse_model_shape(std::string_view config_json, const std::string& source) {
-  const json root = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  if (!root.is_object()) return Status::ConfigError(source + ": not a JSON object");
-  const json* config = &root;
-  auto text = root.find("text_config");
-  if (!root.contains("num_hidden_layers") && text != root.end() && text->is_object()) {
-    config = &*text;
-  }
-  Fields f(*config, source);
+  Result<model::ModelConfig> c = model::read_hf_config(config_json, source);
+  if (!c.ok()) return c.status();
+  return shape_of(*c, source);
+}
+
+Result<ModelShape> shape_of(const model::ModelConfig& c, const std::string& source) {
   ModelShape shape;
   shape.source = source;
-  for (const json* c : {config, &root}) {
-    auto arch = c->find("architectures");
-    if (shape.architecture.empty() && arch != c->end() && arch->is_array() && !arch->empty() &&
-        (*arch)[0].is_string()) {
-      shape.architecture = (*arch)[0].get<std::string>();
-    }
-    for (const char* key : {"torch_dtype", "dtype"}) {
-      auto d = c->find(key);
-      if (shape.torch_dtype.empty() && d != c->end() && d->is_string()) {
-        shape.torch_dtype = d->get<std::string>();
-      }
+  shape.architecture = c.architecture;
+  shape.torch_dtype = c.torch_dtype;
+  for (const char* key : {"num_hidden_layers", "num_attention_heads"}) {
+    if (std::find(c.missing.begin(), c.missing.end(), key) != c.missing.end()) {
+      return Status::ConfigError(source + ": " + key + " is missing");
     }
   }
-
-  Result<uint64_t> layers = f.required("num_hidden_layers");
-  if (!layers.ok()) return layers.status();
-  Result<uint64_t> heads = f.required("num_attention_heads");
-  if (!heads.ok()) return heads.status();
-  Result<std::optional<uint64_t>> kv_heads = f.get("num_key_value_heads");
-  Result<std::optional<uint64_t>> head_dim = f.get("head_dim");
-  Result<std::optional<uint64_t>> hidden = f.get("hidden_size");
-  Result<std::optional<uint64_t>> kv_rank = f.get("kv_lora_rank");
-  Result<std::optional<uint64_t>> rope = f.get("qk_rope_head_dim");
-  for (const Status& s :
-       {kv_heads.status(), head_dim.status(), hidden.status(), kv_rank.status(), rope.status()}) {
-    if (!s.ok()) return s;
+  if (c.num_attention_heads <= 0) {
+    return Status::ConfigError(source + ": num_attention_heads must be positive");
   }
-  if (*heads == 0) return Status::ConfigError(source + ": num_attention_heads must be positive");
-
-  Result<uint32_t> n = narrow(*layers, source, "num_hidden_layers");
-  if (!n.ok()) return n.status();
-  shape.kv.layers = *n;
-  if (kv_rank->value_or(0) > 0) {
-    if (!rope->has_value()) return Status::ConfigError(source + ": qk_rope_head_dim is missing");
-    Result<uint32_t> r = narrow(**kv_rank, source, "kv_lora_rank");
-    Result<uint32_t> d = narrow(**rope, source, "qk_rope_head_dim");
-    if (!r.ok()) return r.status();
-    if (!d.ok()) return d.status();
-    shape.kv.kv_lora_rank = *r;
-    shape.kv.qk_rope_head_dim = *d;
-    count_mla(f, *layers, *heads, shape);
-  } else {
-    uint64_t dim = 0;
-    if (head_dim->has_value()) {
-      dim = **head_dim;
-    } else if (hidden->has_value()) {
-      dim = **hidden / *heads;
-    } else {
-      return Status::ConfigError(source + ": head_dim is missing and so is hidden_size");
-    }
-    Result<uint32_t> kh = narrow(kv_heads->value_or(*heads), source, "num_key_value_heads");
-    Result<uint32_t> hd = narrow(dim, source, "head_dim");
-    if (!kh.ok()) return kh.status();
-    if (!hd.ok()) return hd.status();
-    shape.kv.kv_heads = *kh;
-    shape.kv.head_dim = shape.kv.v_head_dim = *hd;
+  for (auto [key, value] :
+       {std::pair{"num_hidden_layers", c.num_hidden_layers},
+        std::pair{"num_key_value_heads", c.num_key_value_heads}, std::pair{"head_dim", c.head_dim},
+        std::pair{"kv_lora_rank", c.mla.kv_lora_rank},
+        std::pair{"qk_rope_head_dim", c.mla.qk_rope_head_dim}}) {
+    if (Result<uint32_t> n = narrow(value, source, key); !n.ok()) return n.status();
+  }
+  if (c.mla.kv_lora_rank > 0 && c.mla.qk_rope_head_dim == 0) {
+    return Status::ConfigError(source + ": qk_rope_head_dim is missing");
+  }
+  if (c.mla.kv_lora_rank == 0 && c.head_dim == 0) {
+    return Status::ConfigError(source + ": head_dim is missing and so is hidden_size");
+  }
+  shape.kv = kv_shape(c);
+  if (c.mla.kv_lora_rank > 0) {
+    count_mla(c, shape);
+  } else if (!c.other_moe && c.moe.n_routed_experts == 0) {
     // A mixture of experts other than DeepSeek's has its own layout: no count, ask for bytes.
-    if (!f.has("num_local_experts") && !f.has("num_experts") && !f.has("n_routed_experts")) {
-      count_dense(f, shape.architecture, *layers, *heads, shape);
-    }
+    count_dense(c, shape);
   }
-  if (!is_fp8_checkpoint(*config) && !is_fp8_checkpoint(root)) {
+  if (!c.fp8_checkpoint) {
     shape.parameters += shape.fp8_parameters;
     shape.fp8_parameters = 0;
   }
@@ -269,12 +178,8 @@ Result<ModelShape> read_model_shape(const std::string& dir_or_name) {
   }
   if (fs::is_regular_file(path, ec)) return from_file(path);
   if (Result<model::ModelConfig> preset = model::preset_config(dir_or_name); preset.ok()) {
-    ModelShape shape;
-    shape.source = dir_or_name;
-    shape.architecture = preset->architecture;
-    shape.torch_dtype = "bfloat16";  // presets are served as bf16 models
-    shape.kv = kv_shape(*preset);
-    shape.parameters = static_cast<uint64_t>(preset->parameter_count());
+    Result<ModelShape> shape = shape_of(*preset, dir_or_name);
+    if (shape.ok()) shape->torch_dtype = "bfloat16";  // presets are served as bf16 models
     return shape;
   }
   for (const NamedShape& s : kNamedShapes) {
@@ -292,6 +197,11 @@ Result<ModelShape> read_model_shape(const std::string& dir_or_name) {
 KvShape kv_shape(const model::ModelConfig& config) {
   KvShape kv;
   kv.layers = static_cast<uint32_t>(config.num_hidden_layers);
+  if (config.mla.kv_lora_rank > 0) {
+    kv.kv_lora_rank = static_cast<uint32_t>(config.mla.kv_lora_rank);
+    kv.qk_rope_head_dim = static_cast<uint32_t>(config.mla.qk_rope_head_dim);
+    return kv;
+  }
   kv.kv_heads = static_cast<uint32_t>(config.num_key_value_heads);
   kv.head_dim = kv.v_head_dim = static_cast<uint32_t>(config.head_dim);
   return kv;

@@ -1,6 +1,7 @@
 // What capacity planning needs to know about a model -- its KV shape and the size of its
-// weights -- read lightly from a Hugging Face config.json, a model preset or a named shape, so
-// that architectures the executor cannot run yet (MLA: DeepSeek-V3, Kimi-K2) can be planned.
+// weights -- from a Hugging Face config.json (through model::read_hf_config, the same parser
+// the runtime uses), a model preset or a named shape, so that architectures the executor
+// cannot run yet (MLA: DeepSeek-V3, Kimi-K2) can be planned.
 #pragma once
 
 #include <cstdint>
@@ -30,12 +31,12 @@ struct ModelShape {
   uint64_t checkpoint_bytes = 0;
 };
 
-// Parses config.json text. Reads num_hidden_layers, num_attention_heads, num_key_value_heads
-// (default: the attention heads), head_dim (default hidden_size / num_attention_heads), and
-// for MLA kv_lora_rank and qk_rope_head_dim; a "text_config" object is read instead of the top
-// level when that has no num_hidden_layers (multimodal wrappers). Errors name `source` and
-// the field.
+// config.json text as model::read_hf_config reads it (the one parser), turned into a shape:
+// the KV shape (MLA when kv_lora_rank > 0) and the parameter count. Only num_hidden_layers and
+// num_attention_heads are required. Errors name `source` and the field.
 Result<ModelShape> parse_model_shape(std::string_view config_json, const std::string& source);
+// The same for a config already read (a preset's, or read_hf_config's).
+Result<ModelShape> shape_of(const model::ModelConfig& config, const std::string& source);
 
 // A directory holding config.json (plus its checkpoint's size), a config.json file, a model
 // preset (model::preset_config: synth-76m, ...) or a named shape (shape_names()), tried in

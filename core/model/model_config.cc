@@ -1,5 +1,6 @@
 #include "core/model/model_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -155,58 +156,69 @@ class Fields {
 
 }  // namespace
 
-Result<ModelConfig> parse_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path + ": cannot open the model's config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::ConfigError(path + ": not valid JSON");
-  if (!j.is_object()) return Status::ConfigError(path + ": expected a JSON object");
+namespace {
 
-  Fields f(path, j);
+bool is_fp8_quantized(const json& object) {
+  auto q = object.find("quantization_config");
+  if (q == object.end() || !q->is_object()) return false;
+  auto method = q->find("quant_method");
+  return method != q->end() && method->is_string() && method->get<std::string>() == "fp8";
+}
+
+}  // namespace
+
+Result<ModelConfig> read_hf_config(std::string_view text, const std::string& source) {
+  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Status::ConfigError(source + ": not valid JSON");
+  if (!root.is_object()) return Status::ConfigError(source + ": expected a JSON object");
+  // A multimodal wrapper keeps the language model's shape in text_config.
+  const json* object = &root;
+  if (auto t = root.find("text_config");
+      !root.contains("num_hidden_layers") && t != root.end() && t->is_object()) {
+    object = &*t;
+  }
+  Fields f(source, *object);
+  Fields top(source, root);
   ModelConfig c;
 
-  // The architecture decides which defaults apply, so it comes first.
+  // The architecture decides which defaults apply, so it comes first: the first name kvrt
+  // implements, else the first listed.
   const json* archs = f.Find("architectures");
-  if (archs == nullptr) return f.Missing("architectures");
-  if (!archs->is_array() || archs->empty()) {
-    return f.Error("architectures", "expected a non-empty list of strings, found " + Show(*archs));
-  }
-  std::string supported_list;
-  for (const std::string& a : supported_architectures()) {
-    supported_list += (supported_list.empty() ? "" : ", ") + a;
-  }
-  for (const json& a : *archs) {
-    if (!a.is_string()) {
-      return f.Error("architectures", "expected a list of strings, found " + Show(*archs));
+  if (archs == nullptr) archs = top.Find("architectures");
+  if (archs == nullptr) {
+    c.missing.push_back("architectures");
+  } else {
+    if (!archs->is_array() || archs->empty()) {
+      return f.Error("architectures",
+                     "expected a non-empty list of strings, found " + Show(*archs));
     }
-    for (const std::string& s : supported_architectures()) {
-      if (a.get<std::string>() == s && c.architecture.empty()) c.architecture = s;
+    for (const json& a : *archs) {
+      if (!a.is_string()) {
+        return f.Error("architectures", "expected a list of strings, found " + Show(*archs));
+      }
+      for (const std::string& s : supported_architectures()) {
+        if (a.get<std::string>() == s && c.architecture.empty()) c.architecture = s;
+      }
     }
-  }
-  if (c.architecture.empty()) {
-    return f.Error("architectures", "unsupported '" + (*archs)[0].get<std::string>() +
-                                        "' (supported: " + supported_list + ")");
+    if (c.architecture.empty()) c.architecture = (*archs)[0].get<std::string>();
   }
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM";
 
-  KVRT_ASSIGN(c.hidden_size, f.Int("hidden_size", std::nullopt));
-  KVRT_ASSIGN(c.intermediate_size, f.Int("intermediate_size", std::nullopt));
-  KVRT_ASSIGN(c.num_hidden_layers, f.Int("num_hidden_layers", std::nullopt));
-  KVRT_ASSIGN(c.num_attention_heads, f.Int("num_attention_heads", std::nullopt));
-  KVRT_ASSIGN(c.vocab_size, f.Int("vocab_size", std::nullopt));
+  // The fields the executor cannot do without: 0 and recorded when absent.
+  for (auto [key, field] : {std::pair{"hidden_size", &c.hidden_size},
+                            std::pair{"intermediate_size", &c.intermediate_size},
+                            std::pair{"num_hidden_layers", &c.num_hidden_layers},
+                            std::pair{"num_attention_heads", &c.num_attention_heads},
+                            std::pair{"vocab_size", &c.vocab_size}}) {
+    if (f.Find(key) == nullptr) c.missing.push_back(key);
+    KVRT_ASSIGN(*field, f.Int(key, 0));
+  }
   // Without num_key_value_heads the model is plain multi-head attention (transformers' rule).
   KVRT_ASSIGN(c.num_key_value_heads, f.Int("num_key_value_heads", c.num_attention_heads));
   if (f.Find("head_dim") == nullptr) {
-    // A non-positive head count is reported by validate(), naming that field instead.
-    if (c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0) {
-      return f.Error("head_dim", "absent, and hidden_size = " + std::to_string(c.hidden_size) +
-                                     " is not a multiple of num_attention_heads = " +
-                                     std::to_string(c.num_attention_heads));
-    }
     c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
+    c.head_dim_inexact = c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0;
   } else {
     KVRT_ASSIGN(c.head_dim, f.Int("head_dim", std::nullopt));
   }
@@ -217,35 +229,37 @@ Result<ModelConfig> parse_hf_config(const std::string& path) {
   KVRT_ASSIGN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
   // Qwen2 always has q/k/v biases and its config has no field for them; honour one if present.
   KVRT_ASSIGN(c.attention_bias, f.Bool("attention_bias", qwen2));
-  // Newer transformers write "dtype", older ones "torch_dtype".
-  KVRT_ASSIGN(c.torch_dtype, f.String("torch_dtype", ""));
-  if (c.torch_dtype.empty()) KVRT_ASSIGN(c.torch_dtype, f.String("dtype", ""));
-
-  std::string act;
-  KVRT_ASSIGN(act, f.String("hidden_act", "silu"));
-  if (act != "silu") {
-    return Status::Unsupported(path + ": hidden_act: unsupported '" + act +
-                               "' (only silu, i.e. SwiGLU, is implemented)");
-  }
-  if (const json* rs = f.Find("rope_scaling")) {
-    return Status::Unsupported(path + ": rope_scaling: unsupported " + Show(*rs) +
-                               " (only plain RoPE is implemented)");
-  }
-  bool mlp_bias = false;
-  KVRT_ASSIGN(mlp_bias, f.Bool("mlp_bias", false));
-  if (mlp_bias) return Status::Unsupported(path + ": mlp_bias: true is not implemented");
-
-  if (qwen2) {
-    // Qwen2 only uses its window when use_sliding_window is set, and then only on some layers
-    // (max_window_layers): not implemented, so refuse rather than compute something else.
-    bool use_window = false;
-    KVRT_ASSIGN(use_window, f.Bool("use_sliding_window", false));
-    if (use_window) {
-      return Status::Unsupported(path + ": use_sliding_window: true is not implemented");
+  // Newer transformers write "dtype", older ones "torch_dtype"; a wrapper may say it on top.
+  for (const Fields* level : {&f, &top}) {
+    for (const char* key : {"torch_dtype", "dtype"}) {
+      if (c.torch_dtype.empty()) KVRT_ASSIGN(c.torch_dtype, level->String(key, ""));
     }
+  }
+  KVRT_ASSIGN(c.hidden_act, f.String("hidden_act", "silu"));
+  c.rope_scaling = f.Find("rope_scaling") != nullptr;
+  KVRT_ASSIGN(c.mlp_bias, f.Bool("mlp_bias", false));
+  if (qwen2) {
+    // Qwen2 only uses its window when use_sliding_window is set (check_runnable refuses it).
+    KVRT_ASSIGN(c.use_sliding_window, f.Bool("use_sliding_window", false));
   } else {
     KVRT_ASSIGN(c.sliding_window, f.Int("sliding_window", 0));
   }
+
+  ModelConfig::Mla& mla = c.mla;
+  KVRT_ASSIGN(mla.kv_lora_rank, f.Int("kv_lora_rank", 0));
+  KVRT_ASSIGN(mla.qk_rope_head_dim, f.Int("qk_rope_head_dim", 0));
+  KVRT_ASSIGN(mla.qk_nope_head_dim, f.Int("qk_nope_head_dim", 0));
+  KVRT_ASSIGN(mla.v_head_dim, f.Int("v_head_dim", 0));
+  KVRT_ASSIGN(mla.q_lora_rank, f.Int("q_lora_rank", 0));
+  ModelConfig::Moe& moe = c.moe;
+  KVRT_ASSIGN(moe.n_routed_experts, f.Int("n_routed_experts", 0));
+  KVRT_ASSIGN(moe.n_shared_experts, f.Int("n_shared_experts", 0));
+  KVRT_ASSIGN(moe.moe_intermediate_size, f.Int("moe_intermediate_size", 0));
+  KVRT_ASSIGN(moe.first_k_dense_replace, f.Int("first_k_dense_replace", 0));
+  KVRT_ASSIGN(moe.moe_layer_freq, f.Int("moe_layer_freq", 1));
+  KVRT_ASSIGN(moe.num_experts_per_tok, f.Int("num_experts_per_tok", 0));
+  c.other_moe = f.Find("num_local_experts") != nullptr || f.Find("num_experts") != nullptr;
+  c.fp8_checkpoint = is_fp8_quantized(*object) || is_fp8_quantized(root);
 
   const bool llama_ids = !qwen2;  // Llama and Mistral configs default to <s> = 1, </s> = 2.
   if (const json* bos = f.Find("bos_token_id")) {
@@ -268,9 +282,58 @@ Result<ModelConfig> parse_hf_config(const std::string& path) {
   } else if (llama_ids) {
     c.eos_token_ids = {2};
   }
+  return c;
+}
 
-  Status s = c.validate(path);
-  if (!s.ok()) return s;
+Result<ModelConfig> read_hf_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound(path + ": cannot open the model's config.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  return read_hf_config(text.str(), path);
+}
+
+Status check_runnable(const ModelConfig& c, const std::string& source) {
+  auto error = [&](const std::string& key, const std::string& why) {
+    return Status::ConfigError(source + ": " + key + ": " + why);
+  };
+  auto missing = [&](const char* key) {
+    return std::find(c.missing.begin(), c.missing.end(), key) != c.missing.end();
+  };
+  if (missing("architectures")) return error("architectures", "missing required field");
+  const std::vector<std::string>& supported = supported_architectures();
+  if (std::find(supported.begin(), supported.end(), c.architecture) == supported.end()) {
+    std::string list;
+    for (const std::string& a : supported) list += (list.empty() ? "" : ", ") + a;
+    return error("architectures", "unsupported '" + c.architecture + "' (supported: " + list + ")");
+  }
+  for (const std::string& key : c.missing) return error(key, "missing required field");
+  if (c.head_dim_inexact) {
+    return error("head_dim", "absent, and hidden_size = " + std::to_string(c.hidden_size) +
+                                 " is not a multiple of num_attention_heads = " +
+                                 std::to_string(c.num_attention_heads));
+  }
+  if (c.hidden_act != "silu") {
+    return Status::Unsupported(source + ": hidden_act: unsupported '" + c.hidden_act +
+                               "' (only silu, i.e. SwiGLU, is implemented)");
+  }
+  if (c.rope_scaling) {
+    return Status::Unsupported(source +
+                               ": rope_scaling: unsupported (only plain RoPE is implemented)");
+  }
+  if (c.mlp_bias) return Status::Unsupported(source + ": mlp_bias: true is not implemented");
+  if (c.use_sliding_window) {
+    // Qwen2 then windows only some layers (max_window_layers): refuse rather than compute
+    // something else.
+    return Status::Unsupported(source + ": use_sliding_window: true is not implemented");
+  }
+  return c.validate(source);
+}
+
+Result<ModelConfig> parse_hf_config(const std::string& path) {
+  Result<ModelConfig> c = read_hf_config_file(path);
+  if (!c.ok()) return c;
+  if (Status s = check_runnable(*c, path); !s.ok()) return s;
   return c;
 }
 

@@ -1,10 +1,13 @@
-// The shape of a Llama-family decoder (Llama, Mistral, Qwen2): what the executor, the capacity
-// planner and the weight loader agree on. Parsed from a Hugging Face config.json or built by a
-// synthetic preset (weights.h).
+// A model's shape as its Hugging Face config.json states it: what the executor, the capacity
+// planner and the weight loader agree on. One parser (read_hf_config) reads every field kvrt
+// knows, for any architecture, so `kvrt capacity` can plan models the executor cannot run yet
+// (MLA: DeepSeek-V3, Kimi-K2); check_runnable() then says whether the executor can run it.
+// Synthetic presets (weights.h) build one directly.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/util/status.h"
@@ -32,6 +35,35 @@ struct ModelConfig {
   int32_t bos_token_id = -1;           // -1: none
   std::vector<int32_t> eos_token_ids;  // any of them ends a sequence; may be empty
 
+  // Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): kv_lora_rank > 0 selects it. The KV
+  // cache then holds one latent of kv_lora_rank + qk_rope_head_dim per token and layer.
+  struct Mla {
+    int64_t kv_lora_rank = 0;
+    int64_t qk_rope_head_dim = 0;
+    int64_t qk_nope_head_dim = 0;
+    int64_t v_head_dim = 0;
+    int64_t q_lora_rank = 0;  // 0: q_proj without a low-rank factorisation
+  } mla;
+  // DeepSeek-style mixture of experts (n_routed_experts > 0).
+  struct Moe {
+    int64_t n_routed_experts = 0;
+    int64_t n_shared_experts = 0;
+    int64_t moe_intermediate_size = 0;
+    int64_t first_k_dense_replace = 0;  // the first layers keep a dense MLP
+    int64_t moe_layer_freq = 1;
+    int64_t num_experts_per_tok = 0;
+  } moe;
+  bool other_moe = false;       // num_local_experts / num_experts: another MoE layout
+  bool fp8_checkpoint = false;  // quantization_config.quant_method = "fp8"
+
+  // What check_runnable() needs beyond the shape: fields as read, and those absent.
+  std::string hidden_act = "silu";
+  bool rope_scaling = false;  // a non-null rope_scaling
+  bool mlp_bias = false;
+  bool use_sliding_window = false;   // Qwen2's switch
+  bool head_dim_inexact = false;     // head_dim absent and hidden_size % heads != 0
+  std::vector<std::string> missing;  // required fields absent from config.json, in order
+
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 
@@ -48,13 +80,23 @@ struct ModelConfig {
   Status validate(const std::string& source) const;
 };
 
-// Parses a Hugging Face config.json. Supported architectures: LlamaForCausalLM,
-// Qwen2ForCausalLM, MistralForCausalLM. The shape fields (hidden_size, intermediate_size,
-// num_hidden_layers, num_attention_heads, vocab_size) are required; the others default as the
-// transformers config classes do (num_key_value_heads = num_attention_heads, head_dim =
-// hidden_size / num_attention_heads, attention_bias = true for Qwen2 only, ...). Errors name the
-// file and the field: an unsupported architecture, a missing or mistyped field, a hidden_act
-// other than silu, a non-null rope_scaling (not implemented yet), mlp_bias = true.
+// Reads config.json text (`source` names it in messages): every field above, defaulting as
+// the transformers config classes do (num_key_value_heads = num_attention_heads, head_dim =
+// hidden_size / num_attention_heads, attention_bias = true for Qwen2 only, ...). A multimodal
+// wrapper's "text_config" is read instead of the top level when that has no
+// num_hidden_layers. Fails only on text that is not a JSON object or a field of the wrong type
+// ("<source>: <field>: expected an integer, found ..."); absent fields are recorded in
+// `missing`, not refused.
+Result<ModelConfig> read_hf_config(std::string_view text, const std::string& source);
+// The same from a file; NotFound naming it when it cannot be read.
+Result<ModelConfig> read_hf_config_file(const std::string& path);
+
+// Whether the executor can run `config`: a supported architecture (supported_architectures()),
+// the required fields present, hidden_act silu, no rope_scaling, no mlp_bias, no Qwen2 sliding
+// window, and validate(). Errors name `source` and the field.
+Status check_runnable(const ModelConfig& config, const std::string& source);
+
+// read_hf_config_file, then check_runnable.
 Result<ModelConfig> parse_hf_config(const std::string& path);
 
 // The architectures parse_hf_config accepts.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -212,6 +213,37 @@ TEST(ModelShape, ReadsADirectoryAndATextConfig) {
   ASSERT_TRUE(s.ok()) << s.status().message();
   EXPECT_EQ(*weight_bytes(*s, "auto"), 61064245248u);
   std::filesystem::remove_all(dir);
+}
+
+// One parser (model::read_hf_config) serves the runtime and the planner: the real tiny
+// DeepSeek-V3 checkpoint reads as MLA with its experts, the planner's geometry is the latent,
+// and the runtime's check refuses the architecture by name instead of misreading it as Llama.
+TEST(ModelShape, OneParserPlansWhatTheRuntimeRefuses) {
+  const std::string dir =
+      std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR") : ".") +
+      "/../shared/models/tiny-deepseek-v3";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found";
+  Result<model::ModelConfig> c = model::read_hf_config_file(dir + "/config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->architecture, "DeepseekV3ForCausalLM");
+  EXPECT_EQ(c->mla.kv_lora_rank, 32);
+  EXPECT_EQ(c->mla.qk_rope_head_dim, 8);
+  EXPECT_EQ(c->mla.q_lora_rank, 32);
+  EXPECT_EQ(c->moe.n_routed_experts, 8);
+  EXPECT_EQ(c->moe.num_experts_per_tok, 2);
+  Result<ModelShape> s = read_model_shape(dir);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_TRUE(s->kv.mla());
+  Result<kvrt_kv_geometry> g = kv_geometry(kv_shape(*c), 2, 16);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->k_head_dim, 40u);  // the latent of 32 plus the rope dims, on every rank
+  EXPECT_EQ(g->v_head_dim, 0u);
+  EXPECT_EQ(g->v_width, 32u);
+  Status runnable = model::check_runnable(*c, "config.json");
+  ASSERT_FALSE(runnable.ok());
+  EXPECT_NE(runnable.message().find("architectures: unsupported 'DeepseekV3ForCausalLM'"),
+            std::string::npos)
+      << runnable.message();
 }
 
 TEST(ModelShape, UnknownNamesListTheKnownOnes) {
