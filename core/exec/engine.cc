@@ -108,13 +108,13 @@ void Engine::worker_loop(RankExecutor* rank) {
   }
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(const model::Weights& weights,
+Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weights,
                                                const EngineOptions& options) {
   if (options.tp < 1 || options.tp > 8) {
     return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
   }
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
-  const model::ModelConfig& c = weights.config;
+  const model::ModelConfig& c = weights.model_config();
   Result<const model::ArchitectureFamily*> family = model::find_architecture(c);
   if (!family.ok()) return family.status();
   if (Status s = (*family)->check_tp(c, options.tp); !s.ok()) return s;

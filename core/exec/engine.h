@@ -13,7 +13,7 @@
 #include "core/exec/batch.h"
 #include "core/exec/rank_executor.h"
 #include "core/exec/thread_communicator.h"
-#include "core/model/weights.h"
+#include "core/model/loaded_weights.h"
 #include "core/plugin/registry.h"
 
 namespace kvrt::exec {
@@ -29,9 +29,10 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // The architecture comes from weights.config (model::find_architecture), each rank's KV
-  // geometry from capacity::kv_geometry, the backend is the CPU's.
-  static Result<std::unique_ptr<Engine>> create(const model::Weights& weights,
+  // The architecture comes from the weights' config (model::find_architecture), each rank's KV
+  // geometry from capacity::kv_geometry, the backend is the CPU's. `weights` may go once
+  // create returns: every rank holds its own shard.
+  static Result<std::unique_ptr<Engine>> create(const model::LoadedWeights& weights,
                                                 const EngineOptions& options);
   ~Engine();
 

@@ -7,7 +7,7 @@ namespace kvrt::exec {
 RankExecutor::~RankExecutor() = default;
 
 Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
-    const model::ArchitectureFamily& family, const model::Weights& weights,
+    const model::ArchitectureFamily& family, const model::LoadedWeights& weights,
     std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm,
     const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages) {
   const int rank = comm->rank(), tp = comm->size();

@@ -33,7 +33,7 @@ class RankExecutor : private model::KvAttention {
   // it reads the store's layout natively (supports()); when it does not and the store has no
   // gather() to fall back on, the pairing is refused with both reasons.
   static Result<std::unique_ptr<RankExecutor>> create(
-      const model::ArchitectureFamily& family, const model::Weights& weights,
+      const model::ArchitectureFamily& family, const model::LoadedWeights& weights,
       std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm,
       const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
   ~RankExecutor() override;

@@ -12,8 +12,8 @@
 
 #include "core/exec/backend.h"
 #include "core/exec/communicator.h"
+#include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
-#include "core/model/weights.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
@@ -59,14 +59,18 @@ class Architecture {
                          KvAttention& kv, std::vector<float>* logits) = 0;
 };
 
-// A model family: the config.json names it serves, and how to shard and build it.
+// A model family: which tensors it has (its LoadedWeights type, and their names in a
+// checkpoint), how they shard, and how to build one rank.
 struct ArchitectureFamily {
   const char* name;  // "llama"
   // Refuses a TP size the model cannot be sharded over, naming the counts.
   Status (*check_tp)(const ModelConfig& config, int tp);
-  // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's) into
-  // `backend`'s memory.
-  Result<std::unique_ptr<Architecture>> (*create)(const Weights& weights, int rank, int tp,
+  // The family's tensors from a Hugging Face directory (config.json and safetensors). A missing
+  // or misshapen tensor is an error naming it.
+  Result<std::unique_ptr<LoadedWeights>> (*load)(const std::string& dir);
+  // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's, and must be
+  // this family's type) into `backend`'s memory.
+  Result<std::unique_ptr<Architecture>> (*create)(const LoadedWeights& weights, int rank, int tp,
                                                   exec::Backend& backend);
 };
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "core/model/weights.h"
+
 namespace kvrt::model {
 namespace {
 
@@ -191,8 +193,20 @@ Status check_tp(const ModelConfig& c, int tp) {
       .status();
 }
 
-Result<std::unique_ptr<Architecture>> create(const Weights& weights, int rank, int tp,
+Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir) {
+  Result<Weights> weights = load_hf(dir);
+  if (!weights.ok()) return weights.status();
+  return std::unique_ptr<LoadedWeights>(new Weights(std::move(*weights)));
+}
+
+Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int rank, int tp,
                                              exec::Backend& backend) {
+  const auto* llama = dynamic_cast<const Weights*>(&loaded);
+  if (llama == nullptr) {
+    return Status::Internal("the llama family was given another family's weights (" +
+                            loaded.model_config().architecture + ")");
+  }
+  const Weights& weights = *llama;
   const ModelConfig& c = weights.config;
   Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
                                          c.intermediate_size, c.vocab_size, rank, tp);
@@ -235,7 +249,7 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
 }
 
 const ArchitectureFamily& llama_family() {
-  static const ArchitectureFamily kFamily{"llama", check_tp, create};
+  static const ArchitectureFamily kFamily{"llama", check_tp, load, create};
   return kFamily;
 }
 

@@ -1,6 +1,7 @@
-// A Llama-family model's weights in f32, from a Hugging Face directory or a synthetic preset.
-// Every matrix is row-major in the Hugging Face layout, [out_features][in_features] as stored
-// (y = W x), so a loaded model and a preset look the same to the executor.
+// The Llama family's tensors (model/llama.cc builds its ranks from them) in f32, by their Hugging
+// Face names, from a checkpoint directory or a synthetic preset. Every matrix is row-major in
+// the Hugging Face layout, [out_features][in_features] as stored (y = W x), so a loaded model
+// and a preset look the same to the executor.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
 #include "core/util/status.h"
 
@@ -24,8 +26,9 @@ struct LayerWeights {
   std::vector<float> down;                    // [H][I]
 };
 
-struct Weights {
+struct Weights : LoadedWeights {
   ModelConfig config;
+  const ModelConfig& model_config() const override { return config; }
   std::vector<float> embed;  // [vocab][H]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [H]

@@ -80,19 +80,23 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   rt.geometry = g;
   registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
 
-  Result<model::Weights> weights = Status::Internal("unset");
+  // The tensors: the architecture family loads its own from the checkpoint; presets are
+  // seeded Llama shapes. A tokenizer goes with each.
+  std::unique_ptr<model::LoadedWeights> weights;
   if (!cfg.model.path.empty()) {
-    weights = model::load_hf(cfg.model.path);
-    if (!weights.ok()) return weights.status();
+    Result<std::unique_ptr<model::LoadedWeights>> loaded = (*family)->load(cfg.model.path);
+    if (!loaded.ok()) return loaded.status();
+    weights = std::move(*loaded);
     Result<std::unique_ptr<model::Tokenizer>> tok =
         model::load_sentencepiece(cfg.model.path + "/tokenizer.model");
     if (!tok.ok()) return tok.status();
     rt.tokenizer = std::move(*tok);
   } else {
-    weights = model::make_preset(cfg.model.preset);
-    if (!weights.ok()) return weights.status().WithContext("model.preset");
+    Result<model::Weights> preset = model::make_preset(cfg.model.preset);
+    if (!preset.ok()) return preset.status().WithContext("model.preset");
+    weights = std::make_unique<model::Weights>(std::move(*preset));
     Result<std::unique_ptr<model::Tokenizer>> tok =
-        model::make_byte_tokenizer(static_cast<int32_t>(weights->config.vocab_size));
+        model::make_byte_tokenizer(static_cast<int32_t>(rt.model.vocab_size));
     if (!tok.ok()) return tok.status();
     rt.tokenizer = std::move(*tok);
   }
