@@ -209,6 +209,10 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     report.saturated_ceiling =
         static_cast<double>(report.max_total_num_tokens) / report.saturated_live_length;
   }
+  if (std::optional<kvrt_tier_info> tier = core.tier_info()) {
+    report.host_tier = true;
+    report.tier = *tier;
+  }
   report.diagnosis = core.diagnosis();
   report.prometheus = core.prometheus();
   return report;
@@ -249,6 +253,12 @@ std::string format_report(const BenchReport& r) {
     add("%-38s %llu steps: running %.1f, ceiling %.1f (%llu / %.0f mean live tokens)",
         "saturated phase", static_cast<ull>(r.saturated_steps), r.saturated_running,
         r.saturated_ceiling, static_cast<ull>(r.max_total_num_tokens), r.saturated_live_length);
+  }
+  if (r.host_tier) {
+    add("%-38s %llu of %llu pages held; %llu saved, %llu loaded, %llu dropped",
+        "host tier (rank 0)", static_cast<ull>(r.tier.used_pages),
+        static_cast<ull>(r.tier.capacity_pages), static_cast<ull>(r.tier.saved_pages),
+        static_cast<ull>(r.tier.loaded_pages), static_cast<ull>(r.tier.evicted_pages));
   }
   out += r.diagnosis.line + "\n";
   return out;

@@ -41,6 +41,9 @@ struct BenchReport {
   // on. Its ceiling is max_total_num_tokens / the mean live length of running requests.
   uint64_t saturated_steps = 0;
   double saturated_running = 0, saturated_live_length = 0, saturated_ceiling = 0;
+  // The store's host tier at the end (rank 0's tier_info), when it has one.
+  bool host_tier = false;
+  kvrt_tier_info tier{};
   metrics::Diagnosis diagnosis;  // over the whole run
   std::string prometheus;        // the scheduler's metrics at the end, as /metrics serves them
 };

@@ -57,11 +57,13 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   }
   rt.bf16_weights = bf16;
 
-  // Capacity: the weights, split over the ranks, then the KV pool.
+  // The architecture family, and whether it shards over this many ranks.
   const int tp = cfg.tp.size;
   Result<const model::ArchitectureFamily*> family = model::find_architecture(rt.model);
   if (!family.ok()) return family.status().WithContext(rt.model_name);
   if (Status s = (*family)->check_tp(rt.model, tp); !s.ok()) return s.WithContext("tp.size");
+
+  // Capacity: the weights, split over the ranks, then the KV pool.
   Result<kvrt_kv_geometry> geometry =
       capacity::kv_geometry(capacity::kv_shape(rt.model), static_cast<uint32_t>(tp),
                             static_cast<uint32_t>(cfg.scheduler.page_size), KVRT_DTYPE_F32);

@@ -93,4 +93,6 @@ Status EngineTier::wait() {
   return first;
 }
 
+Result<kvrt_tier_info> EngineTier::info() const { return tiers_.front()->info(); }
+
 }  // namespace kvrt::serve

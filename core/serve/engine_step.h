@@ -40,6 +40,8 @@ class EngineTier : public sched::KvTier {
   Status load(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
               std::vector<uint8_t>* loaded) override;
   Status wait() override;
+  // What rank 0's tier holds and has done (every rank's saves and loads the same pages).
+  Result<kvrt_tier_info> info() const;
 
  private:
   explicit EngineTier(std::vector<plugin::StoreTier*> tiers);

@@ -63,6 +63,16 @@ uint64_t ServingCore::max_total_num_tokens() const {
   return options_.scheduler.num_pages * options_.scheduler.page_size;
 }
 
+std::optional<kvrt_tier_info> ServingCore::tier_info() const {
+  if (engine_tier_ == nullptr) return std::nullopt;
+  Result<kvrt_tier_info> info = engine_tier_->info();
+  if (!info.ok()) {
+    spdlog::warn("KV tier: {}", info.status().message());
+    return std::nullopt;
+  }
+  return *info;
+}
+
 metrics::Diagnosis ServingCore::diagnosis() const {
   return whole_.diagnose(max_total_num_tokens(), options_.store, options_.other_stores);
 }

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -72,6 +73,9 @@ class ServingCore {
   uint64_t max_total_num_tokens() const;
   // The diagnosis over every step so far.
   metrics::Diagnosis diagnosis() const;
+  // The engine's host tier, as its store reports it (tier_info); nullopt without one, or when
+  // the store cannot say (logged).
+  std::optional<kvrt_tier_info> tier_info() const;
   // The metrics as /metrics serves them.
   std::string prometheus() const { return registry_.render_prometheus(); }
 

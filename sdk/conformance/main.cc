@@ -3,6 +3,10 @@
 //   kvrt-conformance --plugin path/to/kv_mine.so [--config kvrt.toml] [--set kv.kv_mine.x=1]
 //   kvrt-conformance --plugin attn_mine.so [--set attention.attn_mine.x=1]
 // Exit status 0 when every property passes (or is skipped as not applicable), 1 otherwise.
+// The results go to stdout; the plugin's log lines and errors to stderr.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -23,6 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "random seed");
   app.add_option("--threads", options.threads, "threads for the concurrent-write property");
   CLI11_PARSE(app, argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvrt-conformance"));
 
   kvrt::Result<kvrt::config::Config> config =
       config_path.empty() ? kvrt::config::load_string("", "<defaults>", overrides)

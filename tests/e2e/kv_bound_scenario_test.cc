@@ -68,6 +68,12 @@ TEST(KvBoundScenario, AHostTierServesMoreCachedTokensOnMultiTurn) {
   EXPECT_EQ(inner.completed, inner.requests);
   EXPECT_EQ(tiered.completed, tiered.requests);
   EXPECT_GT(tiered.tier_loaded_tokens, 0u);
+  // The report reads the tier's own account (tier_info): it saved pages and gave some back.
+  EXPECT_FALSE(inner.host_tier);
+  ASSERT_TRUE(tiered.host_tier);
+  EXPECT_GT(tiered.tier.saved_pages, 0u);
+  EXPECT_GT(tiered.tier.loaded_pages, 0u);
+  EXPECT_LE(tiered.tier.used_pages, tiered.tier.capacity_pages);
   EXPECT_GE(tiered.cached_tokens, 2 * inner.cached_tokens)
       << "tiered " << tiered.cached_tokens << ", inner alone " << inner.cached_tokens;
 }
