@@ -1,5 +1,7 @@
 #include "core/capacity/stores.h"
 
+#include <spdlog/spdlog.h>
+
 #include "core/plugin/host.h"
 #include "core/plugin/kv_store.h"
 
@@ -30,7 +32,8 @@ StoreCapacity store_capacity(const plugin::LoadedPlugin& store, const toml::tabl
       out.host_tier_sized = true;
       out.host_tier_tokens = *pages * geometry.page_size;
     } else if (!pages.status().IsNotFound()) {
-      out.error = pages.status();
+      // The tier's size is for the report; the store itself is usable (its page_bytes held).
+      spdlog::warn("{}; its host tier's size is reported unknown", pages.status().message());
     }
   }
   return out;

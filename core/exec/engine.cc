@@ -57,14 +57,15 @@ Status status_from(Status::Code code, std::string message) {
 }  // namespace
 
 Engine::~Engine() {
-  if (!workers_.empty()) {
+  // With a broken group the workers have left their loop (or will not hear the stop).
+  if (!workers_.empty() && broken_.ok()) {
     uint64_t stop = kStop;
     (void)ranks_[0]->communicator().broadcast(&stop, sizeof(stop), ElementType::kU8, 0, nullptr);
   }
   for (std::thread& t : workers_) t.join();
 }
 
-Status Engine::gather_status(Communicator& comm, const Status& mine) {
+Status Engine::gather_status(Communicator& comm, const Status& mine, bool* group_failed) {
   const int size = comm.size();
   if (size == 1) return mine;
   std::vector<uint8_t> record(kStatusBytes, 0), all(kStatusBytes * size);
@@ -74,6 +75,7 @@ Status Engine::gather_status(Communicator& comm, const Status& mine) {
   const std::vector<size_t> counts(size, kStatusBytes);
   if (Status s = comm.all_gather(record.data(), counts, all.data(), ElementType::kU8, nullptr);
       !s.ok()) {
+    if (group_failed != nullptr) *group_failed = true;
     return s;
   }
   for (int r = 0; r < size; ++r) {
@@ -95,8 +97,10 @@ void Engine::worker_loop(RankExecutor* rank) {
     uint64_t n = 0;
     if (!comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr).ok() || n == kStop) return;
     words.resize(n);
-    Status s = comm.broadcast(words.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr);
-    if (s.ok()) s = deserialize(words, &batch);
+    if (!comm.broadcast(words.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr).ok()) {
+      return;  // the group is broken; rank 0 knows it too
+    }
+    Status s = deserialize(words, &batch);
     if (!s.ok()) {
       // Rank 0 serialised these words itself: a batch this rank cannot read means the group is
       // broken, and running on would leave the other ranks waiting in collectives forever.
@@ -104,7 +108,9 @@ void Engine::worker_loop(RankExecutor* rank) {
       std::abort();
     }
     s = rank->forward(batch, nullptr);  // only rank 0 writes logits
-    (void)gather_status(comm, s);
+    bool group_failed = false;
+    (void)gather_status(comm, s, &group_failed);
+    if (group_failed) return;
   }
 }
 
@@ -180,16 +186,28 @@ Result<std::vector<float>> Engine::step(const Batch& batch) {
     if (Status s = rank0.forward(batch, &logits); !s.ok()) return s;
     return logits;
   }
+  if (!broken_.ok()) return broken_;
   Communicator& comm = rank0.communicator();
   serialize(batch, &words_);
   uint64_t n = words_.size();
-  if (Status s = comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr); !s.ok()) return s;
+  // A collective that fails leaves the group unusable (communicator.h): later steps say so
+  // instead of waiting on ranks that may have left.
+  auto broke = [this](const Status& s) {
+    broken_ = s.WithContext("the TP group failed; the engine cannot step again");
+    return broken_;
+  };
+  if (Status s = comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr); !s.ok()) {
+    return broke(s);
+  }
   if (Status s = comm.broadcast(words_.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr);
       !s.ok()) {
-    return s;
+    return broke(s);
   }
   Status mine = rank0.forward(batch, &logits);
-  if (Status s = gather_status(comm, mine); !s.ok()) return s;
+  bool group_failed = false;
+  if (Status s = gather_status(comm, mine, &group_failed); !s.ok()) {
+    return group_failed ? broke(s) : s;
+  }
   return logits;
 }
 

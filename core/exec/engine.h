@@ -55,7 +55,8 @@ class Engine {
       : config_(config), options_(options), group_(options.tp) {}
   Status check(const Batch& batch) const;
   // Every rank's status after a step, gathered on every rank; the first failure.
-  static Status gather_status(Communicator& comm, const Status& mine);
+  // *group_failed is set when the gathering itself failed.
+  static Status gather_status(Communicator& comm, const Status& mine, bool* group_failed);
   // Ranks 1..: receive each step's batch from rank 0, run it, report; until rank 0 says stop.
   void worker_loop(RankExecutor* rank);
 
@@ -65,6 +66,7 @@ class Engine {
   std::vector<std::unique_ptr<RankExecutor>> ranks_;
   std::vector<std::thread> workers_;
   std::vector<int32_t> words_;  // rank 0's serialised batch
+  Status broken_;               // why the TP group cannot step any more (OK while it can)
 };
 
 }  // namespace kvrt::exec

@@ -10,6 +10,11 @@ Result<std::unique_ptr<Attention>> Attention::create(const LoadedPlugin& plugin,
   if (plugin.kind() != KVRT_PLUGIN_ATTENTION) {
     return Status::PluginError("plugin " + plugin.name + " is not an attention plugin");
   }
+  if (plugin.desc.abi_minor < 1 && params.v_offset != 0) {
+    return Status::Unsupported("plugin " + plugin.name +
+                               " is built against ABI 1.0, which has no v_offset (V at offset " +
+                               std::to_string(params.v_offset) + "; rebuild it against 1.1)");
+  }
   kvrt_attention* handle = nullptr;
   clear_last_error();
   if (kvrt_status st = plugin.attention.create(plugin.host_api(), &params, config, &handle);

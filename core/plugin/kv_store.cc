@@ -40,7 +40,18 @@ void complete_layout(const kvrt_kv_geometry& geometry, kvrt_kv_layout* layout) {
     layout->v_width = sdk::v_width(geometry);
     layout->v_offset = geometry.v_offset;
   }
+  // Complete now: an attention plugin reads what struct_size covers.
+  layout->struct_size = sizeof(*layout);
 }
+
+namespace {
+
+// V as an ABI 1.0 plugin understands it: all of its row (of K's when v_head_dim is 0), from 0.
+bool v_as_abi_1_0(const kvrt_kv_geometry& g) {
+  return g.v_offset == 0 && sdk::v_width(g) == (g.v_head_dim != 0 ? g.v_head_dim : g.k_head_dim);
+}
+
+}  // namespace
 
 KvStore::KvStore(const LoadedPlugin& plugin, const kvrt_kv_geometry& geometry, kvrt_kv_store* store)
     : plugin_(&plugin), geometry_(geometry), store_(store) {
@@ -58,6 +69,12 @@ Result<std::unique_ptr<KvStore>> KvStore::create(const LoadedPlugin& plugin,
                                                  uint64_t num_pages, const kvrt_config* config) {
   if (plugin.kind() != KVRT_PLUGIN_KV_STORE) {
     return Status::PluginError("plugin " + plugin.name + " is not a KV store");
+  }
+  if (plugin.desc.abi_minor < 1 && !v_as_abi_1_0(geometry)) {
+    return Status::Unsupported("plugin " + plugin.name +
+                               " is built against ABI 1.0, which cannot hold V of width " +
+                               std::to_string(sdk::v_width(geometry)) + " at offset " +
+                               std::to_string(geometry.v_offset) + " (rebuild it against 1.1)");
   }
   Result<uint64_t> expected = page_bytes(plugin, geometry, config);
   if (!expected.ok()) return expected.status();

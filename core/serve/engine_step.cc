@@ -77,7 +77,12 @@ Status EngineTier::load(std::span<const uint64_t> hashes, std::span<const int32_
   rank_loaded_.resize(hashes.size());
   for (size_t r = 0; r < tiers_.size(); ++r) {
     Result<uint64_t> ticket = tiers_[r]->load(for_rank(hashes, r), pages_, rank_loaded_);
-    if (!ticket.ok()) return ticket.status();
+    if (!ticket.ok()) {
+      // The ranks before this one may still be copying into the pages, which the caller is
+      // about to recompute into: let their copies finish first.
+      (void)wait();
+      return ticket.status();
+    }
     last_ticket_[r] = *ticket;
     for (size_t i = 0; i < hashes.size(); ++i) (*loaded)[i] &= rank_loaded_[i];
   }

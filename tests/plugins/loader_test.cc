@@ -121,6 +121,16 @@ TEST(Loader, AnAbi10PluginStillLoads) {
   Result<uint64_t> pages = tier_pages(**old, g, nullptr, 100);
   ASSERT_FALSE(pages.ok());
   EXPECT_TRUE(pages.status().IsNotFound()) << pages.status().message();
+  // An MLA-like V (the latent's first 32 of 40 values) cannot be said to a 1.0 store.
+  kvrt_kv_geometry mla = one_layer(40);
+  mla.v_head_dim = 0;
+  mla.v_width = 32;
+  Result<std::unique_ptr<KvStore>> refused = KvStore::create(**old, mla, 4, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(
+      refused.status().message().find("built against ABI 1.0, which cannot hold V of width 32"),
+      std::string::npos)
+      << refused.status().message();
   capacity::Budget budget;
   budget.device_memory = 1 << 20;
   capacity::StoreCapacity c = capacity::store_capacity(**old, nullptr, g, budget);
