@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 namespace kvrt::model {
 
@@ -245,19 +246,23 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
     KVRT_ASSIGN(c.sliding_window, f.Int("sliding_window", 0));
   }
 
+  // MLA and DeepSeek MoE shape fields: 0 when absent (moe_layer_freq: 1, every layer).
   ModelConfig::Mla& mla = c.mla;
-  KVRT_ASSIGN(mla.kv_lora_rank, f.Int("kv_lora_rank", 0));
-  KVRT_ASSIGN(mla.qk_rope_head_dim, f.Int("qk_rope_head_dim", 0));
-  KVRT_ASSIGN(mla.qk_nope_head_dim, f.Int("qk_nope_head_dim", 0));
-  KVRT_ASSIGN(mla.v_head_dim, f.Int("v_head_dim", 0));
-  KVRT_ASSIGN(mla.q_lora_rank, f.Int("q_lora_rank", 0));
   ModelConfig::Moe& moe = c.moe;
-  KVRT_ASSIGN(moe.n_routed_experts, f.Int("n_routed_experts", 0));
-  KVRT_ASSIGN(moe.n_shared_experts, f.Int("n_shared_experts", 0));
-  KVRT_ASSIGN(moe.moe_intermediate_size, f.Int("moe_intermediate_size", 0));
-  KVRT_ASSIGN(moe.first_k_dense_replace, f.Int("first_k_dense_replace", 0));
-  KVRT_ASSIGN(moe.moe_layer_freq, f.Int("moe_layer_freq", 1));
-  KVRT_ASSIGN(moe.num_experts_per_tok, f.Int("num_experts_per_tok", 0));
+  for (auto [key, field, fallback] :
+       {std::tuple{"kv_lora_rank", &mla.kv_lora_rank, 0},
+        std::tuple{"qk_rope_head_dim", &mla.qk_rope_head_dim, 0},
+        std::tuple{"qk_nope_head_dim", &mla.qk_nope_head_dim, 0},
+        std::tuple{"v_head_dim", &mla.v_head_dim, 0},
+        std::tuple{"q_lora_rank", &mla.q_lora_rank, 0},
+        std::tuple{"n_routed_experts", &moe.n_routed_experts, 0},
+        std::tuple{"n_shared_experts", &moe.n_shared_experts, 0},
+        std::tuple{"moe_intermediate_size", &moe.moe_intermediate_size, 0},
+        std::tuple{"first_k_dense_replace", &moe.first_k_dense_replace, 0},
+        std::tuple{"moe_layer_freq", &moe.moe_layer_freq, 1},
+        std::tuple{"num_experts_per_tok", &moe.num_experts_per_tok, 0}}) {
+    KVRT_ASSIGN(*field, f.Int(key, fallback));
+  }
   c.other_moe = f.Find("num_local_experts") != nullptr || f.Find("num_experts") != nullptr;
   c.fp8_checkpoint = is_fp8_quantized(*object) || is_fp8_quantized(root);
 
