@@ -1,5 +1,8 @@
 #include "core/plugin/kv_store.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "core/plugin/host.h"
 
 namespace kvrt::plugin {
@@ -45,6 +48,43 @@ void complete_layout(const kvrt_kv_geometry& geometry, kvrt_kv_layout* layout) {
 }
 
 namespace {
+
+uint64_t element_bytes(kvrt_dtype dtype) {
+  switch (dtype) {
+    case KVRT_DTYPE_F32:
+      return 4;
+    case KVRT_DTYPE_BF16:
+    case KVRT_DTYPE_F16:
+      return 2;
+    case KVRT_DTYPE_FP8_E4M3:
+    case KVRT_DTYPE_INT8:
+      return 1;
+    default:
+      return 0;  // a dtype the core does not know: only its base address is checked
+  }
+}
+
+// Every address a layout's strides reach for one tensor: from the lowest to one past the highest
+// byte, over all pages, token slots and heads, each row `row_bytes` long. Computed in 128 bits,
+// so strides that overflow 64 bits cannot wrap into a range that looks valid.
+struct Reach {
+  __int128 lo = 0, hi = 0;
+};
+
+Reach reach(const void* base, int64_t page_stride, int64_t token_stride, int64_t head_stride,
+            uint64_t pages, uint32_t page_size, uint32_t heads, uint64_t row_bytes) {
+  Reach r;
+  r.lo = r.hi = static_cast<__int128>(reinterpret_cast<uintptr_t>(base));
+  for (auto [stride, count] :
+       {std::pair{page_stride, pages}, std::pair{token_stride, uint64_t{page_size}},
+        std::pair{head_stride, uint64_t{heads}}}) {
+    const __int128 extent =
+        count == 0 ? 0 : static_cast<__int128>(stride) * static_cast<__int128>(count - 1);
+    (extent < 0 ? r.lo : r.hi) += extent;
+  }
+  r.hi += row_bytes;
+  return r;
+}
 
 // V as an ABI 1.0 plugin understands it: all of its row (of K's when v_head_dim is 0), from 0.
 bool v_as_abi_1_0(const kvrt_kv_geometry& g) {
@@ -135,6 +175,60 @@ Status KvStore::check_created(uint64_t num_pages, uint64_t expected_page_bytes) 
     }
     if (l->k_base == nullptr || (geometry_.v_head_dim > 0 && l->v_base == nullptr)) {
       return Status::PluginError(where + "has a null base pointer");
+    }
+    if (Status s = check_reach(layer, *l); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+// The core accounts every byte a store allocates through the host: every address its layout
+// can produce, for every page, token slot and head, must lie inside those allocations, or an
+// attention plugin reading it would read memory that is not the store's.
+Status KvStore::check_reach(uint32_t layer, const kvrt_kv_layout& l) const {
+  const MemoryAccount& memory = *plugin_->host->context()->memory;
+  auto inside = [&](const char* what, const void* base, int64_t ps, int64_t ts, int64_t hs,
+                    uint64_t row_bytes) -> Status {
+    const Reach r = reach(base, ps, ts, hs, l.num_pages, l.page_size, l.num_kv_heads,
+                          std::max<uint64_t>(row_bytes, 1));
+    const bool fits = r.lo >= 0 && r.hi > r.lo &&
+                      r.hi - r.lo <= static_cast<__int128>(UINT64_MAX) &&
+                      memory.covers(reinterpret_cast<const void*>(static_cast<uintptr_t>(r.lo)),
+                                    static_cast<uint64_t>(r.hi - r.lo));
+    if (fits) return Status::Ok();
+    return Status::PluginError(
+        "plugin " + plugin_->name + ": layout(" + std::to_string(layer) + ") " + what +
+        " reaches " +
+        std::to_string(static_cast<uint64_t>(std::min<__int128>(r.hi - r.lo, UINT64_MAX))) +
+        " bytes over its pages, outside the memory the store allocated "
+        "through the host; refusing the store (are its strides right?)");
+  };
+  const uint64_t k_elem = element_bytes(l.k_dtype), v_elem = element_bytes(l.v_dtype);
+  if (Status s = inside("K", l.k_base, l.k_page_stride, l.k_token_stride, l.k_head_stride,
+                        k_elem * l.k_head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (Status s = inside("V", l.v_base, l.v_page_stride, l.v_token_stride, l.v_head_stride,
+                        v_elem * (uint64_t{l.v_offset} + l.v_width));
+      !s.ok()) {
+    return s;
+  }
+  if (l.scale_mode == KVRT_SCALE_PER_TENSOR) {
+    for (auto [what, scale] : {std::pair{"K scale", l.k_scale}, std::pair{"V scale", l.v_scale}}) {
+      if (scale == nullptr || !memory.covers(scale, sizeof(float))) {
+        return Status::PluginError("plugin " + plugin_->name + ": layout(" + std::to_string(layer) +
+                                   ") " + what +
+                                   " is not in memory the store allocated through the host");
+      }
+    }
+  } else if (l.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+    for (auto [what, scale] :
+         {std::pair{"K scales", l.k_scale}, std::pair{"V scales", l.v_scale}}) {
+      if (Status s = inside(what, scale, l.scale_page_stride, l.scale_token_stride,
+                            l.scale_head_stride, sizeof(float));
+          !s.ok()) {
+        return s;
+      }
     }
   }
   return Status::Ok();

@@ -40,7 +40,9 @@ class KvStore {
  public:
   // Creates num_pages pages of `geometry`, then checks what the store reports against what was
   // asked: info() (num_pages, bytes_per_page == page_bytes()) and every layer's layout (page
-  // size, pages, heads, dims, non-null bases). A store that disagrees is destroyed and refused.
+  // size, pages, heads, dims, non-null bases, and every address its strides reach for every
+  // page, slot and head -- scales included -- inside the memory the store allocated through
+  // the host). A store that disagrees is destroyed and refused.
   static Result<std::unique_ptr<KvStore>> create(const LoadedPlugin& plugin,
                                                  const kvrt_kv_geometry& geometry,
                                                  uint64_t num_pages, const kvrt_config* config);
@@ -72,6 +74,7 @@ class KvStore {
  private:
   KvStore(const LoadedPlugin& plugin, const kvrt_kv_geometry& geometry, kvrt_kv_store* store);
   Status check_created(uint64_t num_pages, uint64_t expected_page_bytes);
+  Status check_reach(uint32_t layer, const kvrt_kv_layout& layout) const;
   Status failure(const char* callback, kvrt_status status) const;
 
   const LoadedPlugin* plugin_;

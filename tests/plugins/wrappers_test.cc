@@ -87,6 +87,26 @@ TEST_F(Wrappers, TheTierIsOptionalAndTheLayoutComplete) {
   EXPECT_EQ(latent.v_width, 512u);
 }
 
+// A layout whose strides reach past the store's own memory (kv_wrong_stride's page stride is a
+// token too long) is refused when the store is created, before any attention reads it.
+TEST_F(Wrappers, ALayoutReachingPastItsMemoryIsRefused) {
+  Result<const LoadedPlugin*> wrong =
+      registry_.load(std::string(KVRT_BROKEN_DIR) + "/kv_wrong_stride.so");
+  ASSERT_TRUE(wrong.ok()) << wrong.status().message();
+  Result<std::unique_ptr<KvStore>> store = KvStore::create(**wrong, geometry(), 8, nullptr);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("plugin kv_wrong_stride: layout("), std::string::npos)
+      << store.status().message();
+  EXPECT_NE(store.status().message().find("outside the memory the store allocated"),
+            std::string::npos)
+      << store.status().message();
+  // The shipped stores' layouts stay inside what they allocated, scales included.
+  for (const char* name : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_host_tiered"}) {
+    Result<std::unique_ptr<KvStore>> ok = KvStore::create(load(name), geometry(), 8, nullptr);
+    EXPECT_TRUE(ok.ok()) << name << ": " << ok.status().message();
+  }
+}
+
 TEST_F(Wrappers, AttentionSaysWhetherItReadsALayout) {
   Result<std::unique_ptr<KvStore>> store =
       KvStore::create(load("kv_fp8_e4m3"), geometry(), 8, nullptr);
