@@ -124,7 +124,7 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
 
   const uint32_t tp = args.tp.value_or(static_cast<uint32_t>(cfg->tp.size));
   const uint32_t gpus = args.gpus.value_or(tp);
-  if (tp == 0 || gpus % tp != 0) {
+  if (tp == 0 || gpus == 0 || gpus % tp != 0) {
     return fail(Status::InvalidArgument("--gpus " + std::to_string(gpus) +
                                         " must be a positive multiple of TP " +
                                         std::to_string(tp)));
@@ -141,6 +141,13 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   }
   uint64_t weights = 0;
   if (args.weights_gib) {
+    // Bounded so the byte count below is a well-defined integer (1 PiB is far beyond any model).
+    if (!(*args.weights_gib >= 0 && *args.weights_gib <= (1 << 20))) {
+      return fail(
+          Status::InvalidArgument("--weights-gib: expected a number of GiB in [0, 1048576], "
+                                  "found " +
+                                  std::to_string(*args.weights_gib)));
+    }
     weights = static_cast<uint64_t>(*args.weights_gib * (1ull << 30));
   } else {
     Result<uint64_t> derived = capacity::weight_bytes(*shape, cfg->model.dtype);

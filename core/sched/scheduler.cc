@@ -36,11 +36,16 @@ Scheduler::Scheduler(const SchedulerOptions& options, StepExecutor* executor, Kv
 
 Scheduler::~Scheduler() = default;
 
-void Scheduler::submit(RequestSpec spec) {
+Scheduler::RequestPtr Scheduler::arrive(RequestSpec spec) {
   auto r = std::make_unique<Request>(std::move(spec));
   r->arrival = Clock::now();
   r->arrival_order = arrivals_++;
   ++counters_.submitted;
+  return r;
+}
+
+void Scheduler::submit(RequestSpec spec) {
+  RequestPtr r = arrive(std::move(spec));
   const std::string who = "request " + std::to_string(r->spec.id) + ": ";
   if (r->tokens.empty())
     return finish(std::move(r), FinishKind::kAborted, who + "the prompt is empty");
@@ -79,6 +84,10 @@ void Scheduler::submit(RequestSpec spec) {
   counters_.prompt_tokens += r->tokens.size();
   if (metrics_ != nullptr) metrics_->prompt_tokens_total.add(static_cast<double>(r->tokens.size()));
   waiting_.push_back(std::move(r));
+}
+
+void Scheduler::reject(RequestSpec spec, const std::string& reason) {
+  finish(arrive(std::move(spec)), FinishKind::kAborted, reason);
 }
 
 bool Scheduler::abort(uint64_t id, const std::string& reason) {

@@ -166,6 +166,9 @@ class Scheduler {
   // Queues a request; one that can never be served (empty prompt, ids outside the vocabulary,
   // longer than the pool or the model's context) ends at once as aborted, with the reason.
   void submit(RequestSpec spec);
+  // Ends a request at once as aborted with `reason`, without queueing it: for a check made
+  // outside the scheduler (the serving core's sampling parameters). Counted as submitted.
+  void reject(RequestSpec spec, const std::string& reason);
   // Ends a waiting or running request as aborted; returns false for an unknown id.
   bool abort(uint64_t id, const std::string& reason);
   // Admits, runs one batch (or num_continuous_decode_steps decode batches) and applies the
@@ -188,6 +191,7 @@ class Scheduler {
  private:
   using RequestPtr = std::unique_ptr<Request>;
 
+  RequestPtr arrive(RequestSpec spec);  // a new request, counted and stamped
   Result<StepStats> prefill_step();
   Result<StepStats> decode_step();
   // Admits requests and builds the prefill batch; false when there is none.

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvrt::serve {
 
@@ -45,13 +46,49 @@ exec::Sampler& ServingCore::sampler_of(const sched::Request& r) {
   return it->second;
 }
 
+namespace {
+
+// What the scheduler does not check: the sampling parameters and the stop ids.
+Status check_sampling(const GenerateRequest& r, int32_t vocab_size) {
+  const exec::SamplingParams& p = r.sampling;
+  if (!(std::isfinite(p.temperature) && p.temperature >= 0)) {
+    return Status::InvalidArgument(
+        "temperature: expected a finite number >= 0 (0 = greedy), found " +
+        std::to_string(p.temperature));
+  }
+  if (!(p.top_p > 0 && p.top_p <= 1)) {
+    return Status::InvalidArgument("top_p: expected a number in (0, 1], found " +
+                                   std::to_string(p.top_p));
+  }
+  if (p.top_k < 0) {
+    return Status::InvalidArgument("top_k: expected 0 (all tokens) or more, found " +
+                                   std::to_string(p.top_k));
+  }
+  for (int32_t id : r.stop_token_ids) {
+    if (vocab_size > 0 && (id < 0 || id >= vocab_size)) {
+      return Status::InvalidArgument("stop_token_ids: " + std::to_string(id) +
+                                     " is outside the vocabulary of " + std::to_string(vocab_size));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 void ServingCore::submit(GenerateRequest request) {
-  samplers_.insert_or_assign(request.id, exec::Sampler(request.sampling));
+  const Status sampling = check_sampling(request, options_.scheduler.vocab_size);
+  if (sampling.ok()) samplers_.insert_or_assign(request.id, exec::Sampler(request.sampling));
   sched::RequestSpec spec;
   spec.id = request.id;
   spec.prompt = std::move(request.input_ids);
   spec.max_new_tokens = request.max_new_tokens;
   spec.stop_ids = std::move(request.stop_token_ids);
+  if (!sampling.ok()) {
+    // Ended at once like the scheduler's own refusals: aborted, with the field named.
+    const std::string reason = "request " + std::to_string(spec.id) + ": " + sampling.message();
+    scheduler_.reject(std::move(spec), reason);
+    return;
+  }
   scheduler_.submit(std::move(spec));
 }
 

@@ -30,6 +30,21 @@ check "cuda is refused" test $? -ne 0
 check "the refusal names the backends" grep -q 'device.kind = "cuda" has no backend.*there is: cpu' \
   "$out/cuda.err"
 
+# Capacity flags that would turn into nonsense integers are refused, naming the flag.
+for w in -1 1e30 inf nan; do
+  "$kvrt" capacity --weights-gib "$w" >"$out/cap.out" 2>"$out/cap.err"
+  check "capacity --weights-gib $w is refused" test $? -ne 0
+  check "and names --weights-gib" grep -q -- "--weights-gib: expected a number of GiB" "$out/cap.err"
+done
+"$kvrt" capacity --gpus 0 >"$out/cap.out" 2>"$out/cap.err"
+check "capacity --gpus 0 is refused" test $? -ne 0
+check "and names --gpus" grep -q -- "--gpus 0 must be a positive multiple" "$out/cap.err"
+
+# Sampling parameters the scheduler does not check are refused by the serving core, by name.
+"$kvrt" generate --set model.preset=synth-tiny --prompt hi --temperature=-1 >"$out/t.out" 2>"$out/t.err"
+check "generate --temperature -1 is refused" test $? -ne 0
+check "and names temperature" grep -q "temperature: expected a finite number >= 0" "$out/t.err"
+
 if [ -f "$model/model.safetensors" ]; then
   # The reference ids of issue 3, through the serving core, at TP 1 and 2, with a prefix that
   # the cache would hold: the CLI's -v line lists the generated ids.
