@@ -30,30 +30,6 @@ constexpr uint64_t kStop = UINT64_MAX;
 // A rank's status as bytes for the all-gather: its code, then its message (truncated).
 constexpr size_t kStatusBytes = 1024;
 
-Status status_from(Status::Code code, std::string message) {
-  switch (code) {
-    case Status::Code::kOk:
-      return Status::Ok();
-    case Status::Code::kInvalidArgument:
-      return Status::InvalidArgument(std::move(message));
-    case Status::Code::kNotFound:
-      return Status::NotFound(std::move(message));
-    case Status::Code::kUnsupported:
-      return Status::Unsupported(std::move(message));
-    case Status::Code::kOutOfRange:
-      return Status::OutOfRange(std::move(message));
-    case Status::Code::kNoMemory:
-      return Status::NoMemory(std::move(message));
-    case Status::Code::kConfig:
-      return Status::ConfigError(std::move(message));
-    case Status::Code::kPlugin:
-      return Status::PluginError(std::move(message));
-    case Status::Code::kInternal:
-      break;
-  }
-  return Status::Internal(std::move(message));
-}
-
 }  // namespace
 
 Engine::~Engine() {
@@ -81,8 +57,8 @@ Status Engine::gather_status(Communicator& comm, const Status& mine, bool* group
   for (int r = 0; r < size; ++r) {
     const uint8_t* rec = all.data() + r * kStatusBytes;
     if (rec[0] != 0) {
-      return status_from(static_cast<Status::Code>(rec[0]),
-                         std::string(reinterpret_cast<const char*>(rec + 1)))
+      return Status::FromCode(static_cast<Status::Code>(rec[0]),
+                              std::string(reinterpret_cast<const char*>(rec + 1)))
           .WithContext("TP rank " + std::to_string(r));
     }
   }

@@ -33,6 +33,10 @@ class Status {
   static Status ConfigError(std::string m) { return Status(Code::kConfig, std::move(m)); }
   static Status PluginError(std::string m) { return Status(Code::kPlugin, std::move(m)); }
   static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+  // A status rebuilt from its parts, e.g. one that crossed a rank boundary as bytes.
+  static Status FromCode(Code code, std::string m) {
+    return code == Code::kOk ? Status() : Status(code, std::move(m));
+  }
 
   bool ok() const { return state_ == nullptr; }
   Code code() const { return ok() ? Code::kOk : state_->code; }
