@@ -22,11 +22,6 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
       plugin::KvStore::create(*plugins.store, geometry, num_pages, plugins.store_config);
   if (!store.ok()) return store.status();
   r->store_ = std::move(*store);
-  for (uint32_t layer = 0; layer < geometry.num_layers; ++layer) {
-    Result<kvrt_kv_layout> l = r->store_->layout(layer);
-    if (!l.ok()) return l.status();
-    r->layouts_.push_back(*l);
-  }
 
   const model::AttentionShape shape = r->arch_->attention_shape();
   if (shape.q_heads == 0) return r;
@@ -43,7 +38,7 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
       plugin::Attention::create(*plugins.attention, p, plugins.attention_config);
   if (!attention.ok()) return attention.status();
   r->attention_ = std::move(*attention);
-  if (Status native = r->attention_->supports(r->layouts_.front()); !native.ok()) {
+  if (Status native = r->attention_->supports(r->store_->checked_layout(0)); !native.ok()) {
     if (!r->store_->has_gather()) {
       return Status::Unsupported(native.message() + "; and " + r->store_->name() +
                                  " has no gather() to fall back on");
@@ -106,7 +101,7 @@ Status RankExecutor::attend(uint32_t layer, const float* q, int64_t q_row_stride
   args.q_row_stride = q_row_stride;
   args.out_row_stride = out_row_stride;
   args.stream = backend_->stream();
-  return attention_->run(*store_, layouts_[layer], args);
+  return attention_->run(*store_, store_->checked_layout(layer), args);
 }
 
 Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {

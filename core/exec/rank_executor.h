@@ -62,7 +62,6 @@ class RankExecutor : private model::KvAttention {
   std::unique_ptr<model::Architecture> arch_;
   std::unique_ptr<plugin::KvStore> store_;
   std::unique_ptr<plugin::Attention> attention_;  // null on a rank without query heads
-  std::vector<kvrt_kv_layout> layouts_;           // per layer, read once at create
   uint32_t page_size_ = 0;
   Status plan_status_;  // this step's attention plan
   // The step: its new tokens' ids, positions and slots, and the planned batch as CSR.

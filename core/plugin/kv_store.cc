@@ -177,6 +177,7 @@ Status KvStore::check_created(uint64_t num_pages, uint64_t expected_page_bytes) 
       return Status::PluginError(where + "has a null base pointer");
     }
     if (Status s = check_reach(layer, *l); !s.ok()) return s;
+    checked_.push_back(*l);
   }
   return Status::Ok();
 }

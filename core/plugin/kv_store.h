@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/plugin/registry.h"
 #include "core/util/status.h"
@@ -59,6 +60,8 @@ class KvStore {
   // The layout of one layer, as the store publishes it (checked at create; completed for a 1.0
   // store).
   Result<kvrt_kv_layout> layout(uint32_t layer) const;
+  // The layout of each layer as it was checked at create (layer < geometry().num_layers).
+  const kvrt_kv_layout& checked_layout(uint32_t layer) const { return checked_[layer]; }
   Status write(const kvrt_kv_write& write);
   bool has_gather() const { return plugin_->kv.gather != nullptr; }
   Status gather(uint32_t layer, std::span<const int64_t> slots, float* k_out, float* v_out) const;
@@ -81,6 +84,7 @@ class KvStore {
   kvrt_kv_geometry geometry_;
   kvrt_kv_store* store_;
   kvrt_kv_info info_{};
+  std::vector<kvrt_kv_layout> checked_;  // per layer, from check_created
   std::unique_ptr<StoreTier> tier_;
 };
 
