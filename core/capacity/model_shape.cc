@@ -2,13 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "core/model/model_config.h"
 #include "core/model/weights.h"
+#include "core/util/file.h"
 
 namespace kvrt::capacity {
 namespace {
@@ -101,9 +100,10 @@ Result<uint32_t> narrow(int64_t v, const std::string& source, const char* key) {
 
 // The checkpoint's bytes: the sharded index's own total, or the single file's size.
 uint64_t checkpoint_bytes(const fs::path& dir) {
-  std::ifstream index(dir / "model.safetensors.index.json");
-  if (index) {
-    json j = json::parse(index, nullptr, /*allow_exceptions=*/false);
+  Result<std::string> index =
+      util::read_file((dir / "model.safetensors.index.json").string(), util::kSafetensorsIndexFile);
+  if (index.ok()) {
+    json j = json::parse(*index, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("metadata") && j["metadata"].is_object()) {
       const json& total = j["metadata"].value("total_size", json());
       if (total.is_number_unsigned()) return total.get<uint64_t>();

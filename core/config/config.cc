@@ -16,6 +16,8 @@
 #include <utility>
 #include <variant>
 
+#include "core/util/file.h"
+
 namespace kvrt::config {
 
 // Lets the loader set the private effective table without making it writable for everyone.
@@ -242,7 +244,7 @@ class Reporter {
 // The schema: one row per known key. `read` checks a node and stores it; `get` gives the value
 // back for defaults and to_toml, so the Config's member initializers are the only defaults.
 
-using Value = std::variant<int64_t, double, std::string, std::vector<std::string>>;
+using Value = std::variant<int64_t, double, std::string, std::vector<std::string>, bool>;
 
 struct Field {
   std::string_view section;
@@ -344,6 +346,17 @@ Field StringArrayField(std::string_view section, std::string_view key, Slot slot
           [=](const Config& c) -> Value { return slot(c); }};
 }
 
+template <class Slot>
+Field BoolField(std::string_view section, std::string_view key, Slot slot) {
+  return {section, key,
+          [=](const toml::node& n, Config& c) -> std::string {
+            if (!n.is_boolean()) return Expected("true or false", n, true);
+            slot(c) = n.as_boolean()->get();
+            return "";
+          },
+          [=](const Config& c) -> Value { return slot(c); }};
+}
+
 // device.memory: a size string or a count of bytes; keeps the spelling for to_toml and the
 // value for the capacity arithmetic.
 Field MemoryField() {
@@ -420,6 +433,7 @@ const std::vector<Field>& Schema() {
       StringField("server", "host", [](auto& c) -> auto& { return c.server.host; }, {}, false),
       IntField("server", "port", [](auto& c) -> auto& { return c.server.port; }, 1, 65535),
       StringArrayField("plugins", "path", [](auto& c) -> auto& { return c.plugin_paths; }),
+      BoolField("plugins", "verify", [](auto& c) -> auto& { return c.verify_plugins; }),
   };
   // clang-format on
   return kFields;
@@ -632,21 +646,9 @@ Result<Config> load_string(std::string_view toml_text, std::string_view source_n
 }
 
 Result<Config> load_file(const std::string& path, const std::vector<std::string>& overrides) {
-  auto fail = [&](int err) {
-    return Status::ConfigError("cannot read config file '" + path +
-                               "': " + std::generic_category().message(err));
-  };
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) return fail(errno);
-  std::string text;
-  char buf[1 << 14];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) text.append(buf, n);
-  // A directory opens fine on Linux; reading it is what fails (EISDIR).
-  int err = std::ferror(file) ? errno : 0;
-  std::fclose(file);
-  if (err != 0) return fail(err);
-  return load_string(text, path, overrides);
+  Result<std::string> text = util::read_file(path, util::kConfigFile);
+  if (!text.ok()) return Status::ConfigError(text.status().message());
+  return load_string(*text, path, overrides);
 }
 
 Result<Config> defaults() { return load_string("", "<defaults>", {}); }
@@ -693,6 +695,8 @@ std::string to_toml(const Config& config) {
             out += FormatFloat(x);
           } else if constexpr (std::is_same_v<X, std::string>) {
             out += Quote(x);
+          } else if constexpr (std::is_same_v<X, bool>) {
+            out += x ? "true" : "false";
           } else {
             std::vector<std::string> quoted;
             for (const std::string& s : x) quoted.push_back(Quote(s));
@@ -749,6 +753,13 @@ std::optional<uint64_t> parse_size(std::string_view text) {
   const double bytes = std::floor(n * static_cast<double>(scale));
   if (!(bytes < 18446744073709551616.0)) return std::nullopt;  // 2^64
   return static_cast<uint64_t>(bytes);
+}
+
+std::string position_of(const toml::node& node, std::string_view fallback) {
+  Reporter reporter(fallback, nullptr);
+  reporter.Add(nullptr, node, "");
+  std::string where = reporter.First().message();
+  return where.substr(0, where.size() - 2);  // the empty text's ": "
 }
 
 Status validate_keys(const toml::table& table, const std::vector<KeySpec>& keys,

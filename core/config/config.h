@@ -80,6 +80,9 @@ struct Config {
   Scheduler scheduler;
   Server server;
   std::vector<std::string> plugin_paths;  // [plugins] path: extra plugin directories
+  // [plugins] verify: run the conformance suites on the configured store and attention plugin
+  // before serving, and refuse them on a failure (also --verify-plugins, KVRT_VERIFY_PLUGINS=1).
+  bool verify_plugins = false;
 
   // The merged effective table: file, then overrides, then defaults for what neither set. Nodes
   // from the file or an override keep their source position, so plugin option errors found
@@ -128,6 +131,10 @@ struct KeySpec {
 // file when a node carries no position.
 Status validate_keys(const toml::table& table, const std::vector<KeySpec>& keys,
                      std::string_view source, std::string_view table_path);
+
+// Where `node` was written: "<file>:<line>:<col>", the "--set key=value" it came from, or
+// `fallback` when it carries no position.
+std::string position_of(const toml::node& node, std::string_view fallback);
 
 // The entry of `known` closest to `unknown` (case-insensitive edit distance, a transposition
 // counting one), or "" when none is within 2 edits (1 for names of up to 3 characters).

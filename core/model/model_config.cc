@@ -1,12 +1,12 @@
 #include "core/model/model_config.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <tuple>
+
+#include "core/util/file.h"
 
 namespace kvrt::model {
 
@@ -105,15 +105,18 @@ class Fields {
       if (fallback) return *fallback;
       return Missing(key);
     }
-    if (v->is_number_unsigned()) {
-      uint64_t u = v->get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-        return Error(key, "too large: " + Show(*v));
-      }
-      return static_cast<int64_t>(u);
+    // Every integer field is a count or a size that kvrt narrows to 32 bits (the C ABI's
+    // geometry), so the range is checked here, before anything is cut: 2^32 KV heads must not
+    // become 0.
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    const bool integer = v->is_number_integer();
+    if (!integer || (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{kMax}) ||
+        (!v->is_number_unsigned() && (v->get<int64_t>() < 0 || v->get<int64_t>() > kMax))) {
+      return Error(key, std::string(integer ? "out of range" : "expected an integer") +
+                            ": expected an integer in 0.." + std::to_string(kMax) + ", found " +
+                            Show(*v));
     }
-    if (v->is_number_integer()) return v->get<int64_t>();
-    return Error(key, "expected an integer, found " + Show(*v));
+    return v->get<int64_t>();
   }
   Result<double> Double(const std::string& key, double fallback) const {
     const json* v = Find(key);
@@ -287,15 +290,33 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   } else if (llama_ids) {
     c.eos_token_ids = {2};
   }
+  // Each field fits 32 bits, but their products are what the counts and sizes use: a config
+  // whose largest weight matrices already hold more than 2^48 parameters (100 times the
+  // largest published model) describes no real model, and would overflow 64-bit byte counts.
+  const long double h = c.hidden_size, layers = c.num_hidden_layers;
+  const long double q = static_cast<long double>(c.num_attention_heads) *
+                        std::max<int64_t>({c.head_dim, c.mla.qk_nope_head_dim +
+                                                           c.mla.qk_rope_head_dim,
+                                           c.mla.v_head_dim});
+  const long double experts = std::max<int64_t>(1, c.moe.n_routed_experts + c.moe.n_shared_experts);
+  const long double inter = std::max(c.intermediate_size, c.moe.moe_intermediate_size);
+  const long double kv = static_cast<long double>(c.num_key_value_heads) * c.head_dim +
+                         c.mla.kv_lora_rank + c.mla.q_lora_rank;
+  const long double biggest =
+      std::max({h * c.vocab_size, layers * h * q, layers * h * kv, layers * experts * h * inter});
+  if (biggest > 0x1p48L) {
+    return Status::ConfigError(source +
+                               ": the dimensions (hidden_size, num_hidden_layers, heads, "
+                               "intermediate and expert sizes, vocab_size) describe over 2^48 "
+                               "parameters: not a real model");
+  }
   return c;
 }
 
 Result<ModelConfig> read_hf_config_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path + ": cannot open the model's config.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  return read_hf_config(text.str(), path);
+  Result<std::string> text = util::read_file(path, util::kModelConfigFile);
+  if (!text.ok()) return text.status();
+  return read_hf_config(*text, path);
 }
 
 Status check_runnable(const ModelConfig& c, const std::string& source) {

@@ -10,11 +10,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
+#include <tuple>
 
+#include "core/util/file.h"
 #include "kernels/cpu/convert.h"
 
 // safetensors data is little-endian and to_f32 reads it in place.
@@ -35,6 +35,10 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
 
   static Result<std::shared_ptr<const MappedFile>> open(const std::string& path) {
+    // A FIFO would block open() and a device cannot be mapped: only regular files.
+    if (Result<uint64_t> size = util::regular_file_size(path, util::kSafetensorsFile); !size.ok()) {
+      return size.status();
+    }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return Status::NotFound(path + ": cannot open: " + std::strerror(errno));
     struct stat st {};
@@ -97,6 +101,25 @@ std::optional<uint64_t> Unsigned(const json& v) {
 }
 
 std::string Quoted(const std::string& s) { return "'" + s + "'"; }
+
+// The safetensors format's own bound on the JSON header (its reference implementation refuses
+// larger ones).
+constexpr uint64_t kMaxHeaderBytes = 100 * util::kMiB;
+
+// A shard name from an index: a relative path inside the model directory, never one that
+// climbs out of it ("../../etc/passwd") or starts elsewhere ("/etc/passwd"). Symbolic links
+// inside the directory are followed as usual (the Hugging Face cache links shards to blobs).
+std::string shard_name_problem(const std::string& name) {
+  namespace fs = std::filesystem;
+  if (name.empty()) return "an empty file name";
+  if (name.find('\0') != std::string::npos) return "a file name with a NUL byte";
+  const fs::path p(name);
+  if (p.is_absolute()) return "an absolute path, outside the model directory";
+  for (const fs::path& part : p) {
+    if (part == "..") return "a path that leaves the model directory ('..')";
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -184,6 +207,11 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
   const detail::MappedFile& m = **mapped;
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | m.data()[i];
+  if (header_len > kMaxHeaderBytes) {
+    return Status::InvalidArgument(path + ": header length " + std::to_string(header_len) +
+                                   " is over the format's limit of " +
+                                   util::format_bytes(kMaxHeaderBytes));
+  }
   if (header_len > m.size() - 8) {
     return Status::InvalidArgument(path + ": header length " + std::to_string(header_len) +
                                    " exceeds the file's " + std::to_string(m.size() - 8) +
@@ -197,6 +225,12 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
   const size_t data_start = 8 + header_len;
   const size_t data_size = m.size() - data_start;
   const size_t file_index = maps_.size();
+  struct Range {
+    size_t begin, end;
+    std::string name;
+    bool operator<(const Range& o) const { return std::tie(begin, end) < std::tie(o.begin, o.end); }
+  };
+  std::vector<Range> ranges;
 
   for (const auto& [name, t] : header.items()) {
     if (name == "__metadata__") continue;
@@ -233,6 +267,10 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
                                 " bytes");
     }
     const size_t esize = ElementSize(e.dtype);
+    if (esize != 0 && *begin % esize != 0) {
+      return bad("data_offsets begin " + std::to_string(*begin) + " is not a multiple of " +
+                 e.dtype + "'s " + std::to_string(esize) + "-byte element");
+    }
     uint64_t want = 0;
     if (esize != 0 && (__builtin_mul_overflow(numel, esize, &want) || want != *end - *begin)) {
       return bad(std::to_string(*end - *begin) + " bytes for shape " + shape_string(e.shape) +
@@ -241,11 +279,27 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
     }
     e.begin = data_start + *begin;
     e.end = data_start + *end;
+    ranges.push_back({e.begin, e.end, name});
     auto [it, inserted] = entries_.emplace(name, e);
     if (!inserted) {
       return Status::InvalidArgument("tensor " + Quoted(name) + " is stored twice: in " +
                                      maps_[it->second.file]->path() + " and " + path);
     }
+  }
+  // Two tensors sharing bytes would alias each other's weights.
+  std::sort(ranges.begin(), ranges.end());
+  const Range* reach = nullptr;  // the non-empty range ending last so far
+  for (const Range& b : ranges) {
+    if (b.begin == b.end) continue;
+    if (reach != nullptr && b.begin < reach->end) {
+      const Range& a = *reach;
+      return Status::InvalidArgument(
+          path + ": tensors " + Quoted(a.name) + " and " + Quoted(b.name) +
+          " overlap: data bytes [" + std::to_string(a.begin - data_start) + ", " +
+          std::to_string(a.end - data_start) + ") and [" + std::to_string(b.begin - data_start) +
+          ", " + std::to_string(b.end - data_start) + ")");
+    }
+    if (reach == nullptr || b.end > reach->end) reach = &b;
   }
   maps_.push_back(std::move(mapped.value()));
   return Status::Ok();
@@ -255,7 +309,8 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
   namespace fs = std::filesystem;
   std::error_code ec;
   SafetensorsCheckpoint ck;
-  if (fs::is_regular_file(path, ec)) {
+  // A file, or something in place of one (a FIFO, a device: refused by name in add_file).
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec)) {
     Status s = ck.add_file(path);
     if (!s.ok()) return s;
     return ck;
@@ -278,10 +333,9 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
 
   // Sharded: the index maps each tensor to the shard holding it.
   const std::string ipath = index_path.string();
-  std::ifstream in(index_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  json index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  Result<std::string> text = util::read_file(ipath, util::kSafetensorsIndexFile);
+  if (!text.ok()) return text.status();
+  json index = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object()) {
     return Status::InvalidArgument(ipath + ": not a JSON object");
   }
@@ -297,6 +351,10 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
                                      ": expected a file name, found " + file.dump());
     }
     const std::string f = file.get<std::string>();
+    if (std::string why = shard_name_problem(f); !why.empty()) {
+      return Status::InvalidArgument(ipath + ": weight_map: " + Quoted(name) + ": shard " +
+                                     Quoted(f) + " is " + why);
+    }
     if (shard_index.emplace(f, shards.size()).second) shards.push_back(f);
   }
   for (const std::string& f : shards) {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "core/util/file.h"
+
 namespace kvrt::model {
 
 namespace {
@@ -129,11 +131,14 @@ class ByteTokenizer final : public Tokenizer {
 
 Result<std::unique_ptr<Tokenizer>> load_sentencepiece(const std::string& path) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  if (!std::filesystem::exists(path, ec)) {
     return Status::NotFound(path + ": no such SentencePiece model file");
   }
+  // Read here, bounded, rather than by SentencePiece, which reads any file whole.
+  Result<std::string> bytes = util::read_file(path, util::kTokenizerFile);
+  if (!bytes.ok()) return bytes.status();
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->Load(path);
+  const auto status = sp->LoadFromSerializedProto(*bytes);
   if (!status.ok()) {
     return Status::InvalidArgument(path + ": not a SentencePiece model: " + status.ToString());
   }

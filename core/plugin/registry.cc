@@ -8,6 +8,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "core/plugin/elf_check.h"
+
 namespace kvrt::plugin {
 namespace fs = std::filesystem;
 
@@ -26,14 +28,17 @@ fs::path executable_dir() {
   return ec ? fs::path() : exe.parent_path();
 }
 
-// "(dlerror system message: X)" from Boost.DLL's exception, or its whole text.
-std::string dl_reason(const std::exception& e) {
+// The dynamic loader's own words from Boost.DLL's exception text, which reads "... (dlerror
+// system message: PATH: REASON): ERRNO TEXT": the errno text is whatever errno last held, not
+// the loader's reason, and PATH repeats what the caller's message already names.
+std::string dl_reason(const std::exception& e, const std::string& path) {
   std::string what = e.what();
   const std::string marker = "dlerror system message: ";
   size_t at = what.find(marker);
   if (at == std::string::npos) return what;
   std::string reason = what.substr(at + marker.size());
-  if (!reason.empty() && reason.back() == ')') reason.pop_back();
+  if (size_t close = reason.rfind(')'); close != std::string::npos) reason.resize(close);
+  if (reason.rfind(path + ": ", 0) == 0) reason = reason.substr(path.size() + 2);
   return reason;
 }
 
@@ -251,11 +256,17 @@ Result<const LoadedPlugin*> Registry::load_path(const fs::path& given) {
   if (auto it = by_path_.find(path.string()); it != by_path_.end()) return it->second.get();
   if (auto it = refused_.find(path.string()); it != refused_.end()) return it->second;
 
+  // A truncated library would kill the process inside dlopen (SIGBUS), a FIFO would block it:
+  // the file's own headers are checked first.
+  if (Status elf = check_elf_file(path.string()); !elf.ok()) {
+    refused_[path.string()] = elf;
+    return elf;
+  }
   boost::dll::shared_library library;
   try {
     library.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    return fail("not a loadable shared library: " + dl_reason(e));
+    return fail("not a loadable shared library: " + dl_reason(e, path.string()));
   }
   if (!library.has(KVRT_PLUGIN_QUERY_SYMBOL)) {
     kept_libraries().push_back(std::move(library));

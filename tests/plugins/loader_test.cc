@@ -2,10 +2,17 @@
 // and loads the shipped stores by name and by path.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <span>
 #include <string>
 
 #include "core/capacity/stores.h"
+#include "core/plugin/elf_check.h"
 #include "core/plugin/kv_store.h"
 #include "core/plugin/registry.h"
 
@@ -31,7 +38,82 @@ void expect_error(const std::string& file, const std::string& reason) {
 TEST(Loader, MissingFileIsNamed) { expect_error("does_not_exist.so", "file not found"); }
 
 TEST(Loader, NotASharedLibrary) {
-  expect_error("not_a_library.so", "not a loadable shared library");
+  expect_error("not_a_library.so", "not a loadable shared library: not an ELF file");
+  // Said once, without the dynamic loader's wrapping (a stray ')', an unrelated errno text).
+  const std::string message = load_error(broken("not_a_library.so"));
+  EXPECT_EQ(message.find(')'), std::string::npos) << message;
+  EXPECT_EQ(message.find("Bad file descriptor"), std::string::npos) << message;
+}
+
+// A scratch folder, removed at the end.
+struct ScratchDir {
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvrt_loader_XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~ScratchDir() { std::filesystem::remove_all(path); }
+  std::filesystem::path path;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A library cut short (an interrupted copy) would kill the process with SIGBUS inside dlopen:
+// its headers are checked first, at every cut, by path and by a folder scan.
+TEST(Loader, TruncatedLibraryIsRefusedBeforeDlopen) {
+  const std::string whole = read_bytes(std::string(KVRT_PLUGIN_DIR) + "/kv_bf16_paged.so");
+  ASSERT_GT(whole.size(), 100000u);
+  ScratchDir dir;
+  for (size_t cut : {size_t{0}, size_t{3}, size_t{40}, size_t{64}, size_t{1000}, size_t{20000},
+                     whole.size() / 2, whole.size() - 1}) {
+    const std::filesystem::path file = dir.path / ("kv_cut_" + std::to_string(cut) + ".so");
+    write_bytes(file, whole.substr(0, cut));
+    const std::string message = load_error(file.string());
+    EXPECT_NE(message.find(file.string() + ": not a loadable shared library: "), std::string::npos)
+        << message;
+  }
+  setenv("KVRT_PLUGIN_PATH", dir.path.c_str(), 1);
+  Registry registry;
+  std::vector<LoadFailure> failures = registry.discover();
+  unsetenv("KVRT_PLUGIN_PATH");
+  EXPECT_EQ(failures.size(), 8u);
+}
+
+// A FIFO named like a plugin would block dlopen's open() forever; a scan refuses it at once.
+TEST(Loader, FifoInThePluginFolderIsRefusedWithoutBlocking) {
+  ScratchDir dir;
+  const std::filesystem::path fifo = dir.path / "kv_fifo.so";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(load_error(fifo.string()),
+            fifo.string() + ": the plugin library is a FIFO, not a regular file");
+}
+
+// The ELF check on its own: each header field that would mislead the loader, by name.
+TEST(ElfCheck, NamesWhatIsWrongWithTheHeaders) {
+  const std::string whole = read_bytes(std::string(KVRT_PLUGIN_DIR) + "/kv_bf16_paged.so");
+  auto problem = [](std::string bytes) {
+    return elf_problem(
+        std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  };
+  EXPECT_EQ(problem(whole), "");
+  std::string other = whole;
+  other[18] = 40;  // e_machine: ARM
+  EXPECT_NE(problem(other).find("built for another machine"), std::string::npos);
+  std::string exec = whole;
+  exec[16] = 2;  // e_type: ET_EXEC
+  EXPECT_EQ(problem(exec), "an executable, not a shared library");
+  std::string far = whole;
+  far[32 + 7] = 0x7f;  // e_phoff near 2^63
+  EXPECT_NE(problem(far).find("the program headers at byte"), std::string::npos);
+  std::string narrow = whole;
+  narrow[4] = 1;  // ELFCLASS32
+  EXPECT_EQ(problem(narrow), "not a 64-bit ELF file");
 }
 
 TEST(Loader, MissingEntrySymbol) {

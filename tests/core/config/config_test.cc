@@ -446,10 +446,33 @@ TEST(ConfigFiles, MissingFileSaysSo) {
   Result<Config> r = load_file("nope.toml", {});
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(r.status().IsConfigError());
-  EXPECT_EQ(r.status().message(), "cannot read config file 'nope.toml': No such file or directory");
+  EXPECT_EQ(r.status().message(),
+            "nope.toml: cannot open the configuration file: No such file or directory");
   Result<Config> dir = load_file(kData, {});
   ASSERT_FALSE(dir.ok());
-  EXPECT_EQ(dir.status().message(), "cannot read config file '" + kData + "': Is a directory");
+  EXPECT_EQ(dir.status().message(), kData + ": cannot read the configuration file: Is a directory");
+}
+
+// An endless file (/dev/zero) is read only up to the configuration's limit, then refused with the
+// limit named; nothing escapes as std::bad_alloc.
+TEST(ConfigFiles, EndlessFileIsRefusedAtItsLimit) {
+  Result<Config> r = load_file("/dev/zero", {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().IsConfigError());
+  EXPECT_EQ(r.status().message(),
+            "/dev/zero: the configuration file is larger than kvrt's limit of 4 MiB for it");
+}
+
+// [plugins] verify is a boolean key like the others, and to_toml writes it back.
+TEST(ConfigFiles, PluginsVerifyIsABoolean) {
+  Result<Config> on = load_string("[plugins]\nverify = true\n", "v.toml", {});
+  ASSERT_TRUE(on.ok()) << on.status().message();
+  EXPECT_TRUE(on->verify_plugins);
+  EXPECT_NE(to_toml(*on).find("verify = true"), std::string::npos);
+  Result<Config> bad = load_string("", "<defaults>", {"plugins.verify=1"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("plugins.verify"), std::string::npos)
+      << bad.status().message();
 }
 
 TEST(ConfigFiles, FixtureFilesLoadAndFailWithTheirPath) {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <bit>
 #include <cmath>
@@ -283,10 +284,10 @@ TEST(SafetensorsTest, ReadsEveryDtypeAlignedAndNot) {
   for (size_t pad : {0, 1}) {
     TempDir dir;
     WriteSafetensors(dir / "model.safetensors",
-                     {{"a.f32", "F32", {2, 3}, F32Bytes(f32)},
+                     {{"d.i64", "I64", {1}, std::string(8, '\0')},
+                      {"a.f32", "F32", {2, 3}, F32Bytes(f32)},
                       {"b.bf16", "BF16", {4}, BF16Bytes(bf)},
-                      {"c.f16", "F16", {3, 2}, U16Bytes(f16)},
-                      {"d.i64", "I64", {1}, std::string(8, '\0')}},
+                      {"c.f16", "F16", {3, 2}, U16Bytes(f16)}},
                      pad);
     // Both a directory and the file itself open.
     for (const std::string& path : {dir.path(), dir / "model.safetensors"}) {
@@ -406,6 +407,119 @@ TEST(SafetensorsTest, ShardedIndex) {
   auto absent = SafetensorsCheckpoint::open(dir.path());
   ASSERT_FALSE(absent.ok());
   EXPECT_THAT(absent.status().message(), HasSubstr("model-00003-of-00002.safetensors"));
+}
+
+// Writes a header by hand (the helper above always lays tensors end to end).
+void WriteRawSafetensors(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::string file(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  WriteFile(path, file + header + std::string(data_bytes, '\0'));
+}
+
+// Two tensors sharing bytes would alias each other's weights: refused, naming both.
+TEST(SafetensorsTest, OverlappingTensorsAreRefused) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  WriteRawSafetensors(path,
+                      R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                      16);
+  auto ck = SafetensorsCheckpoint::open(path);
+  ASSERT_FALSE(ck.ok());
+  EXPECT_THAT(ck.status().message(),
+              HasSubstr(path + ": tensors 'a' and 'b' overlap: data bytes [0, 16) and [8, 16)"));
+  // Empty tensors share no byte with anything.
+  WriteRawSafetensors(path,
+                      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+                      8);
+  EXPECT_TRUE(SafetensorsCheckpoint::open(path).ok());
+}
+
+// An offset that is not a multiple of the element size is refused (writers align every tensor).
+TEST(SafetensorsTest, MisalignedOffsetsAreRefused) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  WriteRawSafetensors(path,
+                      R"({"b":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]},)"
+                      R"("w":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+                      6);
+  auto ck = SafetensorsCheckpoint::open(path);
+  ASSERT_FALSE(ck.ok());
+  EXPECT_THAT(ck.status().message(),
+              HasSubstr(path + ": tensor 'w': data_offsets begin 2 is not a multiple of F32's "
+                               "4-byte element"));
+}
+
+// A shard index naming a file outside the model directory is refused before anything is opened.
+TEST(SafetensorsTest, ShardOutsideTheModelDirectoryIsRefused) {
+  TempDir dir;
+  WriteSafetensors(dir / "model-00001.safetensors", {{"a", "F32", {1}, F32Bytes({1.0f})}});
+  for (const char* shard : {"../../etc/passwd", "/etc/passwd", "sub/../../x.safetensors"}) {
+    WriteFile(dir / "model.safetensors.index.json",
+              std::string(R"({"weight_map": {"a": ")") + shard + R"("}})");
+    auto ck = SafetensorsCheckpoint::open(dir.path());
+    ASSERT_FALSE(ck.ok()) << shard;
+    EXPECT_THAT(ck.status().message(),
+                HasSubstr("weight_map: 'a': shard '" + std::string(shard) + "' is"));
+    EXPECT_THAT(ck.status().message(), HasSubstr("model directory"));
+  }
+}
+
+// A FIFO or a device in place of a shard is refused (open would block, mmap would fail).
+TEST(SafetensorsTest, NonRegularFileIsRefused) {
+  TempDir dir;
+  ASSERT_EQ(mkfifo((dir / "model.safetensors").c_str(), 0600), 0);
+  auto fifo = SafetensorsCheckpoint::open(dir / "model.safetensors");
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_THAT(fifo.status().message(),
+              HasSubstr("the safetensors file is a FIFO, not a regular file"));
+  auto zero = SafetensorsCheckpoint::open("/dev/zero");
+  ASSERT_FALSE(zero.ok());
+}
+
+// An endless index (a FIFO fed forever, /dev/zero) stops at the index's limit.
+TEST(SafetensorsTest, EndlessIndexIsRefusedAtItsLimit) {
+  TempDir dir;
+  fs::create_symlink("/dev/zero", dir / "model.safetensors.index.json");
+  auto ck = SafetensorsCheckpoint::open(dir.path());
+  ASSERT_FALSE(ck.ok());
+  EXPECT_THAT(ck.status().message(),
+              HasSubstr("the safetensors index is larger than kvrt's limit of 64 MiB"));
+}
+
+// Integers are range-checked before anything narrows them: 2^32 KV heads must not become 0,
+// nor 2^32 + 5 layers 5.
+TEST(ModelConfigTest, IntegersOutside32BitsAreRefusedByName) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"num_key_value_heads", "4294967296"},
+                                                        {"num_hidden_layers", "4294967301"},
+                                                        {"hidden_size", "-8"},
+                                                        {"vocab_size", "18446744073709551615"}}) {
+    std::string text = kLlamaConfig;
+    const std::string field = "\"" + key + "\": ";
+    const size_t at = text.find(field) + field.size();
+    text.replace(at, text.find_first_of(",}", at) - at, value);
+    auto c = read_hf_config(text, "config.json");
+    ASSERT_FALSE(c.ok()) << key;
+    EXPECT_THAT(c.status().message(),
+                HasSubstr("config.json: " + key + ": out of range: expected an integer in "
+                                                  "0..2147483647, found " + value));
+  }
+}
+
+// Each field fits, but together they describe no real model (and would overflow byte counts).
+TEST(ModelConfigTest, DimensionsOfNoRealModelAreRefused) {
+  std::string text = kLlamaConfig;
+  for (const char* key : {"hidden_size", "intermediate_size", "num_hidden_layers"}) {
+    const std::string field = "\"" + std::string(key) + "\": ";
+    const size_t at = text.find(field) + field.size();
+    text.replace(at, text.find_first_of(",}", at) - at, "2000000000");
+  }
+  auto c = read_hf_config(text, "config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("describe over 2^48 parameters"));
 }
 
 // ---- Weights from a Hugging Face directory ----
