@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <thread>
 #include <unordered_map>
 
@@ -91,11 +92,12 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     f.last = now;
     f.has_token = true;
   });
-  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string&) {
+  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
     const Clock::time_point now = Clock::now();
     auto it = in_flight.find(r.spec.id);
     if (kind == sched::FinishKind::kAborted) {
       ++report.aborted;
+      ++report.abort_reasons[why.empty() ? "no reason given" : why];
     } else {
       ++report.completed;
       if (it != in_flight.end()) {
@@ -156,8 +158,9 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     if (core.idle()) {
       if (pending.empty() && ready.empty()) break;
       if (!pending.empty() && ready.empty() && room()) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(
-            std::max(0.0, pending.front().arrival_s - seconds(Clock::now() - start))));
+        // Arrival times are bounded by the workload's parser; the nap is bounded here too.
+        const double wait = pending.front().arrival_s - seconds(Clock::now() - start);
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::clamp(wait, 0.0, 0.5)));
       }
       continue;
     }
@@ -260,7 +263,21 @@ std::string format_report(const BenchReport& r) {
         static_cast<ull>(r.tier.capacity_pages), static_cast<ull>(r.tier.saved_pages),
         static_cast<ull>(r.tier.loaded_pages), static_cast<ull>(r.tier.evicted_pages));
   }
-  out += r.diagnosis.line + "\n";
+  // The most frequent reasons first; a run where nothing completed says so instead of "idle".
+  std::vector<std::pair<uint64_t, std::string>> reasons;
+  for (const auto& [why, n] : r.abort_reasons) reasons.emplace_back(n, why);
+  std::sort(reasons.begin(), reasons.end(), std::greater<>());
+  for (size_t i = 0; i < reasons.size() && i < 3; ++i) {
+    add("%-38s %llu x %s", i == 0 ? "aborted because" : "", static_cast<ull>(reasons[i].first),
+        reasons[i].second.c_str());
+  }
+  if (r.all_aborted()) {
+    out += "Diagnosis: every request was aborted (" + std::to_string(r.aborted) + " of " +
+           std::to_string(r.requests) + "): nothing was measured. " +
+           (reasons.empty() ? "" : "Most often: " + reasons.front().second) + "\n";
+  } else {
+    out += r.diagnosis.line + "\n";
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // bottleneck diagnosis with the capacity ceiling of every other store on the same budget.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,10 @@ struct BenchReport {
   uint64_t max_total_num_tokens = 0;
   double duration_s = 0;
   uint64_t requests = 0, completed = 0, aborted = 0;
+  // Why requests were aborted: each distinct reason and how many times it was given.
+  std::map<std::string, uint64_t> abort_reasons;
+  // Every request of the run was aborted: the run measured nothing (kvrt bench exits 1).
+  bool all_aborted() const { return completed == 0 && aborted > 0; }
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, tier_loaded_tokens = 0;
   uint64_t retractions = 0, steps = 0, decode_steps = 0;
   // Server side: generated tokens per second of wall time while requests ran -- the figure

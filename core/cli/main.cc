@@ -367,6 +367,15 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
     out << report->prometheus;
     if (!out) return fail(Status::NotFound(args.metrics_out + ": cannot write the metrics"));
   }
+  if (report->all_aborted()) {
+    const auto most = std::max_element(
+        report->abort_reasons.begin(), report->abort_reasons.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    return fail(Status::InvalidArgument("kvrt bench: every request was aborted (" +
+                                        std::to_string(report->aborted) +
+                                        "), the run measured nothing; most often: " +
+                                        most->first));
+  }
   return 0;
 }
 
@@ -430,6 +439,10 @@ int main(int argc, char** argv) {
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at the model's EOS");
   generate->add_flag("--no-bos", gen.no_bos, "do not prepend BOS to --prompt");
   generate->add_flag("-v,--verbose", gen.verbose, "print ids, prefill and decode tok/s");
+  bool verify_plugins = false;
+  const char* verify_help =
+      "run the conformance suites on the KV store and attention plugin first, refuse on failure";
+  generate->add_flag("--verify-plugins", verify_plugins, verify_help);
 
   CLI::App* bench = app.add_subcommand(
       "bench",
@@ -446,8 +459,10 @@ int main(int argc, char** argv) {
   workload->excludes(trace);
   bench->add_option("--metrics-out", bench_args.metrics_out,
                     "write the Prometheus metrics (TTFT, ITL, tokens, ...) to FILE at the end");
+  bench->add_flag("--verify-plugins", verify_plugins, verify_help);
 
   CLI11_PARSE(app, argc, argv);
+  if (verify_plugins) overrides.push_back("plugins.verify=true");
   if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);
   if (generate->parsed()) {
     if (gen.prompt.empty() && gen.ids.empty()) {

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/config/config.h"
+#include "core/util/file.h"
 
 namespace kvrt::bench {
 namespace {
@@ -82,7 +82,7 @@ Status read_dist(const toml::table& parent, const char* key, const std::string& 
                                ".dist: expected \"fixed\", \"uniform\" or \"lognormal\", found \"" +
                                dist + "\"");
   }
-  const int64_t kMax = 1 << 20;
+  const int64_t kMax = kMaxLength;
   if (Status s = read_int(*t, "value", path, source, 1, kMax, &out->value); !s.ok()) return s;
   if (Status s = read_int(*t, "min", path, source, 1, kMax, &out->min); !s.ok()) return s;
   if (Status s = read_int(*t, "max", path, source, 1, kMax, &out->max); !s.ok()) return s;
@@ -108,7 +108,10 @@ int64_t LengthDist::sample(std::mt19937_64& rng) const {
       // mean = exp(mu + sigma^2 / 2)
       const double mu = std::log(mean) - sigma * sigma / 2;
       const double x = std::lognormal_distribution<double>(mu, sigma)(rng);
-      return std::clamp<int64_t>(static_cast<int64_t>(std::llround(x)), min, max);
+      // Clamped before rounding: a far tail (or inf) must not reach the integer conversion.
+      const double clamped =
+          std::clamp(x, static_cast<double>(min), static_cast<double>(max));
+      return static_cast<int64_t>(std::llround(clamped));
     }
   }
   return value;
@@ -211,20 +214,43 @@ Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::str
   spec.turns = static_cast<int>(turns);
   if (Status s = read_dist(*w, "input", source, &spec.input); !s.ok()) return s;
   if (Status s = read_dist(*w, "output", source, &spec.output); !s.ok()) return s;
+  // Every prompt is generated before the run: the workload must fit in memory.
+  const uint64_t per_request =
+      static_cast<uint64_t>(spec.input.largest()) + static_cast<uint64_t>(spec.shared_prefix_len);
+  if (spec.num_requests * per_request > kMaxPlannedTokens) {
+    return Status::ConfigError(
+        source + ": workload.num_requests: " + std::to_string(spec.num_requests) +
+        " requests of up to " + std::to_string(per_request) + " prompt tokens are over the " +
+        std::to_string(kMaxPlannedTokens) + " prompt tokens a bench generates");
+  }
+  // Poisson arrivals at this rate take about num_requests / rate seconds to arrive: a rate so
+  // low that they would outlast a day is a mistake (1e-9 for 1e9), not a plan.
+  if (spec.request_rate > 0 &&
+      static_cast<double>(spec.num_requests) / spec.request_rate > kMaxBenchSeconds) {
+    return Status::ConfigError(where(*w->get("request_rate"), source) +
+                               ": workload.request_rate: " + std::to_string(spec.num_requests) +
+                               " requests at " + std::to_string(spec.request_rate) +
+                               " per second would take over 24 h to arrive (a bench lasts at "
+                               "most " + std::to_string(static_cast<int>(kMaxBenchSeconds)) +
+                               " s)");
+  }
   return spec;
 }
 
 Result<WorkloadSpec> load_workload_toml(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + ": cannot open the workload file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_workload_toml(text.str(), path);
+  Result<std::string> text = util::read_file(path, util::kWorkloadFile);
+  if (!text.ok()) return text.status();
+  return parse_workload_toml(*text, path);
 }
 
 Result<WorkloadSpec> load_trace_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + ": cannot open the trace");
+  Result<std::string> text = util::read_file(path, util::kTraceFile);
+  if (!text.ok()) return text.status();
+  return parse_trace_jsonl(*text, path);
+}
+
+Result<WorkloadSpec> parse_trace_jsonl(const std::string& text, const std::string& path) {
+  std::istringstream in(text);
   WorkloadSpec spec;
   spec.source = path;
   std::string line;
@@ -236,32 +262,48 @@ Result<WorkloadSpec> load_trace_jsonl(const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return Status::ConfigError(at + "not a JSON object");
     TraceEntry e;
-    auto get_int = [&](const char* key, bool required, int64_t lo, int64_t* out) -> Status {
+    auto get_int = [&](const char* key, bool required, int64_t lo, int64_t hi,
+                       int64_t* out) -> Status {
       if (!j.contains(key)) {
         return required ? Status::ConfigError(at + "missing \"" + key + "\"") : Status::Ok();
       }
-      if (!j[key].is_number_integer() || j[key].get<int64_t>() < lo) {
-        return Status::ConfigError(at + "\"" + key +
-                                   "\": expected an integer >= " + std::to_string(lo));
+      const nlohmann::json& v = j[key];
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(hi)) ||
+          v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+        return Status::ConfigError(at + "\"" + key + "\": expected an integer in [" +
+                                   std::to_string(lo) + ", " + std::to_string(hi) + "], found " +
+                                   v.dump());
       }
       *out = j[key].get<int64_t>();
       return Status::Ok();
     };
-    if (Status s = get_int("input_len", true, 1, &e.input_len); !s.ok()) return s;
-    if (Status s = get_int("output_len", true, 1, &e.output_len); !s.ok()) return s;
+    if (Status s = get_int("input_len", true, 1, kMaxLength, &e.input_len); !s.ok()) return s;
+    if (Status s = get_int("output_len", true, 1, kMaxLength, &e.output_len); !s.ok()) return s;
     int64_t group = -1;
-    if (Status s = get_int("group", false, 0, &group); !s.ok()) return s;
+    if (Status s = get_int("group", false, 0, 1'000'000, &group); !s.ok()) return s;
     e.group = static_cast<int>(group);
-    if (Status s = get_int("prefix_len", false, 0, &e.prefix_len); !s.ok()) return s;
+    if (Status s = get_int("prefix_len", false, 0, kMaxLength, &e.prefix_len); !s.ok()) return s;
     if (j.contains("timestamp")) {
-      if (!j["timestamp"].is_number() || j["timestamp"].get<double>() < 0) {
-        return Status::ConfigError(at + "\"timestamp\": expected seconds >= 0");
+      const nlohmann::json& t = j["timestamp"];
+      if (!t.is_number() || !(t.get<double>() >= 0 && t.get<double>() <= kMaxBenchSeconds)) {
+        return Status::ConfigError(at + "\"timestamp\": expected seconds in [0, " +
+                                   std::to_string(static_cast<int>(kMaxBenchSeconds)) +
+                                   "] (a bench lasts at most 24 h), found " + t.dump());
       }
       e.arrival_s = j["timestamp"].get<double>();
     }
     spec.trace.push_back(e);
   }
   if (spec.trace.empty()) return Status::ConfigError(path + ": the trace has no requests");
+  uint64_t planned = 0;
+  for (const TraceEntry& e : spec.trace) {
+    planned += static_cast<uint64_t>(std::max(e.input_len, e.prefix_len));
+  }
+  if (planned > kMaxPlannedTokens) {
+    return Status::ConfigError(path + ": the trace's prompts hold " + std::to_string(planned) +
+                               " tokens, over the " + std::to_string(kMaxPlannedTokens) +
+                               " a bench generates");
+  }
   std::stable_sort(
       spec.trace.begin(), spec.trace.end(),
       [](const TraceEntry& a, const TraceEntry& b) { return a.arrival_s < b.arrival_s; });

@@ -24,8 +24,15 @@ struct LengthDist {
   double sigma = 0.8;   // lognormal: the spread of log(length)
   int64_t sample(std::mt19937_64& rng) const;
   double expected() const;  // the mean after capping (by quadrature for lognormal)
+  int64_t largest() const { return kind == Kind::kFixed ? value : max; }
   std::string describe() const;
 };
+
+// The longest schedule a bench plans (arrival times past it are refused), the longest prompt or
+// output it asks for, and the most prompt tokens it generates for a workload (1 GiB of ids).
+inline constexpr double kMaxBenchSeconds = 24 * 3600;
+inline constexpr int64_t kMaxLength = 1 << 20;
+inline constexpr uint64_t kMaxPlannedTokens = uint64_t{1} << 28;
 
 // One request of a JSONL trace.
 struct TraceEntry {
@@ -60,6 +67,7 @@ Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::str
 // One JSON object per line: {"timestamp": 0.5, "input_len": 100, "output_len": 300,
 // "group": 2, "prefix_len": 64} ("group" and "prefix_len" optional). Errors name file:line.
 Result<WorkloadSpec> load_trace_jsonl(const std::string& path);
+Result<WorkloadSpec> parse_trace_jsonl(const std::string& text, const std::string& source);
 
 // A request the client will send: its prompt ids, how many tokens it asks for, when (seconds
 // after the start; conversations' later turns have no time of their own), and its place in a

@@ -22,6 +22,22 @@ config::KeySpec::Type option_type(kvrt_option_type type) {
   }
 }
 
+// A store's own check of its options fails with "...(CONFIG): <key>: <why>": the key's place in
+// the file, when the plugin's table has that key, so the message reads like `kvrt config
+// check`'s others; else the file and the table.
+std::string option_position(const config::Config& cfg, const LoadedPlugin& p,
+                            const std::string& message) {
+  const std::string fallback = cfg.source + ": [kv." + p.name + "]";
+  const toml::table* table = cfg.plugin_table("kv", p.name);
+  const std::string marker = "(CONFIG): ";
+  const size_t at = message.find(marker);
+  if (table == nullptr || at == std::string::npos) return fallback;
+  const std::string rest = message.substr(at + marker.size());
+  const std::string key = rest.substr(0, rest.find(':'));
+  const toml::node* node = table->get(key);
+  return node == nullptr ? fallback : config::position_of(*node, cfg.source);
+}
+
 // The key of [<section>] that chooses the plugin, as opposed to naming a plugin's table.
 const char* chooser_key(std::string_view section) { return section == "kv" ? "store" : "backend"; }
 
@@ -77,7 +93,7 @@ Status check_plugin_tables(Registry& registry, const config::Config& cfg) {
   for (const LoadedPlugin* p : stores) {
     Result<uint64_t> bytes = page_bytes(*p, g, as_config(cfg.plugin_table("kv", p->name)));
     if (!bytes.ok()) {
-      return bytes.status().WithContext(cfg.source + ": checking [kv." + p->name + "]");
+      return bytes.status().WithContext(option_position(cfg, *p, bytes.status().message()));
     }
   }
   Result<const LoadedPlugin*> attention = registry.load(cfg.attention.backend);

@@ -1,10 +1,16 @@
 #include "core/runtime/runtime.h"
 
+#include <spdlog/spdlog.h>
+
+#include <sstream>
+
 #include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
 #include "core/model/architecture.h"
 #include "core/model/weights.h"
+#include "core/plugin/plugin_config.h"
 #include "core/sched/page_hash.h"
+#include "sdk/conformance/verify.h"
 
 namespace kvrt::runtime {
 
@@ -38,7 +44,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   Result<const plugin::LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
   if (!store.ok()) return store.status().WithContext("kv.store");
   plugins.store = *store;
-  plugins.store_config = plugin::as_config(cfg.plugin_table("kv", cfg.kv.store));
+  // A plugin's table is named after the plugin, also when kv.store gives its file's path.
+  plugins.store_config = plugin::as_config(cfg.plugin_table("kv", (*store)->name));
   Result<const plugin::LoadedPlugin*> attention = registry.load(cfg.attention.backend);
   if (!attention.ok()) return attention.status().WithContext("attention.backend");
   if ((*attention)->kind() != KVRT_PLUGIN_ATTENTION) {
@@ -47,7 +54,18 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   }
   plugins.attention = *attention;
   plugins.attention_config =
-      plugin::as_config(cfg.plugin_table("attention", cfg.attention.backend));
+      plugin::as_config(cfg.plugin_table("attention", (*attention)->name));
+  // The plugins' tables as `kvrt config check` checks them: an unknown key or a value the store
+  // refuses is named with its file:line now, not reported later by a callback.
+  if (Status s = plugin::check_plugin_tables(registry, cfg); !s.ok()) return s;
+  if (cfg.verify_plugins || conformance::verify_requested_by_environment()) {
+    std::ostringstream log;
+    if (Status s = conformance::verify_plugins(registry, *store, *attention, log); !s.ok()) {
+      return s;
+    }
+    spdlog::info("plugins {} and {} pass the conformance suites", (*store)->name,
+                 (*attention)->name);
+  }
 
   // Weights in bf16 or f32: [model] dtype, or with "auto" the checkpoint's own dtype (presets
   // are bf16 models).
@@ -75,7 +93,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
   // budget that cannot hold one page is refused here, before the pool is allocated.
   capacity::StoreCapacity planned =
-      capacity::store_capacity(*plugins.store, cfg.plugin_table("kv", cfg.kv.store), g, rt.budget);
+      capacity::store_capacity(*plugins.store, cfg.plugin_table("kv", (*store)->name), g, rt.budget);
   if (!planned.error.ok()) return planned.error;
   rt.plan = planned.plan;
   rt.capacity_report = capacity::format_report(planned, rt.budget);
@@ -86,13 +104,21 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   // seeded Llama shapes. A tokenizer goes with each.
   std::unique_ptr<model::LoadedWeights> weights;
   if (!cfg.model.path.empty()) {
+    const std::string tokenizer_path = cfg.model.path + "/tokenizer.model";
+    Result<std::unique_ptr<model::Tokenizer>> tok = model::load_sentencepiece(tokenizer_path);
+    if (!tok.ok()) return tok.status();
+    // An id the model has no row for would fail only when first sampled or embedded.
+    if ((*tok)->vocab_size() > rt.model.vocab_size) {
+      return Status::ConfigError(tokenizer_path + ": the tokenizer has " +
+                                 std::to_string((*tok)->vocab_size()) +
+                                 " pieces, more than the model's vocab_size " +
+                                 std::to_string(rt.model.vocab_size) + " (" + rt.model_name +
+                                 "/config.json)");
+    }
+    rt.tokenizer = std::move(*tok);
     Result<std::unique_ptr<model::LoadedWeights>> loaded = (*family)->load(cfg.model.path);
     if (!loaded.ok()) return loaded.status();
     weights = std::move(*loaded);
-    Result<std::unique_ptr<model::Tokenizer>> tok =
-        model::load_sentencepiece(cfg.model.path + "/tokenizer.model");
-    if (!tok.ok()) return tok.status();
-    rt.tokenizer = std::move(*tok);
   } else {
     Result<model::Weights> preset = model::make_preset(cfg.model.preset);
     if (!preset.ok()) return preset.status().WithContext("model.preset");

@@ -1,5 +1,11 @@
-// A deliberately wrong KV store: it stores bf16 rows correctly but publishes a layout whose
-// page stride is one token too long, the kind of off-by-one the conformance suite must catch.
+// A deliberately wrong KV store: it stores bf16 rows correctly but publishes a wrong layout,
+// the kind of mistake the conformance suite must catch. Option `bug`:
+//   "page_stride" (default): the page stride is one token too long, so the layout reaches past
+//                            the store's memory (kvrt refuses it when the store is created);
+//   "aliased_pages":         the page strides are 0, so every page reads as page 0: each address
+//                            stays inside the store's memory but most read the wrong values
+//                            (only the conformance suite, kvrt --verify-plugins, sees it).
+#include <string>
 #include <cstring>
 
 #include "kernels/cpu/convert.h"
@@ -11,8 +17,10 @@ namespace {
 class WrongStrideStore : public kvrt::sdk::StoreBase {
  public:
   WrongStrideStore(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
-                   kvrt::sdk::ConfigView)
-      : StoreBase(host, g, num_pages), pool_(host, g, num_pages, 2, false) {}
+                   kvrt::sdk::ConfigView config)
+      : StoreBase(host, g, num_pages),
+        aliased_(config.string("bug", "page_stride") == "aliased_pages"),
+        pool_(host, g, num_pages, 2, false) {}
 
   static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry& g,
                              kvrt::sdk::ConfigView) {
@@ -30,6 +38,10 @@ class WrongStrideStore : public kvrt::sdk::StoreBase {
   kvrt_kv_layout layout(uint32_t layer) const {
     kvrt_kv_layout l = pool_.layout(layer);
     l.k_dtype = l.v_dtype = KVRT_DTYPE_BF16;
+    if (aliased_) {
+      l.k_page_stride = l.v_page_stride = 0;
+      return l;
+    }
     l.k_page_stride += l.k_token_stride;  // the bug
     l.v_page_stride += l.v_token_stride;
     return l;
@@ -62,7 +74,13 @@ class WrongStrideStore : public kvrt::sdk::StoreBase {
                                  out + i * row, row);
     }
   }
+  bool aliased_;
   kvrt::plugins::PagedPool pool_;
+};
+
+const kvrt_option_desc kOptions[] = {
+    {sizeof(kvrt_option_desc), KVRT_OPTION_STRING, "bug", "page_stride",
+     "page_stride (the layout reaches outside the store) | aliased_pages (every page is page 0)"},
 };
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
@@ -75,8 +93,8 @@ const kvrt_plugin_desc& describe(const kvrt_host_api*) {
       "0.0.1",
       "a deliberately wrong store (layout page stride off by one)",
       &kvrt::sdk::kv_store_table<WrongStrideStore>(),
-      nullptr,
-      0,
+      kOptions,
+      1,
       KVRT_DTYPE_BIT(KVRT_DTYPE_F32),
       nullptr};
   return desc;
