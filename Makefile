@@ -3,6 +3,7 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
+FUZZ_BUILD ?= build-fuzz
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
@@ -11,10 +12,16 @@ PACKAGES = cmake g++ make pkg-config ccache libtomlplusplus-dev libboost-dev lib
            libfmt-dev libcli11-dev libhwy-dev libxxhash-dev libgtest-dev libgmock-dev \
            libbenchmark-dev libopenblas-dev libsentencepiece-dev nlohmann-json3-dev
 
-.PHONY: deps configure build demo test test-asan test-tsan bench install clean
+# The fuzzers need clang and its libFuzzer runtime (installed only for `make fuzz`).
+FUZZ_PACKAGES = clang-14 libclang-rt-14-dev
+# Seconds per fuzz target: `make fuzz` (CI) and `make fuzz-long`.
+FUZZ_SECONDS ?= 60
+FUZZ_LONG_SECONDS ?= 1200
+
+.PHONY: deps configure build demo test test-asan test-tsan fuzz fuzz-long fuzz-build bench install clean
 
 deps:
-	@missing=""; for p in $(PACKAGES); do \
+	@missing=""; for p in $(PACKAGES) $(EXTRA_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -66,6 +73,20 @@ test-tsan: deps
 	  --output-on-failure -j $(JOBS) \
 	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|SpinBarrier|Communicator|StoresTpPages/|Stores/Stories260kScheduler)'
 
+# libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan, each run for FUZZ_SECONDS.
+fuzz-build:
+	$(MAKE) deps EXTRA_PACKAGES="$(FUZZ_PACKAGES)"
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVRT_FUZZ=ON -DKVRT_BUILD_TESTS=OFF -DKVRT_BUILD_BENCH=OFF \
+	  $(CMAKE_ARGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kvrt_fuzzers
+
+fuzz: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD)/bin $(FUZZ_SECONDS)
+
+fuzz-long: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD)/bin $(FUZZ_LONG_SECONDS)
+
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true
 
@@ -73,4 +94,4 @@ install: build
 	cmake --install $(BUILD)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

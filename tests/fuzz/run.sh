@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target for SECONDS each and prints executions per target.
+#   tests/fuzz/run.sh BIN_DIR SECONDS [TARGET...]
+# Each target starts from its seeds (tests/fuzz/corpus/<name>/, plus the repository's own files of
+# that kind) and keeps what it finds in BIN_DIR/../fuzz-corpus/<name>/. A crash, leak, timeout
+# or out-of-memory leaves its input in BIN_DIR/../fuzz-artifacts/ and fails the run.
+set -uo pipefail
+bin=$1
+seconds=$2
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+work=$(cd "$bin/.." && pwd)
+targets=("$@")
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(config model_config safetensors safetensors_index workload trace plugin_file)
+fi
+# The repository's own files of each kind are seeds too (not copied: libFuzzer reads them).
+extra_seeds() {
+  case $1 in
+    config) echo "$root/configs" ;;
+    workload) echo "$root/bench/workloads" ;;
+  esac
+}
+mkdir -p "$work/fuzz-artifacts"
+failed=0
+total=0
+printf '%-20s %12s %12s %10s\n' target executions "exec/s" result
+for t in "${targets[@]}"; do
+  exe="$bin/fuzz_$t"
+  corpus="$work/fuzz-corpus/$t"
+  mkdir -p "$corpus"
+  log="$work/fuzz-artifacts/$t.log"
+  # -rss_limit_mb: a parser that reads without a bound fails here, not on the machine.
+  # -timeout: one input taking over 10 s is a hang.
+  "$exe" "$corpus" "$here/corpus/$t" $(extra_seeds "$t") -max_total_time="$seconds" \
+    -rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=1 \
+    -artifact_prefix="$work/fuzz-artifacts/$t-" >"$log" 2>&1
+  rc=$?
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+  result=ok
+  if [ $rc -ne 0 ]; then
+    result="FAILED (rc $rc, see $log)"
+    failed=1
+    grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
+  fi
+  printf '%-20s %12s %12s %10s\n' "$t" "${execs:-?}" "${rate:-?}" "$result"
+  total=$((total + ${execs:-0}))
+done
+printf '%-20s %12s\n' all "$total"
+exit $failed
