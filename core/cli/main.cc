@@ -371,10 +371,9 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
     const auto most = std::max_element(
         report->abort_reasons.begin(), report->abort_reasons.end(),
         [](const auto& a, const auto& b) { return a.second < b.second; });
-    return fail(Status::InvalidArgument("kvrt bench: every request was aborted (" +
+    return fail(Status::InvalidArgument("every request of the workload was aborted (" +
                                         std::to_string(report->aborted) +
-                                        "), the run measured nothing; most often: " +
-                                        most->first));
+                                        "): nothing was measured; most often: " + most->first));
   }
   return 0;
 }

@@ -771,8 +771,9 @@ Status validate_keys(const toml::table& table, const std::vector<KeySpec>& keys,
   for (const KeySpec& spec : keys) names.push_back(spec.name);
   for (auto&& [k, value] : table) {
     std::string dotted = prefix + std::string(k.str());
+    const std::string_view name = k.str();  // a structured binding cannot be captured (clang 14)
     auto spec =
-        std::find_if(keys.begin(), keys.end(), [&](const KeySpec& s) { return s.name == k.str(); });
+        std::find_if(keys.begin(), keys.end(), [&](const KeySpec& s) { return s.name == name; });
     if (spec == keys.end()) {
       std::string hint = suggest(k.str(), names);
       reporter.Add(
