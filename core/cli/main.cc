@@ -378,10 +378,29 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   return 0;
 }
 
+int run_command_line(int argc, char** argv);
+
 }  // namespace
 }  // namespace kvrt
 
+// Every failure is reported as a Status; an exception that still escapes (memory exhausted by a
+// request the checks let through, a library's own throw) ends the command with one line and
+// exit code 1, never with std::terminate.
 int main(int argc, char** argv) {
+  try {
+    return kvrt::run_command_line(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::cerr << "kvrt: out of memory\n";
+  } catch (const std::exception& e) {
+    std::cerr << "kvrt: internal error: " << e.what() << "\n";
+  }
+  return 1;
+}
+
+namespace kvrt {
+namespace {
+
+int run_command_line(int argc, char** argv) {
   CLI::App app{"kvrt: an LLM inference runtime whose KV cache is a plugin"};
   app.require_subcommand(1);
   // Log lines go to stderr, so stdout holds only what a command prints (a config, a table).
@@ -475,3 +494,6 @@ int main(int argc, char** argv) {
   if (capacity->parsed()) return kvrt::run_capacity(config_path, overrides, cap);
   return 0;
 }
+
+}  // namespace
+}  // namespace kvrt

@@ -172,6 +172,7 @@ float f16_to_f32(uint16_t h) {
 
 void to_f32(const TensorView& t, float* out) {
   const size_t n = static_cast<size_t>(t.numel());
+  if (n == 0) return;  // `out` may then be null (an empty vector's data()), as memcpy forbids
   const auto* src = static_cast<const uint8_t*>(t.data);
   switch (t.dtype) {
     case DType::kF32:
@@ -234,8 +235,9 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
 
   for (const auto& [name, t] : header.items()) {
     if (name == "__metadata__") continue;
+    const std::string& tensor = name;  // a structured binding cannot be captured (clang 14)
     auto bad = [&](const std::string& why) {
-      return Status::InvalidArgument(path + ": tensor " + Quoted(name) + ": " + why);
+      return Status::InvalidArgument(path + ": tensor " + Quoted(tensor) + ": " + why);
     };
     if (!t.is_object()) return bad("header entry is not an object");
     auto dt = t.find("dtype");

@@ -16,7 +16,9 @@
 #include "sdk/conformance/attention_conformance.h"
 #include "sdk/conformance/kv_conformance.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"Runs the kvrt conformance suite (KV store or attention) against a plugin"};
   std::string plugin_path, config_path;
   std::vector<std::string> overrides;
@@ -66,4 +68,17 @@ int main(int argc, char** argv) {
   std::cout << (*plugin)->name << ": " << passed << " passed, " << failed << " failed, " << skipped
             << " skipped\n";
   return failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+// A property's failure is a result, not an exception; anything that still escapes (memory
+// exhausted) ends the run with one line and exit code 2, as a load failure does.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kvrt-conformance: internal error: " << e.what() << "\n";
+  }
+  return 2;
 }

@@ -90,6 +90,14 @@ std::string BF16Bytes(const std::vector<float>& v) {
   return U16Bytes(b);
 }
 
+// The header with its 8-byte little-endian length in front.
+std::string Framed(const std::string& header) {
+  std::string file(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return file + header;
+}
+
 // Writes a safetensors file. header_pad spaces pad the JSON (the format allows trailing
 // whitespace), which lets a test put the data section at an odd address.
 void WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors,
@@ -106,10 +114,7 @@ void WriteSafetensors(const std::string& path, const std::vector<RawTensor>& ten
     data += t.bytes;
   }
   header += "}" + std::string(header_pad, ' ');
-  std::string file(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  WriteFile(path, file + header + data);
+  WriteFile(path, Framed(header) + data);
 }
 
 // ---- ModelConfig ----
@@ -411,10 +416,27 @@ TEST(SafetensorsTest, ShardedIndex) {
 
 // Writes a header by hand (the helper above always lays tensors end to end).
 void WriteRawSafetensors(const std::string& path, const std::string& header, size_t data_bytes) {
-  std::string file(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  WriteFile(path, file + header + std::string(data_bytes, '\0'));
+  WriteFile(path, Framed(header) + std::string(data_bytes, '\0'));
+}
+
+// Found by fuzz_safetensors: an empty tensor converted into an empty vector's data() (null) must
+// not reach memcpy with a null pointer.
+TEST(SafetensorsTest, EmptyTensorConvertsIntoNothing) {
+  TempDir dir;
+  const std::string path = dir / "model.safetensors";
+  for (const char* dtype : {"F32", "BF16", "F16"}) {
+    WriteRawSafetensors(path,
+                        std::string(R"({"e":{"dtype":")") + dtype +
+                            R"(","shape":[0, 3],"data_offsets":[0,0]}})",
+                        0);
+    auto ck = SafetensorsCheckpoint::open(path);
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    auto e = ck->get("e");
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->numel(), 0);
+    std::vector<float> out;
+    to_f32(*e, out.data());  // UBSan reports a null memcpy here if the guard goes
+  }
 }
 
 // Two tensors sharing bytes would alias each other's weights: refused, naming both.
