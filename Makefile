@@ -10,7 +10,7 @@ CMAKE_ARGS ?=
 # Debian packages the build needs (see the README for what each is for).
 PACKAGES = cmake g++ make pkg-config ccache libtomlplusplus-dev libboost-dev libspdlog-dev \
            libfmt-dev libcli11-dev libhwy-dev libxxhash-dev libgtest-dev libgmock-dev \
-           libbenchmark-dev libopenblas-dev libsentencepiece-dev nlohmann-json3-dev
+           libbenchmark-dev libopenblas-dev libsentencepiece-dev nlohmann-json3-dev curl
 
 # The fuzzers need clang and its libFuzzer runtime (installed only for `make fuzz`).
 FUZZ_PACKAGES = clang-14 libclang-rt-14-dev
@@ -60,8 +60,8 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
-# The threaded parts (the host tier's copy thread, concurrent writes, TP ranks, a FIFO's writer)
-# under TSan.
+# The threaded parts (the host tier's copy thread, concurrent writes, TP ranks, a FIFO's writer,
+# the HTTP server's network and step threads) under TSan.
 # OpenMP and OpenBLAS run one thread each: libgomp's barriers are not instrumented, so TSan
 # would report its workers' reuse of the caller's stack as races.
 test-tsan: deps
@@ -69,10 +69,10 @@ test-tsan: deps
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
 	  engine_test stories260k_test stories260k_scheduler_test kv_bf16_paged kv_fp8_e4m3 \
-	  kv_host_tiered attn_cpu file_test
+	  kv_host_tiered attn_cpu file_test server_test
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|SpinBarrier|Communicator|StoresTpPages/|Stores/Stories260kScheduler|FileTest)'
+	  -R '^(conformance\.kv_(bf16|fp8|host)|HostTiered|EngineTest|SpinBarrier|Communicator|StoresTpPages/|Stores/Stories260kScheduler|FileTest|ServerTest)'
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan, each run for FUZZ_SECONDS.
 fuzz-build:

@@ -19,6 +19,7 @@
 #include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
 #include "core/cli/bench.h"
+#include "core/cli/serve.h"
 #include "core/config/config.h"
 #include "core/exec/sampler.h"
 #include "core/plugin/plugin_config.h"
@@ -479,8 +480,15 @@ int run_command_line(int argc, char** argv) {
                     "write the Prometheus metrics (TTFT, ITL, tokens, ...) to FILE at the end");
   bench->add_flag("--verify-plugins", verify_plugins, verify_help);
 
+  CLI::App* serve = app.add_subcommand(
+      "serve", "an HTTP server speaking SGLang's API (POST /generate, GET /metrics, ...)");
+  serve->add_option("--config", config_path, "TOML file ([server] and the rest)");
+  serve->add_option("--set", overrides, "override a key: section.key=value");
+  serve->add_flag("--verify-plugins", verify_plugins, verify_help);
+
   CLI11_PARSE(app, argc, argv);
   if (verify_plugins) overrides.push_back("plugins.verify=true");
+  if (serve->parsed()) return cli::run_serve(config_path, overrides);
   if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);
   if (generate->parsed()) {
     if (gen.prompt.empty() && gen.ids.empty()) {

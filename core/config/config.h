@@ -68,7 +68,15 @@ struct Config {
   };
   struct Server {
     std::string host = "127.0.0.1";
-    int port = 30000;
+    int port = 30000;               // SGLang's; 0 picks a free port (the tests)
+    int network_threads = 2;        // threads running the sockets (the step loop is another)
+    int max_queued_requests = 1024; // waiting requests beyond this are answered 503
+    int max_connections = 4096;     // connections beyond this are closed at accept
+    int64_t max_body_bytes = 16 << 20;  // larger request bodies are answered 413
+    double request_timeout_s = 600;     // a request still running after this is aborted
+    double shutdown_grace_s = 30;       // SIGTERM: running requests get this long to finish
+    std::string api_key;                // "": no authentication
+    std::string record_trace;           // "": none; else a JSONL file kvrt bench --trace replays
   };
 
   std::string source = "<defaults>";  // the file path, the source name, or "<defaults>"

@@ -139,7 +139,9 @@ TEST(ConfigErrors, KeyUnderTheWrongHeaderNamesWhereItBelongs) {
 
 TEST(ConfigErrors, UnknownKeyWithNothingCloseListsTheKnownOnes) {
   EXPECT_EQ(Error("[server]\nworkers = 4\n"),
-            "configs/x.toml:2:1: unknown key 'server.workers' (known: host, port)");
+            "configs/x.toml:2:1: unknown key 'server.workers' (known: host, port, "
+            "network_threads, max_queued_requests, max_connections, max_body_bytes, "
+            "request_timeout_s, shutdown_grace_s, api_key, record_trace)");
   EXPECT_EQ(Error("[attention]\nthreads = 4\n"),
             "configs/x.toml:2:1: unknown key 'attention.threads' (known: backend, "
             "[attention.<plugin>])");
@@ -171,8 +173,9 @@ TEST(ConfigErrors, OutOfRangeValuesSayWhatIsAllowed) {
             "found 1.5");
   EXPECT_EQ(Error("[tp]\nsize = 16\n"),
             "configs/x.toml:2:8: tp.size: expected an integer between 1 and 8, found 16");
-  EXPECT_EQ(Error("[server]\nport = 0\n"),
-            "configs/x.toml:2:8: server.port: expected an integer between 1 and 65535, found 0");
+  EXPECT_EQ(Error("[server]\nport = 70000\n"),
+            "configs/x.toml:2:8: server.port: expected a port between 1 and 65535, or 0 for any "
+            "free port, found 70000");
   EXPECT_EQ(Error("[scheduler]\nmax_running_requests = 0\n"),
             "configs/x.toml:2:24: scheduler.max_running_requests: expected an integer >= 1, "
             "found 0");
@@ -206,8 +209,9 @@ TEST(ConfigErrors, PluginPathsMustBeStrings) {
 
 TEST(ConfigErrors, TheFirstErrorInFileOrderIsReported) {
   // [attention] sorts before [server] in the table, but the user reads top to bottom.
-  EXPECT_EQ(Error("[server]\nport = 0\n[attention]\nbakend = \"x\"\n"),
-            "configs/x.toml:2:8: server.port: expected an integer between 1 and 65535, found 0");
+  EXPECT_EQ(Error("[server]\nport = -1\n[attention]\nbakend = \"x\"\n"),
+            "configs/x.toml:2:8: server.port: expected a port between 1 and 65535, or 0 for any "
+            "free port, found -1");
 }
 
 TEST(ConfigMemory, SizesWithUnits) {

@@ -1,0 +1,131 @@
+#include "core/cli/serve.h"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/config/config.h"
+#include "core/plugin/registry.h"
+#include "core/runtime/runtime.h"
+#include "core/server/http_server.h"
+#include "core/server/step_loop.h"
+
+namespace kvrt::cli {
+
+namespace {
+
+using nlohmann::json;
+
+int fail(const Status& status) {
+  std::cerr << "kvrt: " << status.message() << "\n";
+  return 1;
+}
+
+json plugin_json(const plugin::LoadedPlugin& p) {
+  return {{"name", p.name},
+          {"version", p.desc.version ? p.desc.version : ""},
+          {"abi", std::to_string(p.desc.abi_major) + "." + std::to_string(p.desc.abi_minor)},
+          {"path", p.path.string()}};
+}
+
+}  // namespace
+
+int run_serve(const std::string& config_path, const std::vector<std::string>& overrides) {
+  Result<config::Config> loaded = config_path.empty()
+                                      ? config::load_string("", "<defaults>", overrides)
+                                      : config::load_file(config_path, overrides);
+  if (!loaded.ok()) return fail(loaded.status());
+  const config::Config& cfg = *loaded;
+  // SIGINT and SIGTERM are taken by this thread alone (sigwait below): every thread started
+  // from here on inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  plugin::Registry registry;
+  registry.add_search_dirs(cfg.plugin_paths);
+  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
+    const toml::table* t = cfg.plugin_table("kv", name);
+    return t != nullptr ? t : cfg.plugin_table("attention", name);
+  });
+  Result<runtime::Runtime> built = runtime::build_runtime(cfg, registry);
+  if (!built.ok()) return fail(built.status());
+  runtime::Runtime& rt = *built;
+  std::fprintf(stderr, "%s", rt.capacity_report.c_str());
+  serve::ServingCore core(
+      runtime::serving_options(cfg, rt, runtime::store_ceilings(registry, rt)), rt.engine.get());
+  server::StepLoop loop(core, static_cast<size_t>(cfg.server.max_queued_requests) +
+                                  static_cast<size_t>(cfg.scheduler.max_running_requests));
+
+  server::ServerOptions options;
+  options.host = cfg.server.host;
+  options.port = cfg.server.port;
+  options.network_threads = cfg.server.network_threads;
+  options.max_connections = cfg.server.max_connections;
+  options.max_body_bytes = static_cast<uint64_t>(cfg.server.max_body_bytes);
+  options.request_timeout_s = cfg.server.request_timeout_s;
+  options.api_key = cfg.server.api_key;
+  server::ModelLimits limits{rt.tokenizer.get(), static_cast<int32_t>(rt.model.vocab_size),
+                             rt.model.max_position_embeddings};
+  const std::string effective = config::to_toml(cfg);
+  const json store = plugin_json(*registry.load(cfg.kv.store).value());
+  const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
+  server::ServerInfo info;
+  info.model_info = json{{"model_path", rt.model_name},
+                         {"tokenizer_path", cfg.model.path.empty() ? "" : cfg.model.path +
+                                                                              "/tokenizer.model"},
+                         {"is_generation", true},
+                         {"architecture", rt.model.architecture}}
+                        .dump(-1, ' ', false, json::error_handler_t::replace);
+  info.server_info = [&cfg, &rt, effective, store, attention](serve::ServingCore& c) {
+    const metrics::Diagnosis d = c.diagnosis();
+    return json{{"config", effective},
+                {"model_path", rt.model_name},
+                {"max_total_num_tokens", c.max_total_num_tokens()},
+                {"page_size", cfg.scheduler.page_size},
+                {"tp_size", cfg.tp.size},
+                {"kv_store", store},
+                {"attention_backend", attention},
+                {"capacity_report", rt.capacity_report},
+                {"diagnosis", d.line},
+                {"num_running_reqs", c.scheduler().num_running()}}
+        .dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  server::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
+  loop.start();
+  if (Status s = http.start(); !s.ok()) return fail(s);
+  spdlog::info("kvrt serve: listening on http://{}:{} (model {}, kv {}, attention {}, TP {})",
+               cfg.server.host, http.port(), rt.model_name, cfg.kv.store, cfg.attention.backend,
+               cfg.tp.size);
+  // The line scripts and tests wait for, on stdout.
+  std::cout << "listening on " << cfg.server.host << ":" << http.port() << std::endl;
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  spdlog::info("kvrt serve: signal {}: no new connections; {} requests get {} s to finish", sig,
+               loop.unfinished(), cfg.server.shutdown_grace_s);
+  http.stop_accepting();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(cfg.server.shutdown_grace_s));
+  while (loop.unfinished() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  loop.stop("the server shut down before the request finished (shutdown_grace_s)");
+  // The aborted requests' answers go out before the connections close.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  http.shutdown();
+  spdlog::info("kvrt serve: stopped");
+  return 0;
+}
+
+}  // namespace kvrt::cli

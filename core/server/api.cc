@@ -1,0 +1,305 @@
+#include "core/server/api.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kvrt::server {
+
+using nlohmann::json;
+
+namespace {
+
+ApiError bad(const std::string& param, const std::string& message) {
+  return ApiError{400, param.empty() ? message : param + ": " + message, param};
+}
+
+// RFC 3629 UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF.
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = 0;  // continuation bytes
+    uint32_t cp = 0;
+    if ((c >> 5) == 0x6) {
+      n = 1, cp = c & 0x1f;
+    } else if ((c >> 4) == 0xe) {
+      n = 2, cp = c & 0x0f;
+    } else if ((c >> 3) == 0x1e) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+std::string type_name(const json& v) {
+  return v.is_null() ? "null" : v.is_boolean() ? "a boolean" : v.is_number() ? "a number"
+       : v.is_string() ? "a string" : v.is_array() ? "a list" : "an object";
+}
+
+// A list of token ids, each inside the vocabulary.
+std::variant<std::vector<int32_t>, ApiError> read_ids(const json& v, const std::string& param,
+                                                      int32_t vocab) {
+  if (!v.is_array()) return bad(param, "expected a list of token ids, found " + type_name(v));
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& x = v[i];
+    const std::string at = param + "[" + std::to_string(i) + "]";
+    if (!x.is_number_integer()) return bad(at, "expected a token id, found " + type_name(x));
+    if (x.is_number_unsigned() ? x.get<uint64_t>() >= static_cast<uint64_t>(vocab)
+                               : (x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)) {
+      return bad(at, x.dump() + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+}  // namespace
+
+std::string error_body(const ApiError& e) {
+  json error = {{"message", e.message}, {"type", e.type}, {"code", e.status}};
+  error["param"] = e.param.empty() ? json(nullptr) : json(e.param);
+  return to_text(json{{"error", error}});
+}
+
+std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
+                                                    const ModelLimits& limits) {
+  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
+  static const char* const kKnown[] = {"text", "input_ids", "sampling_params", "stream", "rid",
+                                       "return_logprob", "logprob_start_len", "top_logprobs_num",
+                                       "return_text_in_logprobs", "modalities"};
+  for (const auto& item : j.items()) {
+    bool known = false;
+    for (const char* k : kKnown) known |= item.key() == k;
+    if (!known) return bad(item.key(), "unknown field");
+  }
+  if (j.contains("return_logprob") && j["return_logprob"] == true) {
+    return bad("return_logprob", "log probabilities are not supported yet");
+  }
+  GenerateCall call;
+  const bool has_text = j.contains("text") && !j["text"].is_null();
+  const bool has_ids = j.contains("input_ids") && !j["input_ids"].is_null();
+  if (has_text == has_ids) {
+    return bad(has_text ? "input_ids" : "text", has_text ? "give text or input_ids, not both"
+                                                         : "missing: give text or input_ids");
+  }
+  if (has_text) {
+    const json& t = j["text"];
+    std::vector<std::string> texts;
+    if (t.is_string()) {
+      texts.push_back(t.get<std::string>());
+    } else if (t.is_array()) {
+      call.batch = true;
+      for (size_t i = 0; i < t.size(); ++i) {
+        if (!t[i].is_string()) {
+          return bad("text[" + std::to_string(i) + "]", "expected a string, found " +
+                                                            type_name(t[i]));
+        }
+        texts.push_back(t[i].get<std::string>());
+      }
+    } else {
+      return bad("text", "expected a string or a list of strings, found " + type_name(t));
+    }
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::vector<int32_t> ids = limits.tokenizer->encode(texts[i], /*add_bos=*/true);
+      call.prompts.push_back(std::move(ids));
+    }
+  } else {
+    const json& ids = j["input_ids"];
+    if (ids.is_array() && !ids.empty() && ids[0].is_array()) {
+      call.batch = true;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        auto one = read_ids(ids[i], "input_ids[" + std::to_string(i) + "]", limits.vocab_size);
+        if (auto* e = std::get_if<ApiError>(&one)) return *e;
+        call.prompts.push_back(std::move(std::get<std::vector<int32_t>>(one)));
+      }
+    } else {
+      auto one = read_ids(ids, "input_ids", limits.vocab_size);
+      if (auto* e = std::get_if<ApiError>(&one)) return *e;
+      call.prompts.push_back(std::move(std::get<std::vector<int32_t>>(one)));
+    }
+  }
+  if (call.prompts.empty()) return bad(has_text ? "text" : "input_ids", "the batch is empty");
+  for (size_t i = 0; i < call.prompts.size(); ++i) {
+    // A text prompt holds at least its BOS; an empty one would have nothing to continue.
+    const bool only_bos = has_text && call.prompts[i].size() <= 1;
+    if (call.prompts[i].empty() || only_bos) {
+      return bad(std::string(has_text ? "text" : "input_ids") +
+                     (call.batch ? "[" + std::to_string(i) + "]" : ""),
+                 "the prompt is empty");
+    }
+  }
+
+  if (j.contains("rid") && !j["rid"].is_null()) {
+    const json& rid = j["rid"];
+    if (rid.is_string() && !call.batch) {
+      call.rids.push_back(rid.get<std::string>());
+    } else if (rid.is_array() && call.batch && rid.size() == call.prompts.size()) {
+      for (size_t i = 0; i < rid.size(); ++i) {
+        if (!rid[i].is_string()) return bad("rid[" + std::to_string(i) + "]", "expected a string");
+        call.rids.push_back(rid[i].get<std::string>());
+      }
+    } else {
+      return bad("rid", call.batch ? "expected a list of strings, one per prompt"
+                                   : "expected a string");
+    }
+  }
+  call.rids.resize(call.prompts.size());
+  if (j.contains("stream")) {
+    if (!j["stream"].is_boolean()) return bad("stream", "expected true or false");
+    call.stream = j["stream"].get<bool>();
+    if (call.stream && call.batch) return bad("stream", "streaming a batch is not supported");
+  }
+
+  if (j.contains("sampling_params") && !j["sampling_params"].is_null()) {
+    const json& sp = j["sampling_params"];
+    if (!sp.is_object()) return bad("sampling_params", "expected an object");
+    for (const auto& item : sp.items()) {
+      const std::string key = item.key();
+      const json& v = item.value();
+      const std::string param = "sampling_params." + key;
+      if (v.is_null()) continue;
+      auto number = [&](double* out) -> std::optional<ApiError> {
+        if (!v.is_number()) return bad(param, "expected a number, found " + type_name(v));
+        *out = v.get<double>();
+        if (!std::isfinite(*out)) return bad(param, "expected a finite number");
+        return std::nullopt;
+      };
+      double x = 0;
+      if (key == "max_new_tokens") {
+        if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
+        if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX}
+                                   : v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX) {
+          return bad(param, "expected an integer >= 1, found " + v.dump());
+        }
+        call.max_new_tokens = static_cast<int32_t>(v.get<int64_t>());
+      } else if (key == "temperature") {
+        if (auto e = number(&x)) return *e;
+        if (x < 0) return bad(param, "expected a number >= 0 (0 = greedy), found " + v.dump());
+        call.sampling.temperature = static_cast<float>(x);
+      } else if (key == "top_p") {
+        if (auto e = number(&x)) return *e;
+        if (!(x > 0 && x <= 1)) return bad(param, "expected a number in (0, 1], found " + v.dump());
+        call.sampling.top_p = static_cast<float>(x);
+      } else if (key == "top_k") {
+        if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
+        const int64_t k = v.get<int64_t>();
+        // SGLang's -1 and kvrt's 0 both mean every token.
+        if (k < -1 || k > INT32_MAX) return bad(param, "expected -1, 0 (all) or more");
+        call.sampling.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
+      } else if (key == "min_p") {
+        if (auto e = number(&x)) return *e;
+        if (x != 0) return bad(param, "min_p other than 0 is not supported yet");
+      } else if (key == "seed") {
+        if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
+        call.sampling.seed = v.is_number_unsigned() ? v.get<uint64_t>()
+                                                    : static_cast<uint64_t>(v.get<int64_t>());
+      } else if (key == "ignore_eos") {
+        if (!v.is_boolean()) return bad(param, "expected true or false");
+        call.ignore_eos = v.get<bool>();
+      } else if (key == "stop_token_ids") {
+        auto ids = read_ids(v, param, limits.vocab_size);
+        if (auto* e = std::get_if<ApiError>(&ids)) return *e;
+        call.stop_token_ids = std::get<std::vector<int32_t>>(ids);
+      } else if (key == "stop") {
+        if (v.is_string()) {
+          call.stop.push_back(v.get<std::string>());
+        } else if (v.is_array()) {
+          for (const json& s : v) {
+            if (!s.is_string()) return bad(param, "expected a string or a list of strings");
+            call.stop.push_back(s.get<std::string>());
+          }
+        } else {
+          return bad(param, "expected a string or a list of strings");
+        }
+        for (const std::string& s : call.stop) {
+          if (s.empty()) return bad(param, "a stop string is empty");
+        }
+      } else if (key == "n") {
+        if (v != 1) return bad(param, "only n = 1 is supported");
+      } else if (key == "frequency_penalty" || key == "presence_penalty" ||
+                 key == "repetition_penalty") {
+        if (auto e = number(&x)) return *e;
+        const double neutral = key == "repetition_penalty" ? 1.0 : 0.0;
+        if (x != neutral) return bad(param, key + " is not supported yet");
+      } else if (key == "skip_special_tokens" || key == "spaces_between_special_tokens" ||
+                 key == "no_stop_trim") {
+        if (!v.is_boolean()) return bad(param, "expected true or false");
+      } else {
+        return bad(param, "unknown sampling parameter");
+      }
+    }
+  }
+  for (size_t i = 0; i < call.prompts.size(); ++i) {
+    const int64_t total = static_cast<int64_t>(call.prompts[i].size()) + call.max_new_tokens;
+    if (limits.context_length > 0 && total > limits.context_length) {
+      return bad("sampling_params.max_new_tokens",
+                 std::to_string(call.prompts[i].size()) + " prompt tokens + " +
+                     std::to_string(call.max_new_tokens) +
+                     " max_new_tokens exceed the model's context of " +
+                     std::to_string(limits.context_length) + " tokens");
+    }
+  }
+  return call;
+}
+
+json generate_json(const GenerateResult& r) {
+  json finish = nullptr;
+  if (r.finished) {
+    switch (r.kind) {
+      case Finish::kLength:
+        finish = {{"type", "length"}, {"length", r.output_ids.size()}};
+        break;
+      case Finish::kStop:
+        finish = {{"type", "stop"}, {"matched", r.matched}};
+        break;
+      case Finish::kAbort:
+        finish = {{"type", "abort"}, {"message", r.message}};
+        break;
+    }
+  }
+  json meta = {{"id", r.rid},
+               {"prompt_tokens", r.prompt_tokens},
+               {"completion_tokens", r.output_ids.size()},
+               {"cached_tokens", r.cached_tokens},
+               {"finish_reason", finish}};
+  if (r.finished) meta["e2e_latency"] = r.e2e_latency;
+  return json{{"text", r.text}, {"output_ids", r.output_ids}, {"meta_info", meta}};
+}
+
+std::string to_text(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
+                 std::string* matched) {
+  size_t best = std::string_view::npos;
+  for (const std::string& s : stops) {
+    const size_t at = text.find(s);
+    if (at < best) {
+      best = at;
+      if (matched != nullptr) *matched = s;
+    }
+  }
+  return best;
+}
+
+}  // namespace kvrt::server

@@ -1,0 +1,82 @@
+// The request and response bodies of kvrt serve's API, apart from the sockets: SGLang's POST
+// /generate, checked field by field (a bad one is an ApiError naming it, answered 400), and the
+// JSON each finished or streamed request is answered with. Pure functions, so they are tested
+// and fuzzed without a server.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/exec/sampler.h"
+#include "core/model/tokenizer.h"
+
+namespace kvrt::server {
+
+// An answer other than 200: the status and OpenAI's error shape
+// {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // the request field at fault ("sampling_params.top_p"), or ""
+  std::string type = "invalid_request_error";
+};
+std::string error_body(const ApiError& error);
+
+// What checking a request needs to know of the served model.
+struct ModelLimits {
+  const model::Tokenizer* tokenizer = nullptr;
+  int32_t vocab_size = 0;
+  int64_t context_length = 0;  // max_position_embeddings
+};
+
+// One POST /generate call: one prompt, or a batch answered as a list in order.
+struct GenerateCall {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> rids;  // one per prompt; "" when the client gave none
+  bool batch = false;             // the prompt was a list: the answer is a list
+  bool stream = false;            // server-sent events
+  int32_t max_new_tokens = 128;
+  exec::SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // stop strings, matched in the decoded output
+  bool ignore_eos = false;
+};
+
+// The body parsed and every field checked: types, a prompt given exactly once and non-empty,
+// ids inside the vocabulary, max_new_tokens and the sampling parameters in range, the prompt
+// plus max_new_tokens inside the context, valid UTF-8.
+std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
+                                                    const ModelLimits& limits);
+
+// How a request ended, as finish_reason.type says it.
+enum class Finish { kLength, kStop, kAbort };
+
+// A request's state as it is answered (finished, or so far when streaming).
+struct GenerateResult {
+  std::string rid;
+  std::vector<int32_t> output_ids;
+  std::string text;  // the decoded output, cut before a matched stop string
+  int32_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;
+  bool finished = false;
+  Finish kind = Finish::kLength;
+  std::string matched;  // the stop string or stop id that ended it
+  std::string message;  // why it was aborted
+  double e2e_latency = 0;
+};
+// {"text", "output_ids", "meta_info": {id, prompt_tokens, completion_tokens, cached_tokens,
+// finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished.
+nlohmann::json generate_json(const GenerateResult& result);
+
+// JSON text of a response: bytes of the generated text that are not valid UTF-8 (a token cut
+// in the middle of a character) become U+FFFD rather than failing the answer.
+std::string to_text(const nlohmann::json& j);
+
+// The first byte offset of a stop string in `text`, and which one, or npos.
+size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
+                 std::string* matched);
+
+}  // namespace kvrt::server

@@ -1,0 +1,60 @@
+// kvrt serve's HTTP/1.1 server (Boost.Beast over Asio): a few network threads, a strand per
+// connection, keep-alive, no thread per connection. Requests reach the serving core through the
+// StepLoop; tokens come back to their connection as they are sampled. Endpoints, in SGLang's
+// shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
+// /health_generate, /get_model_info, /get_server_info, /metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/server/api.h"
+#include "core/server/step_loop.h"
+#include "core/util/status.h"
+
+namespace kvrt::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 30000;  // 0: any free port (port() says which)
+  int network_threads = 2;
+  int max_connections = 4096;
+  uint64_t max_body_bytes = 16 << 20;
+  double request_timeout_s = 600;
+  std::string api_key;  // "": none
+};
+
+// What the server reports about itself; called on the step thread through StepLoop::call.
+struct ServerInfo {
+  std::function<std::string(serve::ServingCore&)> server_info;  // GET /get_server_info's JSON
+  std::string model_info;                                        // GET /get_model_info's JSON
+};
+
+class HttpServer {
+ public:
+  HttpServer(const ServerOptions& options, StepLoop& loop, ModelLimits limits, ServerInfo info,
+             std::vector<int32_t> eos_ids);
+  ~HttpServer();  // shutdown()
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Binds, listens and starts the network threads; an address in use is an error naming it.
+  Status start();
+  uint16_t port() const { return port_; }
+  // No new connections; open ones finish what they are doing.
+  void stop_accepting();
+  // Closes every connection and joins the network threads.
+  void shutdown();
+  int open_connections() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  uint16_t port_ = 0;
+};
+
+}  // namespace kvrt::server

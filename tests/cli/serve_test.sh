@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# `kvrt serve` as a user runs it, spoken to with curl: /generate's greedy ids equal `kvrt
+# generate`'s, a bad body is a 400 naming the field, and SIGTERM with a request in flight
+# answers it and exits 0.   usage: serve_test.sh <kvrt binary> <source dir>
+set -u
+kvrt=$1
+src=$2
+model=$(cd "$src/.." && pwd)/shared/models/stories260k
+out=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
+failed=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
+}
+if [ ! -f "$model/model.safetensors" ]; then
+  echo "skipped: $model not found"
+  exit 0
+fi
+"$kvrt" serve --set "model.path=\"$model\"" --set server.port=0 --set server.shutdown_grace_s=5 \
+  >"$out/serve.out" 2>"$out/serve.err" &
+pid=$!
+for _ in $(seq 100); do grep -q "^listening on" "$out/serve.out" && break; sleep 0.1; done
+port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
+check "kvrt serve prints the port it listens on" test -n "$port"
+url=http://127.0.0.1:$port
+
+"$kvrt" generate --set "model.path=\"$model\"" --ignore-eos --prompt "Once upon a time" \
+  --max-new-tokens 27 -v >/dev/null 2>"$out/gen.err"
+want=$(sed -n 's/^generated ids: //p' "$out/gen.err" | tr ' ' ',')
+curl -s "$url/generate" -d '{"text": "Once upon a time", "sampling_params": {"max_new_tokens": 27, "ignore_eos": true}}' \
+  >"$out/gen.json"
+check "/generate's output_ids equal kvrt generate's" grep -q "\"output_ids\":\[$want\]" "$out/gen.json"
+
+code=$(curl -s -o "$out/bad.json" -w '%{http_code}' "$url/generate" \
+  -d '{"text": "hi", "sampling_params": {"top_p": 2}}')
+check "a bad top_p is a 400" test "$code" = 400
+check "naming sampling_params.top_p" grep -q '"param":"sampling_params.top_p"' "$out/bad.json"
+check "/health is 200" test "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200
+check "/metrics is Prometheus text" bash -c "curl -s '$url/metrics' | grep -q '^kvrt:num_running_reqs'"
+
+# A long request in flight, then SIGTERM: it finishes within the grace period, exit 0.
+curl -s "$url/generate" -d '{"input_ids": [1, 403], "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}}' \
+  >"$out/long.json" &
+client=$!
+sleep 0.2
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=
+wait "$client"
+check "SIGTERM exits 0" test $rc -eq 0
+check "the request in flight got its answer" grep -q '"completion_tokens"' "$out/long.json"
+check "the log says it stopped" grep -q "kvrt serve: stopped" "$out/serve.err"
+exit $failed

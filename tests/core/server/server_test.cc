@@ -1,0 +1,329 @@
+// kvrt serve's HTTP server on a real socket (127.0.0.1, a free port), spoken to with a Beast
+// client: the reference ids over /generate, streaming, batches, every bad input with its status
+// and param, overload, a client that disconnects, abort by rid; after each test no request is
+// left running and no connection open.
+#include "core/server/http_server.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/config/config.h"
+#include "core/runtime/runtime.h"
+#include "tests/e2e/stories260k_reference.h"
+
+namespace kvrt::server {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using nlohmann::json;
+
+using stories260k::model_dir;
+
+struct Reply {
+  int status = 0;
+  std::string body;
+  http::fields headers;
+  json json_body() const { return json::parse(body, nullptr, false); }
+};
+
+// One request on a fresh connection.
+Reply call(uint16_t port, http::verb verb, const std::string& target, const std::string& body,
+           const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  http::request<http::string_body> req{verb, target, 11};
+  req.set(http::field::host, "127.0.0.1");
+  for (const auto& [k, v] : headers) req.set(k, v);
+  req.body() = body;
+  req.prepare_payload();
+  http::write(stream, req);
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(1 << 26);
+  beast::error_code ec;
+  http::read(stream, buffer, parser, ec);
+  Reply r;
+  if (ec) return r;
+  r.status = parser.get().result_int();
+  r.body = parser.get().body();
+  r.headers = parser.get().base();
+  return r;
+}
+
+Reply post(uint16_t port, const std::string& target, const json& body) {
+  return call(port, http::verb::post, target, body.dump());
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  // A server over stories260k (the real model) or a preset, with [server] overrides.
+  void serve(std::vector<std::string> overrides, size_t max_unfinished = 64) {
+    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+    spdlog::set_level(spdlog::level::err);
+    overrides.push_back("server.port=0");
+    Result<config::Config> cfg = config::load_string("", "<test>", overrides);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+    cfg_ = std::make_unique<config::Config>(*cfg);
+    registry_ = std::make_unique<plugin::Registry>();
+    registry_->set_config_source([this](const std::string& n) { return cfg_->plugin_table("kv", n); });
+    Result<runtime::Runtime> rt = runtime::build_runtime(*cfg_, *registry_);
+    ASSERT_TRUE(rt.ok()) << rt.status().message();
+    rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
+    core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
+                                                 rt_->engine.get());
+    loop_ = std::make_unique<StepLoop>(*core_, max_unfinished);
+    ServerOptions options;
+    options.port = 0;
+    options.max_body_bytes = static_cast<uint64_t>(cfg_->server.max_body_bytes);
+    options.api_key = cfg_->server.api_key;
+    ModelLimits limits{rt_->tokenizer.get(), static_cast<int32_t>(rt_->model.vocab_size),
+                       rt_->model.max_position_embeddings};
+    ServerInfo info;
+    info.model_info = json{{"model_path", rt_->model_name}}.dump();
+    info.server_info = [](serve::ServingCore& c) {
+      return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
+    };
+    http_ = std::make_unique<HttpServer>(options, *loop_, limits, info, rt_->model.eos_token_ids);
+    loop_->start();
+    ASSERT_TRUE(http_->start().ok());
+    port_ = http_->port();
+  }
+
+  // Nothing left running, no page held, no connection open.
+  void TearDown() override {
+    if (!http_) return;
+    for (int i = 0; i < 200 && (loop_->unfinished() > 0 || http_->open_connections() > 0); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(loop_->unfinished(), 0u);
+    EXPECT_EQ(http_->open_connections(), 0);
+    const size_t running = loop_->call([](serve::ServingCore& c) {
+      return c.scheduler().num_running();
+    });
+    EXPECT_EQ(running, 0u);
+    http_->shutdown();
+    loop_->stop();
+  }
+
+  bool has_model() const { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
+
+  std::unique_ptr<config::Config> cfg_;
+  std::unique_ptr<plugin::Registry> registry_;
+  std::unique_ptr<runtime::Runtime> rt_;
+  std::unique_ptr<serve::ServingCore> core_;
+  std::unique_ptr<StepLoop> loop_;
+  std::unique_ptr<HttpServer> http_;
+  uint16_t port_ = 0;
+};
+
+std::vector<int32_t> ids_of(const json& j) { return j.at("output_ids").get<std::vector<int32_t>>(); }
+
+TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  Reply r = post(port_, "/generate",
+                 {{"text", "Once upon a time"},
+                  {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.json_body();
+  EXPECT_EQ(ids_of(j), stories260k::kExpected);
+  EXPECT_EQ(j["meta_info"]["prompt_tokens"], 5);
+  EXPECT_EQ(j["meta_info"]["completion_tokens"], 27);
+  EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "length");
+  EXPECT_EQ(j["text"].get<std::string>().rfind(", there was a little girl", 0), 0u);
+  // The same through input_ids, as a batch of two answered in order.
+  Reply batch = post(port_, "/generate",
+                     {{"input_ids", {{1, 403, 407, 261, 378}, {1, 403, 407, 261, 378}}},
+                      {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  ASSERT_EQ(batch.status, 200) << batch.body;
+  ASSERT_TRUE(batch.json_body().is_array());
+  for (const json& one : batch.json_body()) EXPECT_EQ(ids_of(one), stories260k::kExpected);
+}
+
+TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  Reply r = post(port_, "/generate",
+                 {{"text", "Once upon a time"},
+                  {"stream", true},
+                  {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers[http::field::content_type], "text/event-stream");
+  std::vector<int32_t> ids;
+  std::string last_text;
+  size_t events = 0;
+  bool done = false;
+  for (size_t at = 0; (at = r.body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = r.body.find("\n\n", at);
+    const std::string data = r.body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    const json j = json::parse(data);
+    for (int32_t id : ids_of(j)) ids.push_back(id);
+    last_text = j["text"];
+    ++events;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_GE(events, 27u);
+  EXPECT_EQ(ids, stories260k::kExpected);
+  EXPECT_EQ(last_text.rfind(", there was a little girl", 0), 0u);
+}
+
+TEST_F(ServerTest, StopStringEndsTheTextBeforeIt) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  Reply r = post(port_, "/generate",
+                 {{"text", "Once upon a time"},
+                  {"sampling_params", {{"max_new_tokens", 27}, {"stop", {"girl"}}}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.json_body();
+  EXPECT_EQ(j["text"], ", there was a little ");
+  EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "stop");
+  EXPECT_EQ(j["meta_info"]["finish_reason"]["matched"], "girl");
+}
+
+// Every bad body is a 400 naming the field; the server stays up for the next request.
+TEST_F(ServerTest, BadInputIsA400NamingTheField) {
+  serve({"model.preset=synth-tiny"});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{not json", ""},
+      {"[1, 2]", ""},
+      {R"({"sampling_params": {}})", "text"},
+      {R"({"text": "a", "input_ids": [1]})", "input_ids"},
+      {R"({"text": ""})", "text"},
+      {R"({"input_ids": []})", "input_ids"},
+      {R"({"input_ids": [1, -4]})", "input_ids[1]"},
+      {R"({"input_ids": [1, 512]})", "input_ids[1]"},
+      {R"({"input_ids": [1, "x"]})", "input_ids[1]"},
+      {R"({"input_ids": [1], "sampling_params": {"temperature": -1}})",
+       "sampling_params.temperature"},
+      {R"({"input_ids": [1], "sampling_params": {"top_p": 0}})", "sampling_params.top_p"},
+      {R"({"input_ids": [1], "sampling_params": {"top_p": 1.5}})", "sampling_params.top_p"},
+      {R"({"input_ids": [1], "sampling_params": {"top_k": -2}})", "sampling_params.top_k"},
+      {R"({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}})",
+       "sampling_params.max_new_tokens"},
+      {R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 1e12}})",
+       "sampling_params.max_new_tokens"},
+      {R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 5000}})",
+       "sampling_params.max_new_tokens"},
+      {R"({"input_ids": [1], "sampling_params": {"stop_token_ids": [9999]}})",
+       "sampling_params.stop_token_ids[0]"},
+      {R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", "sampling_params.min_p"},
+      {R"({"input_ids": [1], "sampling_params": {"temprature": 1}})",
+       "sampling_params.temprature"},
+      {R"({"input_ids": [1], "stream": "yes"})", "stream"},
+      {"{\"text\": \"\xff\xfe\"}", ""},
+  };
+  for (const auto& [body, param] : cases) {
+    Reply r = call(port_, http::verb::post, "/generate", body);
+    EXPECT_EQ(r.status, 400) << body << " -> " << r.body;
+    const json j = r.json_body();
+    ASSERT_TRUE(j.is_object()) << r.body;
+    EXPECT_EQ(j["error"]["param"], param.empty() ? json(nullptr) : json(param)) << body;
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+  }
+  EXPECT_EQ(post(port_, "/generate", {{"input_ids", {1, 2}}, {"sampling_params",
+                                                              {{"max_new_tokens", 2}}}})
+                .status,
+            200);
+}
+
+TEST_F(ServerTest, UnknownPathWrongMethodLargeBodyAndKey) {
+  serve({"model.preset=synth-tiny", "server.max_body_bytes=100", "server.api_key=\"k3y\""});
+  const std::vector<std::pair<std::string, std::string>> auth = {{"Authorization", "Bearer k3y"}};
+  EXPECT_EQ(call(port_, http::verb::get, "/health", "").status, 401);
+  EXPECT_EQ(call(port_, http::verb::get, "/health", "", {{"Authorization", "Bearer nope"}}).status,
+            401);
+  EXPECT_EQ(call(port_, http::verb::get, "/health", "", auth).status, 200);
+  EXPECT_EQ(call(port_, http::verb::get, "/nowhere", "", auth).status, 404);
+  EXPECT_EQ(call(port_, http::verb::get, "/generate", "", auth).status, 405);
+  EXPECT_EQ(call(port_, http::verb::post, "/generate", std::string(200, ' '), auth).status, 413);
+  Reply info = call(port_, http::verb::get, "/get_server_info", "", auth);
+  ASSERT_EQ(info.status, 200);
+  EXPECT_GT(info.json_body()["max_total_num_tokens"].get<uint64_t>(), 0u);
+  Reply metrics = call(port_, http::verb::get, "/metrics", "", auth);
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.body.find("kvrt:num_running_reqs 0"), std::string::npos);
+  EXPECT_EQ(call(port_, http::verb::get, "/health_generate", "", auth).status, 200);
+}
+
+// Beyond the bounded queue a request is answered 503 with Retry-After at once.
+TEST_F(ServerTest, OverloadIsA503WithRetryAfter) {
+  serve({"model.preset=synth-tiny"}, /*max_unfinished=*/1);
+  std::thread busy([&] {
+    Reply r = post(port_, "/generate",
+                   {{"input_ids", {1, 2, 3}},
+                    {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}});
+    EXPECT_EQ(r.status, 200);
+  });
+  while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Reply r = post(port_, "/generate", {{"input_ids", {1, 2}}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.headers[http::field::retry_after], "1");
+  busy.join();
+}
+
+// A client that goes away mid-stream aborts its request; its pages go back.
+TEST_F(ServerTest, DisconnectAbortsTheRequest) {
+  serve({"model.preset=synth-tiny"});
+  {
+    net::io_context ioc;
+    beast::tcp_stream stream(ioc);
+    stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    http::request<http::string_body> req{http::verb::post, "/generate", 11};
+    req.body() = json{{"input_ids", {1, 2, 3}},
+                      {"stream", true},
+                      {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}}
+                     .dump();
+    req.prepare_payload();
+    http::write(stream, req);
+    char first[64];
+    stream.read_some(net::buffer(first));  // the head: the request is running
+  }  // closed
+  for (int i = 0; i < 500 && loop_->unfinished() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(loop_->unfinished(), 0u);
+  const uint64_t generated = loop_->call([](serve::ServingCore& c) {
+    return c.counters().generated_tokens;
+  });
+  EXPECT_LT(generated, 2000u);
+}
+
+TEST_F(ServerTest, AbortByRid) {
+  serve({"model.preset=synth-tiny"});
+  std::thread long_one([&] {
+    Reply r = post(port_, "/generate",
+                   {{"input_ids", {1, 2, 3}},
+                    {"rid", "mine"},
+                    {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json_body()["meta_info"]["finish_reason"]["type"], "abort");
+    EXPECT_EQ(r.json_body()["meta_info"]["id"], "mine");
+  });
+  while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  Reply r = post(port_, "/abort_request", {{"rid", "mine"}});
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.json_body()["success"], true);
+  long_one.join();
+}
+
+}  // namespace
+}  // namespace kvrt::server
