@@ -73,6 +73,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   options.max_body_bytes = static_cast<uint64_t>(cfg.server.max_body_bytes);
   options.request_timeout_s = cfg.server.request_timeout_s;
   options.api_key = cfg.server.api_key;
+  options.record_trace = cfg.server.record_trace;
   server::ModelLimits limits{rt.tokenizer.get(), static_cast<int32_t>(rt.model.vocab_size),
                              rt.model.max_position_embeddings};
   const std::string effective = config::to_toml(cfg);

@@ -253,6 +253,10 @@ ServerMetrics::ServerMetrics(Registry& r)
           r.gauge("kvrt:num_queue_reqs", "The number of requests in the waiting queue.")),
       token_usage(
           r.gauge("kvrt:token_usage", "The token usage: KV tokens in use / max_total_num_tokens.")),
+      num_used_tokens(r.gauge("kvrt:num_used_tokens",
+                              "KV tokens held by requests (not counting evictable cache).")),
+      max_total_num_tokens(
+          r.gauge("kvrt:max_total_num_tokens", "The KV pool's capacity in tokens.")),
       gen_throughput(r.gauge("kvrt:gen_throughput", "The generation throughput (token/s).")),
       time_to_first_token_seconds(r.histogram("kvrt:time_to_first_token_seconds",
                                               "Histogram of time to first token in seconds.",

@@ -142,6 +142,8 @@ struct ServerMetrics {
   Gauge& num_running_reqs;              // kvrt:num_running_reqs
   Gauge& num_queue_reqs;                // kvrt:num_queue_reqs
   Gauge& token_usage;                   // kvrt:token_usage: KV tokens in use / max_total
+  Gauge& num_used_tokens;               // kvrt:num_used_tokens: KV tokens held by requests
+  Gauge& max_total_num_tokens;          // kvrt:max_total_num_tokens: the pool's tokens
   Gauge& gen_throughput;                // kvrt:gen_throughput: tokens/s, last interval
   Histogram& time_to_first_token_seconds;
   Histogram& inter_token_latency_seconds;

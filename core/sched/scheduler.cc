@@ -419,11 +419,7 @@ Result<StepStats> Scheduler::step() {
   }
   if (!result.ok()) return result;
   result->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  if (metrics_ != nullptr) {
-    metrics_->num_running_reqs.set(result->running);
-    metrics_->num_queue_reqs.set(result->queued);
-    metrics_->token_usage.set(result->token_usage);
-  }
+  publish_gauges();
   log_step(*result);
   if (options_.check_invariants) {
     if (Status s = check_invariants(); !s.ok()) return s.WithContext("scheduler invariant");
@@ -577,6 +573,17 @@ Result<StepStats> Scheduler::decode_step() {
   }
   fill_stats(&stats);
   return stats;
+}
+
+void Scheduler::publish_gauges() const {
+  if (metrics_ == nullptr) return;
+  StepStats now;
+  fill_stats(&now);
+  metrics_->num_running_reqs.set(now.running);
+  metrics_->num_queue_reqs.set(now.queued);
+  metrics_->token_usage.set(now.token_usage);
+  metrics_->num_used_tokens.set(static_cast<double>(now.pages_in_use * options_.page_size));
+  metrics_->max_total_num_tokens.set(static_cast<double>(options_.num_pages * options_.page_size));
 }
 
 void Scheduler::fill_stats(StepStats* stats) const {

@@ -161,6 +161,9 @@ class Scheduler {
   // Counters, gauges and histograms (TTFT, ITL, latency, tokens, retractions) for /metrics;
   // not owned, may be null.
   void set_metrics(metrics::ServerMetrics* m) { metrics_ = m; }
+  // Sets the gauges (running, queued, token usage, used and total tokens) to the state now,
+  // also between steps: /metrics reads them when the server is idle.
+  void publish_gauges() const;
   void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
 
   // Queues a request; one that can never be served (empty prompt, ids outside the vocabulary,

@@ -77,7 +77,10 @@ class ServingCore {
   // the store cannot say (logged).
   std::optional<kvrt_tier_info> tier_info() const;
   // The metrics as /metrics serves them.
-  std::string prometheus() const { return registry_.render_prometheus(); }
+  std::string prometheus() const {
+    scheduler_.publish_gauges();
+    return registry_.render_prometheus();
+  }
 
  private:
   void wire();

@@ -6,7 +6,9 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <cmath>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -46,6 +48,19 @@ struct HttpServer::Impl {
   // Client rids of the requests in flight, for /abort_request.
   std::mutex rid_mutex;
   std::unordered_map<std::string, uint64_t> rids;
+  // record_trace: the file, and when the server started (the trace's time 0).
+  std::mutex trace_mutex;
+  std::ofstream trace;
+  Clock::time_point started = Clock::now();
+  void record(Clock::time_point arrival, const GenerateResult& r) {
+    if (!trace.is_open() || r.output_ids.empty()) return;
+    const double at = std::chrono::duration<double>(arrival - started).count();
+    const json line = {{"timestamp", std::round(at * 1e6) / 1e6},
+                       {"input_len", r.prompt_tokens},
+                       {"output_len", r.output_ids.size()}};
+    std::lock_guard lock(trace_mutex);
+    trace << line.dump() << '\n' << std::flush;
+  }
   // Every open session, to close them at shutdown.
   std::mutex session_mutex;
   std::vector<std::weak_ptr<Session>> sessions;
@@ -345,6 +360,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // Refused by the scheduler when submitted (too long for the pool, a bad sampling value):
     // the client's request was at fault.
+    server_.record(started_, p.result);
     if (at_submit && refusal_.empty()) {
       refusal_ = why;
     }
@@ -534,6 +550,14 @@ Status HttpServer::start() {
   if (!ec) s.acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Status::InvalidArgument("cannot listen on " + where + ": " + ec.message());
   port_ = s.acceptor.local_endpoint().port();
+  if (!s.options.record_trace.empty()) {
+    s.trace.open(s.options.record_trace, std::ios::app);
+    if (!s.trace) {
+      return Status::NotFound("server.record_trace: cannot open '" + s.options.record_trace +
+                              "' for appending");
+    }
+  }
+  s.started = Clock::now();
   s.accepting = true;
   s.work.emplace(s.ioc.get_executor());
   s.accept();

@@ -25,6 +25,9 @@ struct ServerOptions {
   uint64_t max_body_bytes = 16 << 20;
   double request_timeout_s = 600;
   std::string api_key;  // "": none
+  // "": none; else each finished request is appended as one JSONL line in the format
+  // `kvrt bench --trace` replays: {"timestamp", "input_len", "output_len"}.
+  std::string record_trace;
 };
 
 // What the server reports about itself; called on the step thread through StepLoop::call.

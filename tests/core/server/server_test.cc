@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/cli/workload.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
 #include "tests/e2e/stories260k_reference.h"
@@ -89,6 +91,7 @@ class ServerTest : public ::testing::Test {
     options.port = 0;
     options.max_body_bytes = static_cast<uint64_t>(cfg_->server.max_body_bytes);
     options.api_key = cfg_->server.api_key;
+    options.record_trace = cfg_->server.record_trace;
     ModelLimits limits{rt_->tokenizer.get(), static_cast<int32_t>(rt_->model.vocab_size),
                        rt_->model.max_position_embeddings};
     ServerInfo info;
@@ -114,6 +117,9 @@ class ServerTest : public ::testing::Test {
       return c.scheduler().num_running();
     });
     EXPECT_EQ(running, 0u);
+    // No page leaked: every request's pages are back (the prefix cache may keep evictable ones).
+    const std::string metrics = loop_->call([](serve::ServingCore& c) { return c.prometheus(); });
+    EXPECT_NE(metrics.find("\nkvrt:num_used_tokens 0\n"), std::string::npos) << metrics;
     http_->shutdown();
     loop_->stop();
   }
@@ -323,6 +329,30 @@ TEST_F(ServerTest, AbortByRid) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.json_body()["success"], true);
   long_one.join();
+}
+
+// record_trace writes what kvrt bench --trace replays: one line per finished request.
+TEST_F(ServerTest, RecordTraceWritesAReplayableTrace) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("kvrt_trace_" + std::to_string(getpid()) + ".jsonl"))
+          .string();
+  std::filesystem::remove(path);
+  serve({"model.preset=synth-tiny", "server.record_trace=\"" + path + "\""});
+  for (int n : {3, 5}) {
+    ASSERT_EQ(post(port_, "/generate",
+                   {{"input_ids", {1, 2, 3, 4}},
+                    {"sampling_params", {{"max_new_tokens", n}, {"ignore_eos", true}}}})
+                  .status,
+              200);
+  }
+  Result<bench::WorkloadSpec> trace = bench::load_trace_jsonl(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  ASSERT_EQ(trace->trace.size(), 2u);
+  EXPECT_EQ(trace->trace[0].input_len, 4);
+  EXPECT_EQ(trace->trace[0].output_len, 3);
+  EXPECT_EQ(trace->trace[1].output_len, 5);
+  EXPECT_LE(trace->trace[0].arrival_s, trace->trace[1].arrival_s);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
