@@ -80,6 +80,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   const json store = plugin_json(*registry.load(cfg.kv.store).value());
   const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
   server::ServerInfo info;
+  info.model_name = rt.model_name;
   info.model_info = json{{"model_path", rt.model_name},
                          {"tokenizer_path", cfg.model.path.empty() ? "" : cfg.model.path +
                                                                               "/tokenizer.model"},

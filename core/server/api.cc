@@ -261,6 +261,169 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   return call;
 }
 
+namespace {
+
+const char* openai_finish(const GenerateResult& r) {
+  if (!r.finished) return nullptr;
+  return r.kind == Finish::kLength ? "length" : r.kind == Finish::kStop ? "stop" : "abort";
+}
+
+// The fields OpenAI's completions and chat share, mapped onto /generate's sampling_params so
+// one checker serves both APIs.
+std::variant<json, ApiError> openai_sampling(const json& j) {
+  json sp = json::object();
+  for (const auto& item : j.items()) {
+    const std::string& k = item.key();
+    const json& v = item.value();
+    if (k == "max_tokens" || k == "max_completion_tokens") {
+      sp["max_new_tokens"] = v;
+    } else if (k == "temperature" || k == "top_p" || k == "seed" || k == "stop" || k == "n" ||
+               k == "frequency_penalty" || k == "presence_penalty" || k == "top_k" ||
+               k == "ignore_eos" || k == "min_p") {
+      sp[k] = v;
+    } else if (k == "model" || k == "prompt" || k == "messages" || k == "stream" || k == "user" ||
+               k == "stream_options" || k == "logprobs" || k == "echo") {
+      // handled by the caller, or accepted and not used (user)
+    } else {
+      return bad(k, "unknown field");
+    }
+  }
+  return sp;
+}
+
+}  // namespace
+
+std::string apply_default_chat_template(
+    const std::vector<std::pair<std::string, std::string>>& messages) {
+  std::string text;
+  for (const auto& [role, content] : messages) text += role + ": " + content + "\n";
+  return text + "assistant:";
+}
+
+std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const ModelLimits& limits,
+                                                  bool chat) {
+  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
+  auto sampling = openai_sampling(j);
+  if (auto* e = std::get_if<ApiError>(&sampling)) return *e;
+  if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) ||
+      (j.contains("echo") && j["echo"] == true)) {
+    return bad(j.contains("echo") && j["echo"] == true ? "echo" : "logprobs",
+               "not supported yet");
+  }
+  // The same request as /generate would see it, checked by the same code.
+  json generate = {{"sampling_params", std::get<json>(sampling)}};
+  if (j.contains("stream")) generate["stream"] = j["stream"];
+  if (chat) {
+    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
+      return bad("messages", "expected a non-empty list of {role, content}");
+    }
+    std::vector<std::pair<std::string, std::string>> messages;
+    for (size_t i = 0; i < j["messages"].size(); ++i) {
+      const json& m = j["messages"][i];
+      const std::string at = "messages[" + std::to_string(i) + "]";
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+        return bad(at + ".role", "expected a string (system, user or assistant)");
+      }
+      if (!m.contains("content") || !m["content"].is_string()) {
+        return bad(at + ".content", "expected a string");
+      }
+      messages.emplace_back(m["role"].get<std::string>(), m["content"].get<std::string>());
+    }
+    generate["text"] = apply_default_chat_template(messages);
+  } else {
+    if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
+    const json& p = j["prompt"];
+    if (p.is_string()) {
+      generate["text"] = p;
+    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+      generate["input_ids"] = p;
+    } else {
+      return bad("prompt", "expected a string or a list of token ids");
+    }
+  }
+  auto call = parse_generate(generate.dump(), limits);
+  if (auto* e = std::get_if<ApiError>(&call)) {
+    // Name the OpenAI field, not the /generate one it was mapped to.
+    ApiError error = *e;
+    for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_tokens"},
+                            std::pair{"sampling_params.", ""}, std::pair{"input_ids", "prompt"},
+                            std::pair{"text", chat ? "messages" : "prompt"}}) {
+      const std::string f = from;
+      if (error.param.rfind(f, 0) == 0) {
+        error.param = to + error.param.substr(f.size());
+        if (error.message.rfind(f, 0) == 0) error.message = to + error.message.substr(f.size());
+        break;
+      }
+    }
+    return error;
+  }
+  GenerateCall c = std::get<GenerateCall>(std::move(call));
+  c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
+  if (j.contains("model") && j["model"].is_string()) c.model = j["model"].get<std::string>();
+  return c;
+}
+
+json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,
+                 const std::string& id, int64_t created) {
+  const bool chat = call.dialect == Dialect::kChat;
+  json choices = json::array();
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerateResult& r = results[i];
+    json choice = {{"index", i}};
+    const char* finish = openai_finish(r);
+    choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+    } else {
+      choice["text"] = r.text;
+      choice["logprobs"] = nullptr;
+    }
+    choices.push_back(choice);
+    prompt += r.prompt_tokens;
+    completion += static_cast<int64_t>(r.output_ids.size());
+  }
+  return {{"id", id},
+          {"object", chat ? "chat.completion" : "text_completion"},
+          {"created", created},
+          {"model", call.model},
+          {"choices", choices},
+          {"usage",
+           {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion}}}};
+}
+
+json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::string& delta,
+                  const std::string& id, int64_t created) {
+  const bool chat = call.dialect == Dialect::kChat;
+  json choice = {{"index", 0}};
+  const char* finish = openai_finish(r);
+  choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+  if (chat) {
+    choice["delta"] = {{"content", delta}};
+    if (r.output_ids.size() <= 1 && !r.finished) choice["delta"]["role"] = "assistant";
+  } else {
+    choice["text"] = delta;
+    choice["logprobs"] = nullptr;
+  }
+  json chunk = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", call.model},
+                {"choices", json::array({choice})}};
+  if (r.finished) {
+    const int64_t completion = static_cast<int64_t>(r.output_ids.size());
+    chunk["usage"] = {{"prompt_tokens", r.prompt_tokens},
+                      {"completion_tokens", completion},
+                      {"total_tokens", r.prompt_tokens + completion}};
+  }
+  return chunk;
+}
+
 json generate_json(const GenerateResult& r) {
   json finish = nullptr;
   if (r.finished) {

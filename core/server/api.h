@@ -32,8 +32,13 @@ struct ModelLimits {
   int64_t context_length = 0;  // max_position_embeddings
 };
 
+// Which API a call came through: its answer takes that API's shape.
+enum class Dialect { kGenerate, kCompletions, kChat };
+
 // One POST /generate call: one prompt, or a batch answered as a list in order.
 struct GenerateCall {
+  Dialect dialect = Dialect::kGenerate;
+  std::string model;  // OpenAI: the "model" the client named, echoed back
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> rids;  // one per prompt; "" when the client gave none
   bool batch = false;             // the prompt was a list: the answer is a list
@@ -54,6 +59,16 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
 // How a request ended, as finish_reason.type says it.
 enum class Finish { kLength, kStop, kAbort };
 
+// POST /v1/completions (`chat` false: "prompt", a string or a list of token ids) and
+// /v1/chat/completions (`chat` true: "messages" through the chat template): OpenAI's fields
+// (max_tokens, temperature, top_p, seed, stop, stream, n = 1), checked as parse_generate does.
+std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const ModelLimits& limits,
+                                                  bool chat);
+
+// The chat template when the model directory ships none kvrt can read: each message as
+// "<role>: <content>\n", then "assistant:" for the answer to follow.
+std::string apply_default_chat_template(const std::vector<std::pair<std::string, std::string>>&);
+
 // A request's state as it is answered (finished, or so far when streaming).
 struct GenerateResult {
   std::string rid;
@@ -70,6 +85,14 @@ struct GenerateResult {
 // {"text", "output_ids", "meta_info": {id, prompt_tokens, completion_tokens, cached_tokens,
 // finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished.
 nlohmann::json generate_json(const GenerateResult& result);
+
+// OpenAI's answer for a finished call (`results` in prompt order): a "text_completion" or a
+// "chat.completion" with choices and usage; `created` is the Unix time.
+nlohmann::json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,
+                           const std::string& id, int64_t created);
+// One streamed chunk: `delta` is the text since the last chunk; finish_reason when finished.
+nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& result,
+                            const std::string& delta, const std::string& id, int64_t created);
 
 // JSON text of a response: bytes of the generated text that are not valid UTF-8 (a token cut
 // in the middle of a character) become U+FFFD rather than failing the answer.

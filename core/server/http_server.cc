@@ -5,6 +5,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -161,7 +162,8 @@ class Session : public std::enable_shared_from_this<Session> {
         {"/generate", http::verb::post},        {"/abort_request", http::verb::post},
         {"/health", http::verb::get},           {"/health_generate", http::verb::get},
         {"/get_model_info", http::verb::get},   {"/get_server_info", http::verb::get},
-        {"/metrics", http::verb::get}};
+        {"/metrics", http::verb::get},          {"/v1/completions", http::verb::post},
+        {"/v1/chat/completions", http::verb::post}, {"/v1/models", http::verb::get}};
     const Route* route = nullptr;
     for (const Route& r : kRoutes) {
       if (path == r.path) route = &r;
@@ -199,7 +201,18 @@ class Session : public std::enable_shared_from_this<Session> {
       health_ = true;
       return generate(std::move(call));
     }
-    auto parsed = parse_generate(request_.body(), server_.limits);
+    if (path == "/v1/models") {
+      const json model = {{"id", server_.info.model_name}, {"object", "model"},
+                          {"created", unix_time()}, {"owned_by", "kvrt"}};
+      return respond(200, to_text(json{{"object", "list"}, {"data", json::array({model})}}));
+    }
+    auto parsed = path == "/generate"
+                      ? parse_generate(request_.body(), server_.limits)
+                      : parse_openai(request_.body(), server_.limits,
+                                     path == "/v1/chat/completions");
+    if (auto* call = std::get_if<GenerateCall>(&parsed); call && call->model.empty()) {
+      call->model = server_.info.model_name;
+    }
     if (auto* e = std::get_if<ApiError>(&parsed)) return respond(e->status, error_body(*e));
     generate(std::move(std::get<GenerateCall>(parsed)));
   }
@@ -219,8 +232,18 @@ class Session : public std::enable_shared_from_this<Session> {
     respond(200, json{{"success", id != 0}}.dump());
   }
 
+  static int64_t unix_time() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  }
+  std::string openai_id(const Pending& p) const {
+    return (call_.dialect == Dialect::kChat ? "chatcmpl-" : "cmpl-") + p.result.rid;
+  }
+
   void generate(GenerateCall call) {
     call_ = std::move(call);
+    created_ = unix_time();
     pending_.clear();
     pending_.resize(call_.prompts.size());
     started_ = Clock::now();
@@ -394,6 +417,11 @@ class Session : public std::enable_shared_from_this<Session> {
       after_response();
       return;
     }
+    if (call_.dialect != Dialect::kGenerate) {
+      std::vector<GenerateResult> results;
+      for (const Pending& q : pending_) results.push_back(q.result);
+      return respond(200, to_text(openai_json(call_, results, openai_id(pending_[0]), created_)));
+    }
     json body;
     if (call_.batch) {
       body = json::array();
@@ -414,6 +442,15 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // One server-sent event with the cumulative text and the new output ids, as SGLang sends.
   void stream_chunk(Pending& p) {
+    if (call_.dialect != Dialect::kGenerate) {
+      const std::string& text = p.result.text;
+      const std::string delta = text.size() > p.sent_text ? text.substr(p.sent_text) : "";
+      p.sent_text = std::max(p.sent_text, text.size());
+      if (delta.empty() && !p.result.finished) return;
+      send_chunk("data: " + to_text(openai_chunk(call_, p.result, delta, openai_id(p), created_)) +
+                 "\n\n");
+      return;
+    }
     json event = generate_json(p.result);
     std::vector<int32_t> fresh(p.result.output_ids.begin() + p.sent_ids, p.result.output_ids.end());
     event["output_ids"] = fresh;
@@ -506,6 +543,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
   Clock::time_point started_;
+  int64_t created_ = 0;  // OpenAI's "created", Unix seconds
   std::deque<std::string> writes_;
 };
 

@@ -2,7 +2,8 @@
 // connection, keep-alive, no thread per connection. Requests reach the serving core through the
 // StepLoop; tokens come back to their connection as they are sampled. Endpoints, in SGLang's
 // shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
-// /health_generate, /get_model_info, /get_server_info, /metrics.
+// /health_generate, /get_model_info, /get_server_info, /metrics; and OpenAI's POST
+// /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models.
 #pragma once
 
 #include <atomic>
@@ -34,6 +35,7 @@ struct ServerOptions {
 struct ServerInfo {
   std::function<std::string(serve::ServingCore&)> server_info;  // GET /get_server_info's JSON
   std::string model_info;                                        // GET /get_model_info's JSON
+  std::string model_name;  // what /v1/models lists and OpenAI answers name by default
 };
 
 class HttpServer {

@@ -95,6 +95,7 @@ class ServerTest : public ::testing::Test {
     ModelLimits limits{rt_->tokenizer.get(), static_cast<int32_t>(rt_->model.vocab_size),
                        rt_->model.max_position_embeddings};
     ServerInfo info;
+    info.model_name = "test-model";
     info.model_info = json{{"model_path", rt_->model_name}}.dump();
     info.server_info = [](serve::ServingCore& c) {
       return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
@@ -273,9 +274,10 @@ TEST_F(ServerTest, UnknownPathWrongMethodLargeBodyAndKey) {
 TEST_F(ServerTest, OverloadIsA503WithRetryAfter) {
   serve({"model.preset=synth-tiny"}, /*max_unfinished=*/1);
   std::thread busy([&] {
+    // Long enough to be running when the second request arrives, short under TSan too.
     Reply r = post(port_, "/generate",
                    {{"input_ids", {1, 2, 3}},
-                    {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}});
+                    {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}}}});
     EXPECT_EQ(r.status, 200);
   });
   while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -329,6 +331,99 @@ TEST_F(ServerTest, AbortByRid) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.json_body()["success"], true);
   long_one.join();
+}
+
+// Concatenated "data: {...}" events of a streamed answer, [DONE] excluded.
+std::vector<json> events_of(const std::string& body, bool* done) {
+  std::vector<json> events;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      *done = true;
+    } else {
+      events.push_back(json::parse(data));
+    }
+  }
+  return events;
+}
+
+// OpenAI's completions and chat give what /generate gives for the same prompt, in their shape.
+TEST_F(ServerTest, OpenAiCompletionsAndChatMatchGenerate) {
+  serve({"model.preset=synth-tiny"});
+  const json sp = {{"max_new_tokens", 12}, {"ignore_eos", true}};
+  const std::string native =
+      post(port_, "/generate", {{"text", "Once upon"}, {"sampling_params", sp}}).json_body()["text"];
+  Reply c = post(port_, "/v1/completions",
+                 {{"model", "m"}, {"prompt", "Once upon"}, {"max_tokens", 12}, {"temperature", 0},
+                  {"ignore_eos", true}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  json j = c.json_body();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "m");
+  EXPECT_EQ(j["choices"][0]["text"], native);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], j["usage"]["prompt_tokens"].get<int>() + 12);
+
+  // Streamed: the deltas add up to the same text, the last chunk says why it ended.
+  Reply s = post(port_, "/v1/completions",
+                 {{"prompt", "Once upon"}, {"max_tokens", 12}, {"stream", true},
+                  {"ignore_eos", true}});
+  bool done = false;
+  std::string text;
+  const std::vector<json> events = events_of(s.body, &done);
+  for (const json& e : events) text += e["choices"][0]["text"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, native);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(events.back()["model"], "test-model");
+
+  // Chat: the messages through the default template, answered as the assistant.
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const std::string templated =
+      post(port_, "/generate", {{"text", "user: hi\nassistant:"}, {"sampling_params", sp}})
+          .json_body()["text"];
+  Reply chat = post(port_, "/v1/chat/completions",
+                    {{"messages", messages}, {"max_tokens", 12}, {"ignore_eos", true}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  j = chat.json_body();
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], templated);
+  Reply chat_stream = post(port_, "/v1/chat/completions",
+                           {{"messages", messages}, {"max_tokens", 12}, {"stream", true},
+                            {"ignore_eos", true}});
+  done = false;
+  text.clear();
+  const std::vector<json> chunks = events_of(chat_stream.body, &done);
+  for (const json& e : chunks) text += e["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(text, templated);
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.front()["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunks.front()["choices"][0]["delta"]["role"], "assistant");
+
+  Reply models = call(port_, http::verb::get, "/v1/models", "");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.json_body()["data"][0]["id"], "test-model");
+
+  // Errors name OpenAI's fields.
+  for (const auto& [body, param] : std::vector<std::pair<json, std::string>>{
+           {{{"prompt", "a"}, {"max_tokens", -1}}, "max_tokens"},
+           {{{"prompt", "a"}, {"temperature", "hot"}}, "temperature"},
+           {{{"prompt", "a"}, {"n", 2}}, "n"},
+           {{{"prompt", "a"}, {"best_of", 2}}, "best_of"},
+           {{{"max_tokens", 3}}, "prompt"}}) {
+    Reply r = post(port_, "/v1/completions", body);
+    EXPECT_EQ(r.status, 400) << body.dump();
+    EXPECT_EQ(r.json_body()["error"]["param"], param) << r.body;
+  }
+  Reply no_messages = post(port_, "/v1/chat/completions", {{"max_tokens", 3}});
+  EXPECT_EQ(no_messages.status, 400);
+  EXPECT_EQ(no_messages.json_body()["error"]["param"], "messages");
 }
 
 // record_trace writes what kvrt bench --trace replays: one line per finished request.
