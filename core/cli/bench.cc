@@ -9,6 +9,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/sched/abort_reason.h"
+
 namespace kvrt::bench {
 namespace {
 
@@ -98,15 +100,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     if (kind == sched::FinishKind::kAborted) {
       ++report.aborted;
       // Grouped by reason: the scheduler's "request N: " prefix would make each one distinct.
-      std::string reason = why.empty() ? "no reason given" : why;
-      if (reason.rfind("request ", 0) == 0) {
-        const size_t colon = reason.find(": ");
-        const std::string id = reason.substr(8, colon == std::string::npos ? 0 : colon - 8);
-        if (!id.empty() && id.find_first_not_of("0123456789") == std::string::npos) {
-          reason = reason.substr(colon + 2);
-        }
-      }
-      ++report.abort_reasons[reason];
+      ++report.abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];
     } else {
       ++report.completed;
       if (it != in_flight.end()) {

@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/sched/abort_reason.h"
+
 namespace kvrt::server {
 
 namespace net = boost::asio;
@@ -394,11 +396,7 @@ class Session : public std::enable_shared_from_this<Session> {
     timer_.cancel();
     forget_rids();
     if (!refusal_.empty() && !call_.stream) {
-      std::string message = refusal_;
-      const size_t colon = message.find(": ");
-      if (message.rfind("request ", 0) == 0 && colon != std::string::npos) {
-        message = message.substr(colon + 2);  // the scheduler's "request N: " prefix
-      }
+      const std::string message = sched::without_request_id(refusal_);
       const std::string field = message.substr(0, message.find(':'));
       const bool named = field.find(' ') == std::string::npos && field.size() < message.size();
       return respond(400, error_body({400, message, named ? "sampling_params." + field : ""}));
