@@ -35,6 +35,23 @@ Percentiles percentiles(std::vector<double> v) {
   return p;
 }
 
+}  // namespace
+
+void fill_client_figures(const ClientSamples& samples, BenchReport* report) {
+  report->ttft_s = percentiles(samples.ttft);
+  report->itl_s = percentiles(samples.itl);
+  report->e2e_s = percentiles(samples.e2e);
+  report->decode_rate_per_request = report->itl_s.mean > 0 ? 1.0 / report->itl_s.mean : 0;
+  report->client_effective_throughput = percentiles(samples.effective).mean;
+}
+
+void count_abort(const std::string& why, BenchReport* report) {
+  ++report->aborted;
+  ++report->abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];
+}
+
+namespace {
+
 struct InFlight {
   Clock::time_point sent, last;
   bool has_token = false;
@@ -81,7 +98,11 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   std::deque<PlannedRequest> ready;  // later turns, sent as soon as the limit allows
   std::unordered_map<uint64_t, InFlight> in_flight;
   std::unordered_map<uint64_t, std::pair<int64_t, int>> turn_of;  // id -> (conversation, turn)
-  std::vector<double> ttft, itl, e2e, effective;
+  ClientSamples samples;
+  std::vector<double>& ttft = samples.ttft;
+  std::vector<double>& itl = samples.itl;
+  std::vector<double>& e2e = samples.e2e;
+  std::vector<double>& effective = samples.effective;
 
   core.on_token([&](const sched::Request& r, int32_t) {
     const Clock::time_point now = Clock::now();
@@ -98,9 +119,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     const Clock::time_point now = Clock::now();
     auto it = in_flight.find(r.spec.id);
     if (kind == sched::FinishKind::kAborted) {
-      ++report.aborted;
-      // Grouped by reason: the scheduler's "request N: " prefix would make each one distinct.
-      ++report.abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];
+      count_abort(why, &report);
     } else {
       ++report.completed;
       if (it != in_flight.end()) {
@@ -198,11 +217,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
       active_s > 0 ? static_cast<double>(c.generated_tokens) / active_s : 0;
   report.total_output_throughput =
       report.duration_s > 0 ? static_cast<double>(c.generated_tokens) / report.duration_s : 0;
-  report.ttft_s = percentiles(ttft);
-  report.itl_s = percentiles(itl);
-  report.e2e_s = percentiles(e2e);
-  report.decode_rate_per_request = report.itl_s.mean > 0 ? 1.0 / report.itl_s.mean : 0;
-  report.client_effective_throughput = percentiles(effective).mean;
+  fill_client_figures(samples, &report);
   if (report.steps > 0) {
     const double n = static_cast<double>(report.steps);
     report.mean_running = running_sum / n;
@@ -233,6 +248,7 @@ std::string format_report(const BenchReport& r) {
     out += '\n';
   };
   using ull = unsigned long long;
+  if (!r.endpoint.empty()) add("%-38s %s", "server", r.endpoint.c_str());
   add("%-38s %s", "KV store", r.store.c_str());
   add("%-38s %llu", "max_total_num_tokens", static_cast<ull>(r.max_total_num_tokens));
   add("%-38s %llu completed, %llu aborted of %llu", "requests", static_cast<ull>(r.completed),

@@ -22,6 +22,9 @@ struct Percentiles {
 };
 
 struct BenchReport {
+  // Over HTTP (kvrt bench --url): the server, the API and how often /metrics was sampled;
+  // running, queue and usage are then means of those samples rather than of every step.
+  std::string endpoint;
   std::string store;
   uint64_t max_total_num_tokens = 0;
   double duration_s = 0;
@@ -78,6 +81,16 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
 // measures what clients see. `core`'s callbacks are the driver's until it returns.
 Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
                           const WorkloadSpec& workload);
+
+// What clients measured, in seconds (ttft, itl and e2e per token or request; effective: each
+// request's output tokens over its latency), turned into the report's client-side figures.
+struct ClientSamples {
+  std::vector<double> ttft, itl, e2e, effective;
+};
+void fill_client_figures(const ClientSamples& samples, BenchReport* report);
+// How an aborted request counts: one more for its reason (the scheduler's "request N: " prefix
+// dropped, so equal reasons group).
+void count_abort(const std::string& why, BenchReport* report);
 
 // A table of the report's figures, one per line.
 std::string format_report(const BenchReport& report);

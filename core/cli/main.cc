@@ -4,13 +4,18 @@
 //   kvrt capacity [--config FILE] [...]       KV capacity of every store for a geometry
 //   kvrt generate [--config FILE] --prompt T  one request through the serving core
 //   kvrt bench [--config FILE] --workload W   a workload through the serving core, reported
+//   kvrt bench --url URL --workload W         the same workload against a running server
+//   kvrt serve [--config FILE]                the HTTP server (core/cli/serve.cc)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -19,6 +24,7 @@
 #include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
 #include "core/cli/bench.h"
+#include "core/cli/bench_http.h"
 #include "core/cli/serve.h"
 #include "core/config/config.h"
 #include "core/exec/sampler.h"
@@ -330,7 +336,55 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
 
 struct BenchArgs {
   std::string workload, trace, metrics_out;
+  // --url: over HTTP against a running server.
+  std::string url, backend = "generate", api_key, model;
+  int32_t vocab_size = 0;
+  double scrape_interval_s = 0.5;
 };
+
+// The report on stdout, the metrics to --metrics-out, and exit 1 when nothing was measured.
+int finish_bench(const bench::BenchReport& report, const BenchArgs& args) {
+  std::cout << bench::format_report(report);
+  if (!args.metrics_out.empty()) {
+    std::ofstream out(args.metrics_out);
+    out << report.prometheus;
+    if (!out) return fail(Status::NotFound(args.metrics_out + ": cannot write the metrics"));
+  }
+  if (report.all_aborted()) {
+    const auto most = std::max_element(
+        report.abort_reasons.begin(), report.abort_reasons.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    return fail(Status::InvalidArgument("every request of the workload was aborted (" +
+                                        std::to_string(report.aborted) +
+                                        "): nothing was measured; most often: " + most->first));
+  }
+  return 0;
+}
+
+int run_bench_http(const bench::WorkloadSpec& workload, const BenchArgs& args) {
+  Result<client::Url> url = client::parse_url(args.url);
+  if (!url.ok()) return fail(url.status());
+  bench::HttpBenchOptions options;
+  options.url = *url;
+  options.backend = args.backend;
+  options.api_key = args.api_key;
+  if (options.api_key.empty()) {
+    if (const char* key = std::getenv("KVRT_API_KEY")) options.api_key = key;
+  }
+  options.model = args.model;
+  options.vocab_size = args.vocab_size;
+  options.scrape_interval_s = args.scrape_interval_s;
+  options.progress = isatty(STDERR_FILENO) != 0;
+  spdlog::info("workload {}: {} requests, concurrency {}, rate {}, against {} ({})",
+               workload.source, workload.num_requests,
+               workload.concurrency > 0 ? std::to_string(workload.concurrency) : "unlimited",
+               workload.request_rate > 0 ? std::to_string(workload.request_rate) + "/s"
+                                         : "all at once",
+               args.url, args.backend);
+  Result<bench::BenchReport> report = bench::drive_http(options, workload);
+  if (!report.ok()) return fail(report.status());
+  return finish_bench(*report, args);
+}
 
 int run_bench(const std::string& path, const std::vector<std::string>& overrides,
               const BenchArgs& args) {
@@ -341,6 +395,14 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
                                              ? bench::load_workload_toml(args.workload)
                                              : bench::load_trace_jsonl(args.trace);
   if (!workload.ok()) return fail(workload.status());
+  if (!args.url.empty()) {
+    if (!path.empty() || !overrides.empty()) {
+      return fail(Status::InvalidArgument(
+          "kvrt bench --url drives a running server, configured by its own --config; --config, "
+          "--set and --verify-plugins configure the in-process bench: give one or the other"));
+    }
+    return run_bench_http(*workload, args);
+  }
   Result<config::Config> cfg = load_config(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
@@ -362,21 +424,7 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
                w.turns > 1 ? ", " + std::to_string(w.turns) + " turns per conversation" : "");
   Result<bench::BenchReport> report = bench::run_bench(*rt, *cfg, w, ceilings);
   if (!report.ok()) return fail(report.status());
-  std::cout << bench::format_report(*report);
-  if (!args.metrics_out.empty()) {
-    std::ofstream out(args.metrics_out);
-    out << report->prometheus;
-    if (!out) return fail(Status::NotFound(args.metrics_out + ": cannot write the metrics"));
-  }
-  if (report->all_aborted()) {
-    const auto most = std::max_element(
-        report->abort_reasons.begin(), report->abort_reasons.end(),
-        [](const auto& a, const auto& b) { return a.second < b.second; });
-    return fail(Status::InvalidArgument("every request of the workload was aborted (" +
-                                        std::to_string(report->aborted) +
-                                        "): nothing was measured; most often: " + most->first));
-  }
-  return 0;
+  return finish_bench(*report, args);
 }
 
 int run_command_line(int argc, char** argv);
@@ -465,8 +513,8 @@ int run_command_line(int argc, char** argv) {
 
   CLI::App* bench = app.add_subcommand(
       "bench",
-      "run a workload in process through the scheduler and report throughput, latency, "
-      "capacity use and the bottleneck");
+      "run a workload in process through the scheduler (or with --url against a running "
+      "server) and report throughput, latency, capacity use and the bottleneck");
   kvrt::BenchArgs bench_args;
   bench->add_option("--config", config_path, "TOML file (model, device, tp, kv, scheduler)");
   bench->add_option("--set", overrides, "override a key: section.key=value");
@@ -479,6 +527,22 @@ int run_command_line(int argc, char** argv) {
   bench->add_option("--metrics-out", bench_args.metrics_out,
                     "write the Prometheus metrics (TTFT, ITL, tokens, ...) to FILE at the end");
   bench->add_flag("--verify-plugins", verify_plugins, verify_help);
+  bench->add_option("--url", bench_args.url,
+                    "drive a running server over HTTP instead (http://HOST:PORT: kvrt serve, "
+                    "SGLang or an OpenAI-compatible one)");
+  bench->add_option("--backend", bench_args.backend,
+                    "with --url: generate (POST /generate) or openai (POST /v1/completions)")
+      ->check(CLI::IsMember({"generate", "openai"}))
+      ->capture_default_str();
+  bench->add_option("--api-key", bench_args.api_key,
+                    "with --url: sent as Authorization: Bearer KEY (default: $KVRT_API_KEY)");
+  bench->add_option("--model", bench_args.model,
+                    "with --backend openai: the model to name (default: /v1/models' first)");
+  bench->add_option("--vocab-size", bench_args.vocab_size,
+                    "with --url: prompt ids' range when /get_model_info gives no vocab_size");
+  bench->add_option("--scrape-interval", bench_args.scrape_interval_s,
+                    "with --url: seconds between samples of /metrics")
+      ->capture_default_str();
 
   CLI::App* serve = app.add_subcommand(
       "serve", "an HTTP server speaking SGLang's API (POST /generate, GET /metrics, ...)");

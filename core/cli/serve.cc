@@ -85,6 +85,8 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"tokenizer_path", cfg.model.path.empty() ? "" : cfg.model.path +
                                                                               "/tokenizer.model"},
                          {"is_generation", true},
+                         {"vocab_size", rt.model.vocab_size},
+                         {"context_length", rt.model.max_position_embeddings},
                          {"architecture", rt.model.architecture}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
   info.server_info = [&cfg, &rt, effective, store, attention](serve::ServingCore& c) {

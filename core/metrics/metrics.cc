@@ -258,6 +258,9 @@ ServerMetrics::ServerMetrics(Registry& r)
       max_total_num_tokens(
           r.gauge("kvrt:max_total_num_tokens", "The KV pool's capacity in tokens.")),
       gen_throughput(r.gauge("kvrt:gen_throughput", "The generation throughput (token/s).")),
+      cache_hit_rate(r.gauge("kvrt:cache_hit_rate",
+                             "The prefix cache hit rate: prompt tokens found cached / prompt "
+                             "tokens, since the start.")),
       time_to_first_token_seconds(r.histogram("kvrt:time_to_first_token_seconds",
                                               "Histogram of time to first token in seconds.",
                                               time_to_first_token_bounds())),
@@ -286,6 +289,29 @@ std::string prefill_log_line(const PrefillLog& log) {
       "#running-req: {}, #queue-req: {}",
       log.new_sequences, log.new_tokens, log.cached_tokens, log.token_usage, log.running_requests,
       log.queued_requests);
+}
+
+TierMetrics::TierMetrics(Registry& r)
+    : capacity_pages(r.gauge("kvrt:host_tier_capacity_pages", "Pages the host tier can hold.")),
+      used_pages(r.gauge("kvrt:host_tier_used_pages", "Pages the host tier holds now.")),
+      saved_pages_total(r.counter("kvrt:host_tier_saved_pages_total",
+                                  "Pages copied from the device pool to the host tier.")),
+      loaded_pages_total(r.counter("kvrt:host_tier_loaded_pages_total",
+                                   "Pages copied from the host tier back to the device pool.")),
+      dropped_pages_total(r.counter("kvrt:host_tier_dropped_pages_total",
+                                    "Pages the host tier dropped to make room.")),
+      loaded_tokens_total(r.counter("kvrt:host_tier_loaded_tokens_total",
+                                    "Prompt tokens found cached in the host tier (loaded, not "
+                                    "recomputed).")) {}
+
+void TierMetrics::publish(uint64_t capacity, uint64_t used, uint64_t saved, uint64_t loaded,
+                          uint64_t dropped, uint64_t loaded_tokens) {
+  capacity_pages.set(static_cast<double>(capacity));
+  used_pages.set(static_cast<double>(used));
+  saved_pages_total.add(static_cast<double>(saved) - saved_pages_total.value());
+  loaded_pages_total.add(static_cast<double>(loaded) - loaded_pages_total.value());
+  dropped_pages_total.add(static_cast<double>(dropped) - dropped_pages_total.value());
+  loaded_tokens_total.add(static_cast<double>(loaded_tokens) - loaded_tokens_total.value());
 }
 
 }  // namespace kvrt::metrics

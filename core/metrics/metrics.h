@@ -145,11 +145,27 @@ struct ServerMetrics {
   Gauge& num_used_tokens;               // kvrt:num_used_tokens: KV tokens held by requests
   Gauge& max_total_num_tokens;          // kvrt:max_total_num_tokens: the pool's tokens
   Gauge& gen_throughput;                // kvrt:gen_throughput: tokens/s, last interval
+  Gauge& cache_hit_rate;                // kvrt:cache_hit_rate: cached / prompt tokens, so far
   Histogram& time_to_first_token_seconds;
   Histogram& inter_token_latency_seconds;
   Histogram& e2e_request_latency_seconds;
   Histogram& prompt_tokens;      // kvrt:prompt_tokens: per request
   Histogram& generation_tokens;  // kvrt:generation_tokens: per request
+};
+
+// A KV store's host tier (its tier_info), registered only for a store that has one.
+struct TierMetrics {
+  explicit TierMetrics(Registry& registry);
+  // The store's totals and occupancy now; the counters move to the totals.
+  void publish(uint64_t capacity, uint64_t used, uint64_t saved, uint64_t loaded,
+               uint64_t dropped, uint64_t loaded_tokens);
+
+  Gauge& capacity_pages;         // kvrt:host_tier_capacity_pages
+  Gauge& used_pages;             // kvrt:host_tier_used_pages
+  Counter& saved_pages_total;    // kvrt:host_tier_saved_pages_total: device -> host copies
+  Counter& loaded_pages_total;   // kvrt:host_tier_loaded_pages_total: host -> device copies
+  Counter& dropped_pages_total;  // kvrt:host_tier_dropped_pages_total: evicted from the host
+  Counter& loaded_tokens_total;  // kvrt:host_tier_loaded_tokens_total: cached tokens it gave
 };
 
 // One decode step's log line (SGLang's "Decode batch" shape).

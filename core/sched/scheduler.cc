@@ -124,6 +124,15 @@ uint64_t Scheduler::evict(uint64_t n) {
   return freed;
 }
 
+Result<uint64_t> Scheduler::flush_cache() {
+  if (!idle()) {
+    return Status::InvalidArgument("the cache is not flushed while requests run: " +
+                                   std::to_string(num_running()) + " running, " +
+                                   std::to_string(num_waiting()) + " waiting");
+  }
+  return evict(cache_.evictable_pages());
+}
+
 bool Scheduler::take_pages(uint64_t n, std::vector<int32_t>* into) {
   if (free_pages_.size() < n) {
     evict(n - free_pages_.size());
@@ -396,6 +405,7 @@ std::optional<FinishKind> Scheduler::finish_kind(const Request& r) const {
 
 Result<StepStats> Scheduler::step() {
   const Clock::time_point t0 = Clock::now();
+  failed_batch_.clear();
   StepStats stats;
   Result<StepStats> result = Status::Ok();
   if (schedule_prefill(&stats)) {
@@ -435,6 +445,7 @@ Result<StepStats> Scheduler::prefill_step() {
   stats.new_tokens = batch_.num_tokens();
   next_.assign(batch_.sequences.size(), 0);
   if (Status s = executor_->run(batch_, &next_); !s.ok()) {
+    note_failed_batch();
     // Nothing advanced: the admitted requests go back to the queue with their pages released.
     for (RequestPtr& r : prefilling_) {
       release(*r, /*keep_in_cache=*/false);
@@ -547,7 +558,10 @@ Result<StepStats> Scheduler::decode_step() {
       batch_.sequences.push_back(s);
     }
     next_.assign(batch_.sequences.size(), 0);
-    if (Status s = executor_->run(batch_, &next_); !s.ok()) return s;
+    if (Status s = executor_->run(batch_, &next_); !s.ok()) {
+      note_failed_batch();
+      return s;
+    }
     stats.batch_size = static_cast<int>(batch_.sequences.size());
     stats.new_tokens += static_cast<int64_t>(batch_.sequences.size());
     const Clock::time_point now = Clock::now();
@@ -573,6 +587,11 @@ Result<StepStats> Scheduler::decode_step() {
   }
   fill_stats(&stats);
   return stats;
+}
+
+void Scheduler::note_failed_batch() {
+  failed_batch_.clear();
+  for (const ScheduledSequence& s : batch_.sequences) failed_batch_.push_back(s.request->spec.id);
 }
 
 void Scheduler::publish_gauges() const {

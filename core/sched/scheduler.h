@@ -174,6 +174,9 @@ class Scheduler {
   void reject(RequestSpec spec, const std::string& reason);
   // Ends a waiting or running request as aborted; returns false for an unknown id.
   bool abort(uint64_t id, const std::string& reason);
+  // Empties the prefix cache (SGLang's /flush_cache), returning how many pages it freed; refused
+  // while any request waits or runs, since their pages are in it. A host tier keeps its copies.
+  Result<uint64_t> flush_cache();
   // Admits, runs one batch (or num_continuous_decode_steps decode batches) and applies the
   // results. An executor failure is returned and leaves every request as it was.
   Result<StepStats> step();
@@ -186,6 +189,9 @@ class Scheduler {
   uint64_t free_pages() const { return free_pages_.size(); }
   double new_token_ratio() const { return new_token_ratio_; }
   const SchedulerOptions& options() const { return options_; }
+  // The requests of the batch whose executor run failed in the last step() (empty when it
+  // did not fail): they are as they were before it, and whoever steps decides their fate.
+  const std::vector<uint64_t>& failed_batch() const { return failed_batch_; }
 
   // Every page owned exactly once; used + free + cached = total; cache locks match the
   // requests' locked paths; token usage <= 1. Returns the first violation.
@@ -235,6 +241,8 @@ class Scheduler {
   FinishCallback on_finish_;
   metrics::ServerMetrics* metrics_ = nullptr;
   ScheduledBatch batch_;
+  std::vector<uint64_t> failed_batch_;
+  void note_failed_batch();
   std::vector<int32_t> next_;
   std::vector<int32_t> scratch_pages_;
 };

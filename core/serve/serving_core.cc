@@ -14,6 +14,7 @@ ServingCore::ServingCore(const ServingOptions& options, exec::Engine* engine)
       engine_tier_(EngineTier::create(engine)),
       scheduler_(options.scheduler, engine_executor_.get(), engine_tier_.get()),
       server_metrics_(registry_) {
+  if (engine_tier_ != nullptr) tier_metrics_ = std::make_unique<metrics::TierMetrics>(registry_);
   wire();
 }
 
@@ -108,6 +109,22 @@ std::optional<kvrt_tier_info> ServingCore::tier_info() const {
     return std::nullopt;
   }
   return *info;
+}
+
+std::string ServingCore::prometheus() const {
+  scheduler_.publish_gauges();
+  const sched::SchedulerCounters& c = counters();
+  server_metrics_.cache_hit_rate.set(c.prompt_tokens == 0
+                                         ? 0.0
+                                         : static_cast<double>(c.cached_tokens) /
+                                               static_cast<double>(c.prompt_tokens));
+  if (tier_metrics_ != nullptr) {
+    if (std::optional<kvrt_tier_info> t = tier_info()) {
+      tier_metrics_->publish(t->capacity_pages, t->used_pages, t->saved_pages, t->loaded_pages,
+                             t->evicted_pages, c.tier_loaded_tokens);
+    }
+  }
+  return registry_.render_prometheus();
 }
 
 metrics::Diagnosis ServingCore::diagnosis() const {

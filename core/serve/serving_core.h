@@ -76,11 +76,10 @@ class ServingCore {
   // The engine's host tier, as its store reports it (tier_info); nullopt without one, or when
   // the store cannot say (logged).
   std::optional<kvrt_tier_info> tier_info() const;
-  // The metrics as /metrics serves them.
-  std::string prometheus() const {
-    scheduler_.publish_gauges();
-    return registry_.render_prometheus();
-  }
+  // The metrics as /metrics serves them, the gauges (and the host tier's pages) as they are now.
+  std::string prometheus() const;
+  // Empties the prefix cache (POST /flush_cache): the pages freed, or why not (requests run).
+  Result<uint64_t> flush_cache() { return scheduler_.flush_cache(); }
 
  private:
   void wire();
@@ -93,6 +92,7 @@ class ServingCore {
   sched::Scheduler scheduler_;
   metrics::Registry registry_;
   metrics::ServerMetrics server_metrics_;
+  std::unique_ptr<metrics::TierMetrics> tier_metrics_;  // with the engine's host tier only
   metrics::DiagnosisWindow whole_, interval_;
   int diagnosis_every_ = 1;
   uint64_t decode_since_diagnosis_ = 0;

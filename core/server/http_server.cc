@@ -165,7 +165,8 @@ class Session : public std::enable_shared_from_this<Session> {
         {"/health", http::verb::get},           {"/health_generate", http::verb::get},
         {"/get_model_info", http::verb::get},   {"/get_server_info", http::verb::get},
         {"/metrics", http::verb::get},          {"/v1/completions", http::verb::post},
-        {"/v1/chat/completions", http::verb::post}, {"/v1/models", http::verb::get}};
+        {"/v1/chat/completions", http::verb::post}, {"/v1/models", http::verb::get},
+        {"/flush_cache", http::verb::post}};
     const Route* route = nullptr;
     for (const Route& r : kRoutes) {
       if (path == r.path) route = &r;
@@ -193,6 +194,18 @@ class Session : public std::enable_shared_from_this<Session> {
       }));
     }
     if (path == "/abort_request") return abort_request();
+    if (path == "/flush_cache") {
+      // Refused while requests run, as SGLang does: their pages are in the cache.
+      Result<uint64_t> flushed = server_.loop.call([](serve::ServingCore& core) {
+        return core.flush_cache();
+      });
+      if (!flushed.ok()) return respond(400, error_body({400, flushed.status().message(), ""}));
+      return respond(200, json{{"success", true},
+                               {"flushed_pages", *flushed},
+                               {"message", "the prefix cache is empty; a host tier keeps its "
+                                           "copies"}}
+                              .dump());
+    }
     if (path == "/health_generate") {
       // One token from BOS (or id 0), through the whole serving path.
       const int32_t bos = server_.limits.tokenizer ? server_.limits.tokenizer->bos_id() : 0;
@@ -273,10 +286,10 @@ class Session : public std::enable_shared_from_this<Session> {
         net::post(self->stream_.get_executor(), [self, i, token] { self->on_token(i, token); });
       };
       sink.on_finish = [self, i](const sched::Request& req, sched::FinishKind kind,
-                                 const std::string& why, bool at_submit) {
+                                 const std::string& why, Fault fault) {
         const int64_t cached = req.cached_tokens;
-        net::post(self->stream_.get_executor(), [self, i, kind, why, cached, at_submit] {
-          self->on_finish(i, kind, why, cached, at_submit);
+        net::post(self->stream_.get_executor(), [self, i, kind, why, cached, fault] {
+          self->on_finish(i, kind, why, cached, fault);
         });
       };
       if (!p.result.rid.empty()) {
@@ -366,7 +379,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_finish(size_t i, sched::FinishKind kind, const std::string& why, int64_t cached,
-                 bool at_submit) {
+                 Fault fault) {
     Pending& p = pending_[i];
     if (p.result.finished) return;
     p.result.finished = true;
@@ -386,9 +399,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // Refused by the scheduler when submitted (too long for the pool, a bad sampling value):
     // the client's request was at fault.
     server_.record(started_, p.result);
-    if (at_submit && refusal_.empty()) {
-      refusal_ = why;
-    }
+    if (fault == Fault::kRequest && refusal_.empty()) refusal_ = why;
+    if (fault == Fault::kEngine && engine_failure_.empty()) engine_failure_ = why;
     if (--unfinished_ > 0) {
       if (call_.stream) stream_chunk(p);
       return;
@@ -400,6 +412,9 @@ class Session : public std::enable_shared_from_this<Session> {
       const std::string field = message.substr(0, message.find(':'));
       const bool named = field.find(' ') == std::string::npos && field.size() < message.size();
       return respond(400, error_body({400, message, named ? "sampling_params." + field : ""}));
+    }
+    if (!engine_failure_.empty() && !call_.stream) {
+      return respond(500, error_body({500, engine_failure_, "", "server_error"}));
     }
     if (overloaded_) return respond_overloaded();
     if (health_) {
@@ -514,6 +529,7 @@ class Session : public std::enable_shared_from_this<Session> {
     health_ = false;
     overloaded_ = false;
     refusal_.clear();
+    engine_failure_.clear();
     pending_.clear();
     if (!keep_alive_ || client_gone_) return shutdown_write();
     read();
@@ -536,7 +552,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool health_ = false;
   bool overloaded_ = false;
   bool read_after_writes_ = false;
-  std::string refusal_;
+  std::string refusal_;         // why the core refused a prompt at submit (a 400)
+  std::string engine_failure_;  // why the engine failed a prompt's step (a 500)
   GenerateCall call_;
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
@@ -554,6 +571,10 @@ void HttpServer::Impl::accept() {
         beast::error_code ignored;
         socket.close(ignored);  // over max_connections
       } else {
+        // Streamed events are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+        // one back until the last is acknowledged, and delayed ACKs make that up to 40 ms.
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
         auto session = std::make_shared<Session>(std::move(socket), *this);
         {
           std::lock_guard lock(session_mutex);

@@ -2,8 +2,9 @@
 // connection, keep-alive, no thread per connection. Requests reach the serving core through the
 // StepLoop; tokens come back to their connection as they are sampled. Endpoints, in SGLang's
 // shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
-// /health_generate, /get_model_info, /get_server_info, /metrics; and OpenAI's POST
-// /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models.
+// /health_generate, /get_model_info, /get_server_info, /metrics, POST /flush_cache; and OpenAI's
+// POST /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models. An engine
+// failure ends the requests of its batch with a 500; the rest go on.
 #pragma once
 
 #include <atomic>

@@ -18,7 +18,10 @@ StepLoop::StepLoop(serve::ServingCore& core, size_t max_unfinished)
     RequestSink sink = std::move(it->second);
     sinks_.erase(it);
     unfinished_.fetch_sub(1);
-    if (sink.on_finish) sink.on_finish(r, kind, why, r.spec.id == submitting_);
+    const Fault fault = r.spec.id == submitting_ ? Fault::kRequest
+                        : r.spec.id == failing_  ? Fault::kEngine
+                                                 : Fault::kNone;
+    if (sink.on_finish) sink.on_finish(r, kind, why, fault);
   });
 }
 
@@ -100,9 +103,16 @@ void StepLoop::run() {
     if (core_.idle()) continue;
     Result<sched::StepStats> step = core_.step();
     if (!step.ok()) {
-      // The engine failed: every request in flight ends with the reason; the loop goes on.
-      spdlog::error("step failed: {}", step.status().message());
-      abort_all("the engine failed: " + step.status().message());
+      // The engine failed: the requests of the failed batch end with the reason (a retry would
+      // fail the same way); the rest, and the loop, go on.
+      const std::vector<uint64_t> failed = core_.scheduler().failed_batch();
+      spdlog::error("step failed for {} requests: {}", failed.size(), step.status().message());
+      for (uint64_t id : failed) {
+        failing_ = id;
+        core_.abort(id, "the engine failed: " + step.status().message());
+      }
+      failing_ = 0;
+      if (failed.empty()) abort_all("the engine failed: " + step.status().message());
     }
   }
 }

@@ -19,13 +19,21 @@
 
 namespace kvrt::server {
 
+// Whose fault a request's abort was, when it was one.
+enum class Fault {
+  kNone,
+  // The core refused the request as it was submitted (too long for the context or the pool,
+  // a bad sampling value): the client's request was at fault (a 400).
+  kRequest,
+  // The engine failed the step that ran it (a 500); the server goes on with the others.
+  kEngine,
+};
+
 // What a request's owner hears, on the step thread: each token, then the end exactly once.
-// `at_submit`: the core refused the request as it was submitted (too long for the context or
-// the pool, a bad sampling value), so the client's request was at fault.
 struct RequestSink {
   std::function<void(const sched::Request&, int32_t token)> on_token;
   std::function<void(const sched::Request&, sched::FinishKind, const std::string& reason,
-                     bool at_submit)>
+                     Fault fault)>
       on_finish;
 };
 
@@ -80,6 +88,7 @@ class StepLoop {
   // Step thread only.
   std::unordered_map<uint64_t, RequestSink> sinks_;
   uint64_t submitting_ = 0;  // the request inside core_.submit(), 0 when none
+  uint64_t failing_ = 0;     // the request being aborted for an engine failure, 0 when none
 };
 
 }  // namespace kvrt::server
