@@ -274,6 +274,11 @@ void HttpClient::start(std::string method, std::string target, std::string body,
 
 void HttpClient::run_until(Clock::time_point deadline) {
   if (impl_->ioc.stopped()) impl_->ioc.restart();
+  // A deadline already past runs what is ready (run_one_until would run nothing).
+  if (Clock::now() >= deadline) {
+    impl_->ioc.poll();
+    return;
+  }
   // One handler (waiting for it until the deadline), then every other one that is ready.
   if (impl_->ioc.run_one_until(deadline) > 0) impl_->ioc.poll();
 }

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio.hpp>
@@ -14,12 +15,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/cli/workload.h"
+#include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
+#include "core/serve/engine_step.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::server {
@@ -69,10 +73,34 @@ Reply post(uint16_t port, const std::string& target, const json& body) {
   return call(port, http::verb::post, target, body.dump());
 }
 
+// The real engine, greedy, except that a batch holding a prompt that starts with `poison`
+// fails as an engine error would.
+class FaultyExecutor : public sched::StepExecutor {
+ public:
+  FaultyExecutor(exec::Engine* engine, int32_t poison)
+      : inner_(engine, [this](const sched::Request&) -> exec::Sampler& { return greedy_; }),
+        poison_(poison) {}
+  Status run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) override {
+    for (const sched::ScheduledSequence& s : batch.sequences) {
+      if (!s.request->tokens.empty() && s.request->tokens[0] == poison_) {
+        return Status::Internal("injected fault: the attention plugin returned an error");
+      }
+    }
+    return inner_.run(batch, next);
+  }
+
+ private:
+  exec::Sampler greedy_{exec::SamplingParams{}};
+  serve::EngineExecutor inner_;
+  int32_t poison_;
+};
+
 class ServerTest : public ::testing::Test {
  protected:
   // A server over stories260k (the real model) or a preset, with [server] overrides.
-  void serve(std::vector<std::string> overrides, size_t max_unfinished = 64) {
+  // With `poison` >= 0, the engine's step fails for any batch holding a prompt that starts
+  // with that id (fault injection); other batches run on the real engine.
+  void serve(std::vector<std::string> overrides, size_t max_unfinished = 64, int poison = -1) {
     setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
     spdlog::set_level(spdlog::level::err);
     overrides.push_back("server.port=0");
@@ -84,8 +112,14 @@ class ServerTest : public ::testing::Test {
     Result<runtime::Runtime> rt = runtime::build_runtime(*cfg_, *registry_);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
     rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
-    core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
-                                                 rt_->engine.get());
+    if (poison >= 0) {
+      faulty_ = std::make_unique<FaultyExecutor>(rt_->engine.get(), poison);
+      core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
+                                                   faulty_.get(), nullptr);
+    } else {
+      core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
+                                                   rt_->engine.get());
+    }
     loop_ = std::make_unique<StepLoop>(*core_, max_unfinished);
     ServerOptions options;
     options.port = 0;
@@ -130,6 +164,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<config::Config> cfg_;
   std::unique_ptr<plugin::Registry> registry_;
   std::unique_ptr<runtime::Runtime> rt_;
+  std::unique_ptr<FaultyExecutor> faulty_;
   std::unique_ptr<serve::ServingCore> core_;
   std::unique_ptr<StepLoop> loop_;
   std::unique_ptr<HttpServer> http_;
@@ -448,6 +483,181 @@ TEST_F(ServerTest, RecordTraceWritesAReplayableTrace) {
   EXPECT_EQ(trace->trace[1].output_len, 5);
   EXPECT_LE(trace->trace[0].arrival_s, trace->trace[1].arrival_s);
   std::filesystem::remove(path);
+}
+
+// A failure inside the engine is a 500 naming it for the requests of that batch; a request
+// already running is unaffected, and the server goes on serving.
+TEST_F(ServerTest, EngineFailureIsA500AndTheOthersGoOn) {
+  serve({"model.preset=synth-tiny"}, 64, /*poison=*/7);
+  std::thread healthy([&] {
+    Reply r = post(port_, "/generate",
+                   {{"input_ids", {1, 2, 3}},
+                    {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.json_body()["meta_info"]["finish_reason"]["type"], "length");
+    EXPECT_EQ(r.json_body()["meta_info"]["completion_tokens"], 300);
+  });
+  // The healthy request decodes before the poisoned one arrives.
+  for (int i = 0; i < 2000; ++i) {
+    const uint64_t generated = loop_->call([](serve::ServingCore& c) {
+      return c.counters().generated_tokens;
+    });
+    if (generated > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Reply bad = post(port_, "/generate", {{"input_ids", {7, 2, 3}}});
+  EXPECT_EQ(bad.status, 500) << bad.body;
+  EXPECT_EQ(bad.json_body()["error"]["type"], "server_error");
+  EXPECT_NE(bad.json_body()["error"]["message"].get<std::string>().find("injected fault"),
+            std::string::npos)
+      << bad.body;
+  healthy.join();
+  // Still serving.
+  Reply after = post(port_, "/generate",
+                     {{"input_ids", {1, 2}},
+                      {"sampling_params", {{"max_new_tokens", 4}, {"ignore_eos", true}}}});
+  EXPECT_EQ(after.status, 200) << after.body;
+  EXPECT_EQ(after.json_body()["meta_info"]["completion_tokens"], 4);
+}
+
+// POST /flush_cache empties the prefix cache when idle and is refused (400) while requests
+// run; /metrics' cache_hit_rate counts the prefix a second request found.
+TEST_F(ServerTest, FlushCacheAndCacheHitRate) {
+  serve({"model.preset=synth-tiny", "scheduler.page_size=4"});
+  const json body = {{"input_ids", {1, 2, 3, 4, 5, 6, 7, 8, 9}},
+                     {"sampling_params", {{"max_new_tokens", 2}, {"ignore_eos", true}}}};
+  ASSERT_EQ(post(port_, "/generate", body).status, 200);
+  Reply second = post(port_, "/generate", body);
+  ASSERT_EQ(second.status, 200);
+  EXPECT_EQ(second.json_body()["meta_info"]["cached_tokens"], 8);
+  const std::string metrics = call(port_, http::verb::get, "/metrics", "").body;
+  EXPECT_NE(metrics.find("\nkvrt:cache_hit_rate " + std::to_string(8.0 / 18).substr(0, 6)),
+            std::string::npos)
+      << metrics;
+
+  std::thread busy([&] {
+    post(port_, "/generate",
+         {{"input_ids", {1, 2, 3}},
+          {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}}}});
+  });
+  while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  Reply refused = call(port_, http::verb::post, "/flush_cache", "");
+  busy.join();
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  EXPECT_NE(refused.body.find("not flushed while requests run"), std::string::npos);
+
+  Reply flushed = call(port_, http::verb::post, "/flush_cache", "");
+  ASSERT_EQ(flushed.status, 200) << flushed.body;
+  EXPECT_GT(flushed.json_body()["flushed_pages"].get<int>(), 0);
+  Reply cold = post(port_, "/generate", body);
+  EXPECT_EQ(cold.json_body()["meta_info"]["cached_tokens"], 0);
+  EXPECT_EQ(call(port_, http::verb::get, "/flush_cache", "").status, 405);
+}
+
+// Resident memory of this process, in bytes (VmRSS).
+uint64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// The load test (not under TSan: 4,500 sockets in one process): 2,000 idle keep-alive
+// connections held open while 256 streaming requests run at once on synth-bench, all through
+// the project's async client. Every request gets its whole answer; memory is reported.
+class ServerLoadTest : public ServerTest {};
+
+TEST_F(ServerLoadTest, Streams256WithTwoThousandIdleConnections) {
+  // Both ends of every connection live in this process.
+  size_t idle_target = 2000;
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+  getrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_cur < 2 * (idle_target + 256) + 200) {
+    idle_target = files.rlim_cur > 1000 ? (files.rlim_cur - 1000) / 2 : 0;
+    std::printf("open files are limited to %llu: holding %zu idle connections\n",
+                static_cast<unsigned long long>(files.rlim_cur), idle_target);
+  }
+  serve({"model.preset=synth-bench", "server.max_connections=4096",
+         "scheduler.max_running_requests=256"},
+        /*max_unfinished=*/512);
+  const uint64_t rss_before = resident_bytes();
+  client::Url url;
+  url.host = "127.0.0.1";
+  url.port = port_;
+  url.text = "http://127.0.0.1:" + std::to_string(port_);
+  client::HttpClient client(url);
+  size_t opened = 0, failed_open = 0;
+  for (size_t i = 0; i < idle_target; ++i) {
+    client.open_idle([&](bool ok, const std::string&) { ++(ok ? opened : failed_open); });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (opened + failed_open < idle_target && std::chrono::steady_clock::now() < deadline) {
+    client.run_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(opened, idle_target);
+  for (int i = 0; i < 200 && http_->open_connections() < static_cast<int>(idle_target); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(http_->open_connections(), static_cast<int>(idle_target));
+  // The idle connections are kept aside (open, unused) while the streams run on new ones.
+  const size_t kStreams = 256;
+  const int kTokens = 32;
+  std::vector<int> tokens(kStreams, 0), status(kStreams, 0);
+  std::vector<bool> done_event(kStreams, false);
+  std::vector<client::SseParser> sse(kStreams);
+  size_t finished = 0;
+  size_t max_open = 0;
+  // A second client: its streams open connections of their own, the idle ones stay idle.
+  client::HttpClient streams(url);
+  for (size_t i = 0; i < kStreams; ++i) {
+    const json body = {{"input_ids", {1, static_cast<int>(2 + i % 100), 3, 4}},
+                       {"stream", true},
+                       {"sampling_params", {{"max_new_tokens", kTokens}, {"ignore_eos", true}}}};
+    streams.start(
+        "POST", "/generate", body.dump(),
+        [&, i](std::string_view bytes) {
+          sse[i].feed(bytes, [&, i](std::string_view data) {
+            if (data == "[DONE]") {
+              done_event[i] = true;
+              return;
+            }
+            const json j = json::parse(data, nullptr, false);
+            if (j.is_object()) tokens[i] += static_cast<int>(j["output_ids"].size());
+          });
+        },
+        [&, i](client::Response r) {
+          status[i] = r.status;
+          ++finished;
+        });
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (finished < kStreams && std::chrono::steady_clock::now() < end) {
+    streams.run_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+    client.run_until(std::chrono::steady_clock::now());
+    max_open = std::max(max_open, static_cast<size_t>(http_->open_connections()));
+  }
+  ASSERT_EQ(finished, kStreams);
+  for (size_t i = 0; i < kStreams; ++i) {
+    EXPECT_EQ(status[i], 200) << i;
+    EXPECT_EQ(tokens[i], kTokens) << i;
+    EXPECT_TRUE(done_event[i]) << i;
+  }
+  EXPECT_EQ(client.idle_connections(), idle_target);  // the idle ones are still open
+  const uint64_t rss_peak = resident_bytes();
+  std::printf("load: %zu idle keep-alive connections + %zu streams of %d tokens, %zu open at "
+              "most; resident memory %.1f MiB before, %.1f MiB after (+%.1f MiB)\n",
+              idle_target, kStreams, kTokens, max_open, static_cast<double>(rss_before) / 1048576,
+              static_cast<double>(rss_peak) / 1048576,
+              (static_cast<double>(rss_peak) - static_cast<double>(rss_before)) / 1048576);
+  RecordProperty("resident_mib_added",
+                 static_cast<int>((rss_peak - std::min(rss_peak, rss_before)) >> 20));
+  // Bounded: a few KiB per connection, not a thread or a big buffer each.
+  EXPECT_LT(rss_peak - std::min(rss_peak, rss_before), uint64_t{256} << 20);
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `kvrt bench --url` against `kvrt serve` (synth-bench, no model files needed): the same workload
+# gives the same token counts as the in-process bench over both backends, multi-turn runs over
+# /generate, the server's record_trace replays in process, and bad uses are refused by name.
+#   usage: bench_url_test.sh <kvrt binary> <source dir>
+set -u
+kvrt=$1
+src=$2
+out=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
+failed=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
+}
+cat >"$out/w.toml" <<'TOML'
+[workload]
+num_requests = 24
+concurrency = 8
+seed = 5
+[workload.input]
+dist = "fixed"
+value = 40
+[workload.output]
+dist = "fixed"
+value = 12
+TOML
+cat >"$out/turns.toml" <<'TOML'
+[workload]
+num_requests = 12
+turns = 3
+concurrency = 4
+seed = 2
+[workload.input]
+dist = "fixed"
+value = 20
+[workload.output]
+dist = "fixed"
+value = 8
+TOML
+config=$src/configs/kv-bound.toml
+"$kvrt" serve --config "$config" --set server.port=0 \
+  --set "server.record_trace=\"$out/recorded.jsonl\"" >"$out/serve.out" 2>"$out/serve.err" &
+pid=$!
+for _ in $(seq 100); do grep -q "^listening on" "$out/serve.out" && break; sleep 0.1; done
+port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
+check "kvrt serve listens" test -n "$port"
+url=http://127.0.0.1:$port
+
+"$kvrt" bench --config "$config" --workload "$out/w.toml" >"$out/local.txt" 2>/dev/null
+check "the in-process bench runs" grep -q "24 completed, 0 aborted of 24" "$out/local.txt"
+for backend in generate openai; do
+  "$kvrt" bench --url "$url" --backend $backend --workload "$out/w.toml" \
+    >"$out/$backend.txt" 2>"$out/$backend.err"
+  check "--backend $backend: every request completed" \
+    grep -q "24 completed, 0 aborted of 24" "$out/$backend.txt"
+  check "--backend $backend: 960 prompt and 288 generated tokens, as in process" \
+    grep -q "960 prompt, 288 generated" "$out/$backend.txt"
+  check "--backend $backend: the report names the server and its store" \
+    bash -c "grep -q '^server .*$url' '$out/$backend.txt' && grep -q 'KV store *kv_bf16_paged' '$out/$backend.txt'"
+  check "--backend $backend: the server's diagnosis" grep -q "^Diagnosis: .*the server's" "$out/$backend.txt"
+done
+grep -q "960 prompt, 288 generated" "$out/local.txt" || { echo "FAILED: in-process counts"; failed=1; }
+
+"$kvrt" bench --url "$url" --workload "$out/turns.toml" >"$out/turns.txt" 2>&1
+check "multi-turn over /generate: 12 requests completed" \
+  grep -q "12 completed, 0 aborted of 12" "$out/turns.txt"
+check "later turns found the conversation cached" \
+  bash -c "! grep -q ' 0 cached' '$out/turns.txt'"
+"$kvrt" bench --url "$url" --backend openai --workload "$out/turns.toml" >"$out/o.txt" 2>&1
+check "multi-turn over openai is refused (exit 1)" test $? -eq 1
+check "saying to use --backend generate" grep -q "use --backend generate" "$out/o.txt"
+"$kvrt" bench --url "$url" --config "$config" --workload "$out/w.toml" >"$out/c.txt" 2>&1
+check "--url with --config is refused" test $? -eq 1
+check "saying which to give" grep -q "give one or the other" "$out/c.txt"
+"$kvrt" bench --url http://127.0.0.1:1 --workload "$out/w.toml" >"$out/u.txt" 2>&1
+check "an unreachable server is exit 1" test $? -eq 1
+check "naming the address" grep -q "cannot connect to 127.0.0.1:1" "$out/u.txt"
+"$kvrt" bench --url https://127.0.0.1:1 --workload "$out/w.toml" >"$out/s.txt" 2>&1
+check "https is refused by name" grep -q "https is not supported" "$out/s.txt"
+
+check "no page held after the runs" \
+  bash -c "curl -s '$url/metrics' | grep -qx 'kvrt:num_used_tokens 0'"
+check "a POST /flush_cache empties the cache" \
+  bash -c "curl -s -X POST '$url/flush_cache' | grep -q '\"success\":true'"
+kill -TERM "$pid"
+wait "$pid"
+rc=$?
+pid=
+check "SIGTERM exits 0" test $rc -eq 0
+
+# The traffic the server recorded, replayed in process.
+check "record_trace wrote one line per request (24 + 24 + 12)" \
+  test "$(wc -l <"$out/recorded.jsonl")" -eq 60
+"$kvrt" bench --config "$config" --trace "$out/recorded.jsonl" >"$out/replay.txt" 2>/dev/null
+check "the recorded trace replays in process" grep -q "60 completed, 0 aborted of 60" "$out/replay.txt"
+exit $failed
