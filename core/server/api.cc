@@ -452,6 +452,29 @@ std::string to_text(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+const std::string& TextStream::update(const std::vector<int32_t>& ids) {
+  if (tokenizer_ == nullptr || ids.size() <= read_) return text_;
+  const std::span<const int32_t> all(ids);
+  const std::string before = tokenizer_->decode(all.subspan(prefix_, read_ - prefix_));
+  const std::string now = tokenizer_->decode(all.subspan(prefix_));
+  if (now.size() <= before.size() || now.compare(0, before.size(), before) != 0) return text_;
+  const std::string_view fresh = std::string_view(now).substr(before.size());
+  // A character cut between tokens: an incomplete sequence, or the decoder's U+FFFD for one.
+  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+  if (!valid_utf8(fresh) ||
+      (fresh.size() >= 3 && fresh.substr(fresh.size() - 3) == kReplacement)) {
+    return text_;
+  }
+  text_.append(fresh);
+  prefix_ = read_;
+  read_ = ids.size();
+  return text_;
+}
+
+std::string TextStream::finish(const std::vector<int32_t>& ids) const {
+  return tokenizer_ == nullptr ? text_ : tokenizer_->decode(ids);
+}
+
 size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
                  std::string* matched) {
   size_t best = std::string_view::npos;

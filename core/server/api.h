@@ -98,6 +98,27 @@ nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& resu
 // in the middle of a character) become U+FFFD rather than failing the answer.
 std::string to_text(const nlohmann::json& j);
 
+// The text of a request's output as its ids arrive, decoded a few tokens at a time rather than
+// whole on every token: each step decodes only the ids since the last emitted character (plus
+// the one before, so a decoder's spacing rules see context), and a character whose bytes are
+// split across tokens is held back until it is whole, so a streamed delta never carries half
+// of one (vLLM's prefix / read offsets).
+class TextStream {
+ public:
+  explicit TextStream(const model::Tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+  // The ids so far (each call one or more longer than the last); returns the text now whole.
+  const std::string& update(const std::vector<int32_t>& ids);
+  // Every id decoded at once: the exact final text (an unfinished character included).
+  std::string finish(const std::vector<int32_t>& ids) const;
+  const std::string& text() const { return text_; }
+
+ private:
+  const model::Tokenizer* tokenizer_;
+  std::string text_;
+  size_t prefix_ = 0;  // ids[prefix_, read_) were decoded into the end of text_
+  size_t read_ = 0;
+};
+
 // The first byte offset of a stop string in `text`, and which one, or npos.
 size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
                  std::string* matched);

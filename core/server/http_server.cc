@@ -106,6 +106,8 @@ class Session : public std::enable_shared_from_this<Session> {
     bool stop_matched = false;  // a stop string ended it; its abort is on its way
     size_t sent_text = 0;       // streaming: text already sent
     size_t sent_ids = 0;
+    size_t longest_stop = 0;
+    std::optional<TextStream> text;
   };
 
   void read() {
@@ -272,6 +274,8 @@ class Session : public std::enable_shared_from_this<Session> {
       p.result.rid = call_.rids[i].empty() ? std::to_string(p.id) : call_.rids[i];
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[i].size());
       p.stop = call_.stop;
+      for (const std::string& stop : p.stop) p.longest_stop = std::max(p.longest_stop, stop.size());
+      p.text.emplace(server_.limits.tokenizer);
       serve::GenerateRequest r;
       r.id = p.id;
       r.input_ids = call_.prompts[i];
@@ -365,10 +369,16 @@ class Session : public std::enable_shared_from_this<Session> {
     if (p.result.finished || p.stop_matched) return;
     p.result.output_ids.push_back(token);
     if (server_.limits.tokenizer != nullptr) {
-      p.result.text = server_.limits.tokenizer->decode(p.result.output_ids);
+      const size_t searched = p.result.text.size();
+      p.result.text = p.text->update(p.result.output_ids);
+      // Only where a stop string could newly end: the fresh text and the bytes before it.
+      const size_t from = searched >= p.longest_stop ? searched - p.longest_stop + 1 : 0;
       std::string matched;
-      const size_t at = find_stop(p.result.text, p.stop, &matched);
+      size_t at = p.stop.empty() ? std::string::npos
+                                 : find_stop(std::string_view(p.result.text).substr(from), p.stop,
+                                             &matched);
       if (at != std::string::npos) {
+        at += from;
         p.result.text.resize(at);
         p.result.matched = matched;
         p.stop_matched = true;
@@ -388,6 +398,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (p.stop_matched) {
       p.result.kind = Finish::kStop;
     } else {
+      // The whole output decoded at once: exact, a character the last token left unfinished
+      // included (it becomes U+FFFD in the JSON).
+      if (server_.limits.tokenizer != nullptr) p.result.text = p.text->finish(p.result.output_ids);
       p.result.kind = kind == sched::FinishKind::kStop      ? Finish::kStop
                       : kind == sched::FinishKind::kLength  ? Finish::kLength
                                                             : Finish::kAbort;

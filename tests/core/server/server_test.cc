@@ -660,5 +660,33 @@ TEST_F(ServerLoadTest, Streams256WithTwoThousandIdleConnections) {
   EXPECT_LT(rss_peak - std::min(rss_peak, rss_before), uint64_t{256} << 20);
 }
 
+// A streamed text never carries half a character: the bytes of "é" and "😀" arrive one token
+// at a time, and each update is whole UTF-8 and a prefix of the final text.
+TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
+  Result<std::unique_ptr<model::Tokenizer>> tok = model::make_byte_tokenizer();
+  ASSERT_TRUE(tok.ok());
+  const std::string want = "h\xC3\xA9llo \xF0\x9F\x98\x80!";
+  std::vector<int32_t> ids;
+  for (unsigned char c : want) ids.push_back(3 + c);
+  TextStream stream(tok->get());
+  std::vector<int32_t> so_far;
+  std::vector<std::string> seen;
+  for (int32_t id : ids) {
+    so_far.push_back(id);
+    const std::string& text = stream.update(so_far);
+    EXPECT_EQ(want.compare(0, text.size(), text), 0) << text;
+    seen.push_back(text);
+  }
+  EXPECT_EQ(seen[1], "h");        // the first byte of "é" is held back
+  EXPECT_EQ(seen[2], "h\xC3\xA9");  // and sent with the second
+  EXPECT_EQ(seen[8], "h\xC3\xA9llo ");  // three bytes of the emoji: nothing yet
+  EXPECT_EQ(seen.back(), want);
+  EXPECT_EQ(stream.finish(so_far), want);
+  // A last token that leaves a character unfinished: finish() gives the bytes as decoded.
+  so_far.push_back(3 + 0xE2);
+  EXPECT_EQ(stream.update(so_far), want);
+  EXPECT_EQ(stream.finish(so_far), want + "\xE2");
+}
+
 }  // namespace
 }  // namespace kvrt::server
