@@ -261,6 +261,13 @@ std::string format_report(const BenchReport& r) {
   add("%-38s %.1f", "decode rate per running request (tok/s)", r.decode_rate_per_request);
   add("%-38s %.2f", "client effective throughput (tok/s/req)", r.client_effective_throughput);
   add("%-38s %.1f", "all clients' output (tok/s)", r.total_output_throughput);
+  add("%-38s %.1f", "requests completed per second",
+      r.duration_s > 0 ? static_cast<double>(r.completed) / r.duration_s : 0.0);
+  if (r.steps > 0) {
+    add("%-38s %.1f (%llu steps)", "scheduler steps per second",
+        r.duration_s > 0 ? static_cast<double>(r.steps) / r.duration_s : 0.0,
+        static_cast<ull>(r.steps));
+  }
   add("%-38s mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f", "TTFT (ms)", r.ttft_s.mean * 1e3,
       r.ttft_s.p50 * 1e3, r.ttft_s.p90 * 1e3, r.ttft_s.p99 * 1e3);
   add("%-38s mean %.2f  p50 %.2f  p90 %.2f  p99 %.2f", "ITL (ms)", r.itl_s.mean * 1e3,

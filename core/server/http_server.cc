@@ -1,5 +1,6 @@
 #include "core/server/http_server.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio.hpp>
@@ -345,9 +346,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // A client that goes away aborts its request: the socket turning readable with nothing to
   // read is its close.
   void watch_disconnect() {
+    // A wait left from an earlier exchange on this keep-alive connection fires when the next
+    // request's bytes arrive (and are read at once): it must not abort the new one.
+    const uint64_t exchange = ++exchange_;
     stream_.socket().async_wait(
-        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-          if (self->unfinished_ == 0) return;
+        tcp::socket::wait_read, [self = shared_from_this(), exchange](beast::error_code ec) {
+          if (self->unfinished_ == 0 || exchange != self->exchange_) return;
           beast::error_code e2;
           const size_t available = self->stream_.socket().available(e2);
           if (ec || e2 || available == 0) {
@@ -570,6 +574,7 @@ class Session : public std::enable_shared_from_this<Session> {
   GenerateCall call_;
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
+  uint64_t exchange_ = 0;  // counts generations on this connection (watch_disconnect)
   Clock::time_point started_;
   int64_t created_ = 0;  // OpenAI's "created", Unix seconds
   std::deque<std::string> writes_;
@@ -631,7 +636,12 @@ Status HttpServer::start() {
   s.accepting = true;
   s.work.emplace(s.ioc.get_executor());
   s.accept();
-  for (int i = 0; i < s.options.network_threads; ++i) s.threads.emplace_back([&s] { s.ioc.run(); });
+  for (int i = 0; i < s.options.network_threads; ++i) {
+    s.threads.emplace_back([&s] {
+      pthread_setname_np(pthread_self(), "kvrt-net");  // as top -H and /proc/PID/task name it
+      s.ioc.run();
+    });
+  }
   return Status::Ok();
 }
 

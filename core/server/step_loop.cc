@@ -1,5 +1,6 @@
 #include "core/server/step_loop.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <vector>
@@ -27,7 +28,12 @@ StepLoop::StepLoop(serve::ServingCore& core, size_t max_unfinished)
 
 StepLoop::~StepLoop() { stop(); }
 
-void StepLoop::start() { thread_ = std::thread([this] { run(); }); }
+void StepLoop::start() {
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "kvrt-step");
+    run();
+  });
+}
 
 void StepLoop::stop(const std::string& reason) {
   {

@@ -64,6 +64,13 @@ for backend in generate openai; do
 done
 grep -q "960 prompt, 288 generated" "$out/local.txt" || { echo "FAILED: in-process counts"; failed=1; }
 
+# Back-to-back one-token requests on keep-alive connections: none may be taken for a
+# disconnect (a wait left from the previous exchange once aborted the next one).
+sed -e 's/num_requests = 4000/num_requests = 1500/' "$src/bench/workloads/trivial.toml" >"$out/trivial.toml"
+"$kvrt" bench --url "$url" --workload "$out/trivial.toml" >"$out/trivial.txt" 2>&1
+check "1500 one-token requests on 64 keep-alive connections all complete" \
+  grep -q "1500 completed, 0 aborted of 1500" "$out/trivial.txt"
+
 "$kvrt" bench --url "$url" --workload "$out/turns.toml" >"$out/turns.txt" 2>&1
 check "multi-turn over /generate: 12 requests completed" \
   grep -q "12 completed, 0 aborted of 12" "$out/turns.txt"
@@ -92,8 +99,8 @@ pid=
 check "SIGTERM exits 0" test $rc -eq 0
 
 # The traffic the server recorded, replayed in process.
-check "record_trace wrote one line per request (24 + 24 + 12)" \
-  test "$(wc -l <"$out/recorded.jsonl")" -eq 60
+check "record_trace wrote one line per request (24 + 24 + 1500 + 12)" \
+  test "$(wc -l <"$out/recorded.jsonl")" -eq 1560
 "$kvrt" bench --config "$config" --trace "$out/recorded.jsonl" >"$out/replay.txt" 2>/dev/null
-check "the recorded trace replays in process" grep -q "60 completed, 0 aborted of 60" "$out/replay.txt"
+check "the recorded trace replays in process" grep -q "1560 completed, 0 aborted of 1560" "$out/replay.txt"
 exit $failed
