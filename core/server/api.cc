@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <span>
 
 namespace kvrt::server {
 
@@ -424,7 +425,7 @@ json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::
   return chunk;
 }
 
-json generate_json(const GenerateResult& r) {
+json generate_json(const GenerateResult& r, size_t ids_from) {
   json finish = nullptr;
   if (r.finished) {
     switch (r.kind) {
@@ -445,7 +446,11 @@ json generate_json(const GenerateResult& r) {
                {"cached_tokens", r.cached_tokens},
                {"finish_reason", finish}};
   if (r.finished) meta["e2e_latency"] = r.e2e_latency;
-  return json{{"text", r.text}, {"output_ids", r.output_ids}, {"meta_info", meta}};
+  const std::span<const int32_t> ids =
+      std::span<const int32_t>(r.output_ids).subspan(std::min(ids_from, r.output_ids.size()));
+  return json{{"text", r.text},
+              {"output_ids", std::vector<int32_t>(ids.begin(), ids.end())},
+              {"meta_info", meta}};
 }
 
 std::string to_text(const json& j) {

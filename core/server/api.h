@@ -84,7 +84,8 @@ struct GenerateResult {
 };
 // {"text", "output_ids", "meta_info": {id, prompt_tokens, completion_tokens, cached_tokens,
 // finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished.
-nlohmann::json generate_json(const GenerateResult& result);
+// output_ids holds the ids from `ids_from` on (a streamed event's new ones).
+nlohmann::json generate_json(const GenerateResult& result, size_t ids_from = 0);
 
 // OpenAI's answer for a finished call (`results` in prompt order): a "text_completion" or a
 // "chat.completion" with choices and usage; `created` is the Unix time.

@@ -7,6 +7,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <deque>
@@ -481,35 +482,42 @@ class Session : public std::enable_shared_from_this<Session> {
                  "\n\n");
       return;
     }
-    json event = generate_json(p.result);
-    std::vector<int32_t> fresh(p.result.output_ids.begin() + p.sent_ids, p.result.output_ids.end());
-    event["output_ids"] = fresh;
+    const json event = generate_json(p.result, p.sent_ids);
     p.sent_ids = p.result.output_ids.size();
     send_chunk("data: " + to_text(event) + "\n\n");
   }
 
   void send_chunk(const std::string& data) {
     char size[20];
-    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
-    send_raw(size + data + "\r\n");
+    const auto end = std::to_chars(size, size + sizeof size, data.size(), 16).ptr;
+    std::string bytes;
+    bytes.reserve(static_cast<size_t>(end - size) + data.size() + 4);
+    bytes.append(size, end).append("\r\n").append(data).append("\r\n");
+    send_raw(std::move(bytes));
   }
 
-  // Writes in order, one at a time.
+  // Writes in order: bytes queued while a write is in flight go out together in the next one.
   void send_raw(std::string bytes) {
-    writes_.push_back(std::move(bytes));
-    if (writes_.size() == 1) write_next();
+    if (writing_.empty()) {
+      writing_ = std::move(bytes);
+      write_next();
+    } else {
+      queued_ += bytes;
+    }
   }
   void write_next() {
-    net::async_write(stream_, net::buffer(writes_.front()),
+    net::async_write(stream_, net::buffer(writing_),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec) {
                          self->abort_generation("the client disconnected");
                          self->client_gone_ = true;
-                         self->writes_.clear();
+                         self->writing_.clear();
+                         self->queued_.clear();
                          return;
                        }
-                       self->writes_.pop_front();
-                       if (!self->writes_.empty()) {
+                       self->writing_.swap(self->queued_);
+                       self->queued_.clear();
+                       if (!self->writing_.empty()) {
                          self->write_next();
                        } else if (self->read_after_writes_) {
                          self->read_after_writes_ = false;
@@ -538,7 +546,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void after_response() {
-    if (writes_.empty()) return finish_exchange();
+    if (writing_.empty()) return finish_exchange();
     read_after_writes_ = true;
   }
 
@@ -577,7 +585,8 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t exchange_ = 0;  // counts generations on this connection (watch_disconnect)
   Clock::time_point started_;
   int64_t created_ = 0;  // OpenAI's "created", Unix seconds
-  std::deque<std::string> writes_;
+  std::string writing_;  // the bytes of the write in flight ("" when none)
+  std::string queued_;   // what comes after them
 };
 
 void HttpServer::Impl::accept() {

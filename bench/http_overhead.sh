@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# What HTTP costs: the kv-bound scenario (configs/kv-bound.toml, bench/workloads/kv-bound.toml,
+# 150 concurrent clients) through `kvrt bench --url` against `kvrt serve`, beside the in-process
+# `kvrt bench` on the same workload, interleaved ROUNDS times in one run (timings drift between
+# runs on a shared machine: compare within a round). Then requests per second on the trivial
+# workload (synth-tiny, max_new_tokens 1, 64 keep-alive connections) beside the in-process step
+# rate.
+#
+# The ceiling: the in-process bench keeps every core busy, so the CPU time the HTTP path adds --
+# the client's and the server's network threads' (kvrt-net), read from /proc -- comes out of the
+# model's. At best the HTTP run takes in_wall + added_cpu / cores, and its throughput ratio is at
+# most in_wall / (in_wall + added_cpu / cores).
+#
+#   usage: bench/http_overhead.sh [BUILD_DIR] [ROUNDS]
+set -u
+build=${1:-build}
+rounds=${2:-3}
+kvrt=$build/bin/kvrt
+export KVRT_PLUGIN_PATH=${KVRT_PLUGIN_PATH:-$build/bin}
+cores=$(nproc)
+out=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
+
+field() {  # field <report file> <label regex> <awk column after the label>
+  sed -n "s/^$2 *//p" "$1" | awk "{print \$$3}"
+}
+serve() {  # serve <args...>: starts kvrt serve, sets pid and port
+  "$kvrt" serve --set server.port=0 "$@" >"$out/serve.out" 2>"$out/serve.err" &
+  pid=$!
+  for _ in $(seq 200); do grep -q "^listening on" "$out/serve.out" && break; sleep 0.1; done
+  port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
+}
+net_cpu_ticks() {  # CPU ticks of the server's network threads so far
+  local total=0 t
+  for t in /proc/"$pid"/task/*; do
+    if [ "$(cat "$t/comm")" = kvrt-net ]; then
+      total=$((total + $(awk '{print $14 + $15}' "$t/stat")))
+    fi
+  done
+  echo $total
+}
+stop() {
+  kill -TERM "$pid"
+  wait "$pid"
+  pid=
+}
+
+ticks=$(getconf CLK_TCK)
+printf "%-6s %-11s %9s %9s %9s %9s %10s %10s %9s\n" round path "tok/s" "ITL p50" "ITL mean" \
+  "wall s" "client cpu" "net cpu" ceiling
+serve --config configs/kv-bound.toml
+for r in $(seq "$rounds"); do
+  "$kvrt" bench --config configs/kv-bound.toml --workload bench/workloads/kv-bound.toml \
+    >"$out/in.txt" 2>/dev/null
+  before=$(net_cpu_ticks)
+  /usr/bin/time -f "%U %S" -o "$out/time" "$kvrt" bench --url "http://127.0.0.1:$port" \
+    --workload bench/workloads/kv-bound.toml >"$out/http.txt" 2>/dev/null
+  after=$(net_cpu_ticks)
+  client_cpu=$(awk '{print $1 + $2}' "$out/time")
+  net_cpu=$(awk -v a="$after" -v b="$before" -v t="$ticks" 'BEGIN {print (a - b) / t}')
+  in_wall=$(field "$out/in.txt" "duration (s)" 1)
+  ceiling=$(awk -v w="$in_wall" -v c="$client_cpu" -v n="$net_cpu" -v k="$cores" \
+    'BEGIN {printf "%.3f", w / (w + (c + n) / k)}')
+  for path in in http; do
+    f=$out/$path.txt
+    printf "%-6s %-11s %9s %9s %9s %9s" "$r" "$([ $path = in ] && echo in-process || echo http)" \
+      "$(field "$f" "server gen throughput (tok\/s)" 1)" "$(field "$f" "ITL (ms)" 4)" \
+      "$(field "$f" "ITL (ms)" 2)" "$(field "$f" "duration (s)" 1)"
+    if [ $path = http ]; then
+      printf " %10s %10s %9s" "$client_cpu" "$net_cpu" "$ceiling"
+    fi
+    printf "\n"
+  done
+  in_tps=$(field "$out/in.txt" "server gen throughput (tok\/s)" 1)
+  http_tps=$(field "$out/http.txt" "server gen throughput (tok\/s)" 1)
+  in_itl=$(field "$out/in.txt" "ITL (ms)" 4)
+  http_itl=$(field "$out/http.txt" "ITL (ms)" 4)
+  awk -v a="$http_tps" -v b="$in_tps" -v x="$http_itl" -v y="$in_itl" -v c="$ceiling" -v r="$r" \
+    'BEGIN {printf "round %s: http / in-process throughput %.3f (ceiling %s), p50 ITL added %.2f ms\n", r, a / b, c, x - y}' \
+    | tee -a "$out/ratios"
+done
+stop
+
+echo
+echo "requests per second, trivial workload (synth-tiny, 1 output token, 64 clients):"
+serve --set model.preset=synth-tiny
+"$kvrt" bench --url "http://127.0.0.1:$port" --workload bench/workloads/trivial.toml \
+  >"$out/trivial_http.txt" 2>/dev/null
+stop
+"$kvrt" bench --set model.preset=synth-tiny --workload bench/workloads/trivial.toml \
+  >"$out/trivial_in.txt" 2>/dev/null
+echo "  over HTTP:  $(field "$out/trivial_http.txt" "requests completed per second" 1) requests/s" \
+  "($(sed -n 's/^requests  *\([0-9]*\) completed.*/\1/p' "$out/trivial_http.txt") completed)"
+echo "  in process: $(field "$out/trivial_in.txt" "requests completed per second" 1) requests/s," \
+  "$(field "$out/trivial_in.txt" "scheduler steps per second" 1) scheduler steps/s"
