@@ -13,6 +13,7 @@
 #include "core/config/config.h"
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
+#include "core/server/chat_template.h"
 #include "core/server/http_server.h"
 #include "core/server/step_loop.h"
 
@@ -74,8 +75,25 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   options.request_timeout_s = cfg.server.request_timeout_s;
   options.api_key = cfg.server.api_key;
   options.record_trace = cfg.server.record_trace;
-  server::ModelLimits limits{rt.tokenizer.get(), static_cast<int32_t>(rt.model.vocab_size),
-                             rt.model.max_position_embeddings};
+  server::ModelLimits limits;
+  limits.tokenizer = rt.tokenizer.get();
+  limits.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
+  limits.context_length = rt.model.max_position_embeddings;
+  // The model directory's chat template when the subset kvrt renders can read it; else the
+  // default, with the reason in the log.
+  std::string chat_template = "default (<role>: <content> lines, then assistant:)";
+  Result<server::ModelChatTemplate> model_template =
+      server::load_model_chat_template(cfg.model.path);
+  if (!model_template.ok()) {
+    spdlog::warn("chat template: {}; chat requests use the default template",
+                 model_template.status().message());
+  } else if (model_template->found) {
+    limits.chat_template = &model_template->chat_template;
+    limits.bos_text = model_template->bos;
+    limits.eos_text = model_template->eos;
+    chat_template = model_template->source;
+    spdlog::info("chat template: {}", chat_template);
+  }
   const std::string effective = config::to_toml(cfg);
   const json store = plugin_json(*registry.load(cfg.kv.store).value());
   const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
@@ -89,7 +107,8 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"context_length", rt.model.max_position_embeddings},
                          {"architecture", rt.model.architecture}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
-  info.server_info = [&cfg, &rt, effective, store, attention](serve::ServingCore& c) {
+  info.server_info = [&cfg, &rt, effective, store, attention,
+                      chat_template](serve::ServingCore& c) {
     const metrics::Diagnosis d = c.diagnosis();
     return json{{"config", effective},
                 {"model_path", rt.model_name},
@@ -98,6 +117,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                 {"tp_size", cfg.tp.size},
                 {"kv_store", store},
                 {"attention_backend", attention},
+                {"chat_template", chat_template},
                 {"capacity_report", rt.capacity_report},
                 {"diagnosis", d.line},
                 {"num_running_reqs", c.scheduler().num_running()}}

@@ -294,10 +294,9 @@ std::variant<json, ApiError> openai_sampling(const json& j) {
 
 }  // namespace
 
-std::string apply_default_chat_template(
-    const std::vector<std::pair<std::string, std::string>>& messages) {
+std::string apply_default_chat_template(const std::vector<ChatMessage>& messages) {
   std::string text;
-  for (const auto& [role, content] : messages) text += role + ": " + content + "\n";
+  for (const ChatMessage& m : messages) text += m.role + ": " + m.content + "\n";
   return text + "assistant:";
 }
 
@@ -321,7 +320,7 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
     if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
       return bad("messages", "expected a non-empty list of {role, content}");
     }
-    std::vector<std::pair<std::string, std::string>> messages;
+    std::vector<ChatMessage> messages;
     for (size_t i = 0; i < j["messages"].size(); ++i) {
       const json& m = j["messages"][i];
       const std::string at = "messages[" + std::to_string(i) + "]";
@@ -331,9 +330,21 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
       if (!m.contains("content") || !m["content"].is_string()) {
         return bad(at + ".content", "expected a string");
       }
-      messages.emplace_back(m["role"].get<std::string>(), m["content"].get<std::string>());
+      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     }
-    generate["text"] = apply_default_chat_template(messages);
+    if (limits.chat_template != nullptr) {
+      Result<std::string> text =
+          limits.chat_template->render(messages, limits.bos_text, limits.eos_text);
+      if (!text.ok()) return bad("messages", text.status().message());
+      // The tokenizer puts BOS first itself: the template's BOS text would be read as text.
+      std::string prompt = std::move(*text);
+      if (!limits.bos_text.empty() && prompt.rfind(limits.bos_text, 0) == 0) {
+        prompt.erase(0, limits.bos_text.size());
+      }
+      generate["text"] = prompt;
+    } else {
+      generate["text"] = apply_default_chat_template(messages);
+    }
   } else {
     if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
     const json& p = j["prompt"];

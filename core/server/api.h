@@ -12,6 +12,7 @@
 
 #include "core/exec/sampler.h"
 #include "core/model/tokenizer.h"
+#include "core/server/chat_template.h"
 
 namespace kvrt::server {
 
@@ -30,6 +31,10 @@ struct ModelLimits {
   const model::Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int64_t context_length = 0;  // max_position_embeddings
+  // The model directory's chat template (chat_template.h) and its BOS / EOS text; nullptr: the
+  // default template.
+  const ChatTemplate* chat_template = nullptr;
+  std::string bos_text, eos_text;
 };
 
 // Which API a call came through: its answer takes that API's shape.
@@ -67,7 +72,7 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
 
 // The chat template when the model directory ships none kvrt can read: each message as
 // "<role>: <content>\n", then "assistant:" for the answer to follow.
-std::string apply_default_chat_template(const std::vector<std::pair<std::string, std::string>>&);
+std::string apply_default_chat_template(const std::vector<ChatMessage>& messages);
 
 // A request's state as it is answered (finished, or so far when streaming).
 struct GenerateResult {

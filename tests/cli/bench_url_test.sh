@@ -44,7 +44,12 @@ config=$src/configs/kv-bound.toml
 "$kvrt" serve --config "$config" --set server.port=0 \
   --set "server.record_trace=\"$out/recorded.jsonl\"" >"$out/serve.out" 2>"$out/serve.err" &
 pid=$!
-for _ in $(seq 100); do grep -q "^listening on" "$out/serve.out" && break; sleep 0.1; done
+# Sanitizer builds start slowly: up to 60 s, or until the server has died.
+for _ in $(seq 600); do
+  grep -q "^listening on" "$out/serve.out" && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
 port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
 check "kvrt serve listens" test -n "$port"
 url=http://127.0.0.1:$port

@@ -22,7 +22,12 @@ fi
 "$kvrt" serve --set "model.path=\"$model\"" --set server.port=0 --set server.shutdown_grace_s=5 \
   >"$out/serve.out" 2>"$out/serve.err" &
 pid=$!
-for _ in $(seq 100); do grep -q "^listening on" "$out/serve.out" && break; sleep 0.1; done
+# Sanitizer builds start slowly: up to 60 s, or until the server has died.
+for _ in $(seq 600); do
+  grep -q "^listening on" "$out/serve.out" && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
 port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
 check "kvrt serve prints the port it listens on" test -n "$port"
 url=http://127.0.0.1:$port

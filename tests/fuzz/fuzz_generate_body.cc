@@ -9,7 +9,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tokenizer = kvrt::model::make_byte_tokenizer(512).value().release();
-  const kvrt::server::ModelLimits limits{tokenizer, 512, 2048};
+  kvrt::server::ModelLimits limits;
+  limits.tokenizer = tokenizer;
+  limits.vocab_size = 512;
+  limits.context_length = 2048;
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   for (int api = 0; api < 3; ++api) {
     auto call = api == 0 ? kvrt::server::parse_generate(body, limits)

@@ -126,8 +126,15 @@ class ServerTest : public ::testing::Test {
     options.max_body_bytes = static_cast<uint64_t>(cfg_->server.max_body_bytes);
     options.api_key = cfg_->server.api_key;
     options.record_trace = cfg_->server.record_trace;
-    ModelLimits limits{rt_->tokenizer.get(), static_cast<int32_t>(rt_->model.vocab_size),
-                       rt_->model.max_position_embeddings};
+    ModelLimits limits;
+    limits.tokenizer = rt_->tokenizer.get();
+    limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
+    limits.context_length = rt_->model.max_position_embeddings;
+    if (chat_.found) {
+      limits.chat_template = &chat_.chat_template;
+      limits.bos_text = chat_.bos;
+      limits.eos_text = chat_.eos;
+    }
     ServerInfo info;
     info.model_name = "test-model";
     info.model_info = json{{"model_path", rt_->model_name}}.dump();
@@ -164,6 +171,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<config::Config> cfg_;
   std::unique_ptr<plugin::Registry> registry_;
   std::unique_ptr<runtime::Runtime> rt_;
+  ModelChatTemplate chat_;  // set before serve(): the model directory's template
   std::unique_ptr<FaultyExecutor> faulty_;
   std::unique_ptr<serve::ServingCore> core_;
   std::unique_ptr<StepLoop> loop_;
@@ -538,7 +546,7 @@ TEST_F(ServerTest, FlushCacheAndCacheHitRate) {
   std::thread busy([&] {
     post(port_, "/generate",
          {{"input_ids", {1, 2, 3}},
-          {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}}}});
+          {"sampling_params", {{"max_new_tokens", 200}, {"ignore_eos", true}}}});
   });
   while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Reply refused = call(port_, http::verb::post, "/flush_cache", "");
@@ -686,6 +694,123 @@ TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
   so_far.push_back(3 + 0xE2);
   EXPECT_EQ(stream.update(so_far), want);
   EXPECT_EQ(stream.finish(so_far), want + "\xE2");
+}
+
+// The shapes real chat templates take: ChatML, and a Llama-2-style one with a system prompt
+// folded into the first turn, strip(), loop.index0 and raise_exception. As in Jinja, a set
+// inside a for loop lasts one iteration; one outside it (an if is no scope) lasts.
+TEST(ChatTemplate, RendersChatMLAndLlama2Shapes) {
+  const std::vector<ChatMessage> chat = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
+  Result<ChatTemplate> chatml = ChatTemplate::parse(
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
+  ASSERT_TRUE(chatml.ok()) << chatml.status().message();
+  Result<std::string> r = chatml->render(chat, "", "");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+            "<|im_start|>assistant\n");
+
+  Result<ChatTemplate> llama2 = ChatTemplate::parse(
+      "{%- if messages[0]['role'] == 'system' -%}\n"
+      "  {%- set system = messages[0]['content'] -%}{%- set offset = 1 -%}\n"
+      "{%- else -%}{%- set system = none -%}{%- set offset = 0 -%}{%- endif -%}\n"
+      "{%- for message in messages[offset:] if false -%}{%- endfor -%}");
+  EXPECT_FALSE(llama2.ok());  // slices are refused by name
+  EXPECT_NE(llama2.status().message().find("slices"), std::string::npos)
+      << llama2.status().message();
+
+  llama2 = ChatTemplate::parse(
+      "{{ bos_token }}{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}"
+      "{% endif %}{% for message in messages %}"
+      "{% if message.role == 'system' %}"
+      "{% elif message.role == 'user' %}"
+      "{{ '[INST] ' ~ (('<<SYS>>\\n' ~ sys ~ '\\n<</SYS>>\\n\\n') if sys is defined and loop.index0 == 1 "
+      "else '') ~ message.content.strip() ~ ' [/INST]' }}"
+      "{% elif message.role == 'assistant' %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
+      "{% else %}{{ raise_exception('Unknown role: ' + message.role) }}{% endif %}{% endfor %}");
+  ASSERT_TRUE(llama2.ok()) << llama2.status().message();
+  r = llama2->render(chat, "<s>", "</s>");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(*r, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s>[INST] Bye [/INST]");
+  r = llama2->render({{"tool", "x"}}, "<s>", "</s>");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("Unknown role: tool"), std::string::npos);
+
+  // Whitespace control: "-" strips the whitespace on its side.
+  Result<ChatTemplate> trimmed = ChatTemplate::parse("a  {%- if true -%}  b  {%- endif %} c");
+  ASSERT_TRUE(trimmed.ok());
+  EXPECT_EQ(*trimmed->render({}, "", ""), "ab c");
+}
+
+TEST(ChatTemplate, RefusesWhatItCannotRenderByName) {
+  for (const auto& [source, named] : std::vector<std::pair<std::string, std::string>>{
+           {"{% macro x() %}{% endmacro %}", "macro"},
+           {"{{ messages | tojson }}", "tojson"},
+           {"{% set ns = namespace(a=1) %}", "namespace"},
+           {"{% for m in messages %}", "endfor"},
+           {"{% if x %}", "endif"},
+           {"{{ 'unclosed }}", "closing quote"},
+           {"{{ x", "closing }}"}}) {
+    Result<ChatTemplate> t = ChatTemplate::parse(source);
+    ASSERT_FALSE(t.ok()) << source;
+    EXPECT_NE(t.status().message().find(named), std::string::npos)
+        << source << ": " << t.status().message();
+  }
+}
+
+// A model directory with a tokenizer_config.json chat template: /v1/chat/completions renders
+// the conversation with it (its BOS text becoming the BOS id), and /get_server_info names it.
+TEST_F(ServerTest, ChatUsesTheModelDirectorysTemplate) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kvrt_chat_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"}) {
+    fs::copy_file(fs::path(model_dir()) / f, dir / f, fs::copy_options::overwrite_existing);
+  }
+  {
+    std::ofstream(dir / "tokenizer_config.json")
+        << json{{"bos_token", {{"content", "<s>"}}},
+                {"eos_token", "</s>"},
+                {"chat_template",
+                 "{{ bos_token }}{% for m in messages %}{{ m['role'] | upper }}: "
+                 "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}ASSISTANT:"
+                 "{% endif %}"}}
+               .dump();
+  }
+  Result<ModelChatTemplate> loaded = load_model_chat_template(dir.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  ASSERT_TRUE(loaded->found);
+  EXPECT_EQ(loaded->bos, "<s>");
+  chat_ = std::move(*loaded);
+  serve({"model.path=\"" + dir.string() + "\""});
+  const json messages = json::array({{{"role", "user"}, {"content", "Tell me a story"}}});
+  Reply chat = post(port_, "/v1/chat/completions",
+                    {{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const std::vector<int32_t> want = rt_->tokenizer->encode("USER: Tell me a story\nASSISTANT:", true);
+  EXPECT_EQ(chat.json_body()["usage"]["prompt_tokens"], want.size());
+  // The same prompt through /generate's input_ids gives the same answer.
+  Reply gen = post(port_, "/generate",
+                   {{"input_ids", want}, {"sampling_params", {{"max_new_tokens", 5}}}});
+  ASSERT_EQ(gen.status, 200);
+  EXPECT_EQ(chat.json_body()["choices"][0]["message"]["content"], gen.json_body()["text"]);
+  fs::remove_all(dir);
+
+  // A template the subset cannot read is refused with the reason (the server then uses the
+  // default template and logs it).
+  const fs::path bad = fs::temp_directory_path() / ("kvrt_chat_bad_" + std::to_string(getpid()));
+  fs::create_directories(bad);
+  std::ofstream(bad / "chat_template.jinja") << "{% macro m() %}{% endmacro %}";
+  Result<ModelChatTemplate> refused = load_model_chat_template(bad.string());
+  EXPECT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("chat_template.jinja"), std::string::npos)
+      << refused.status().message();
+  fs::remove_all(bad);
 }
 
 }  // namespace
