@@ -6,6 +6,7 @@
 set -u
 kvrt=$1
 src=$2
+. "$(dirname "$0")/serve_lib.sh"
 out=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
@@ -41,18 +42,8 @@ dist = "fixed"
 value = 8
 TOML
 config=$src/configs/kv-bound.toml
-"$kvrt" serve --config "$config" --set server.port=0 \
-  --set "server.record_trace=\"$out/recorded.jsonl\"" >"$out/serve.out" 2>"$out/serve.err" &
-pid=$!
-# Sanitizer builds start slowly: up to 60 s, or until the server has died.
-for _ in $(seq 600); do
-  grep -q "^listening on" "$out/serve.out" && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
+start_serve --config "$config" --set "server.record_trace=\"$out/recorded.jsonl\""
 check "kvrt serve listens" test -n "$port"
-url=http://127.0.0.1:$port
 
 "$kvrt" bench --config "$config" --workload "$out/w.toml" >"$out/local.txt" 2>/dev/null
 check "the in-process bench runs" grep -q "24 completed, 0 aborted of 24" "$out/local.txt"

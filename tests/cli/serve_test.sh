@@ -5,6 +5,7 @@
 set -u
 kvrt=$1
 src=$2
+. "$(dirname "$0")/serve_lib.sh"
 model=$(cd "$src/.." && pwd)/shared/models/stories260k
 out=$(mktemp -d)
 pid=
@@ -19,18 +20,8 @@ if [ ! -f "$model/model.safetensors" ]; then
   echo "skipped: $model not found"
   exit 0
 fi
-"$kvrt" serve --set "model.path=\"$model\"" --set server.port=0 --set server.shutdown_grace_s=5 \
-  >"$out/serve.out" 2>"$out/serve.err" &
-pid=$!
-# Sanitizer builds start slowly: up to 60 s, or until the server has died.
-for _ in $(seq 600); do
-  grep -q "^listening on" "$out/serve.out" && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
+start_serve --set "model.path=\"$model\"" --set server.shutdown_grace_s=5
 check "kvrt serve prints the port it listens on" test -n "$port"
-url=http://127.0.0.1:$port
 
 "$kvrt" generate --set "model.path=\"$model\"" --ignore-eos --prompt "Once upon a time" \
   --max-new-tokens 27 -v >/dev/null 2>"$out/gen.err"
