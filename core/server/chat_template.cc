@@ -91,6 +91,11 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Context {
   std::vector<std::map<std::string, Value>> scopes;
+  // Bounds on one rendering, so no template (loops nested over the messages) can run away:
+  // statements and outputs evaluated (100K plus 50 per message: a real template takes a few
+  // per message), and bytes written.
+  uint64_t steps_left = 0;
+  static constexpr size_t kMaxOutput = 64u << 20;
   Value lookup(const std::string& name) const {
     for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
       auto found = it->find(name);
@@ -600,9 +605,19 @@ Result<std::vector<Piece>> split(std::string_view src) {
     const size_t first = t->find_first_not_of(" \t\r\n");
     t->erase(0, first == std::string::npos ? t->size() : first);
   };
+  // The next place of each opener, found again only once passed (linear in the source).
+  static const char* const kOpeners[] = {"{{", "{%", "{#"};
+  size_t next[3] = {0, 0, 0};
+  bool stale[3] = {true, true, true};
   while (true) {
     size_t tag = std::string_view::npos;
-    for (const char* open : {"{{", "{%", "{#"}) tag = std::min(tag, src.find(open, i));
+    for (int k = 0; k < 3; ++k) {
+      if (stale[k] || (next[k] != std::string_view::npos && next[k] < i)) {
+        next[k] = src.find(kOpeners[k], i);
+        stale[k] = false;
+      }
+      tag = std::min(tag, next[k]);
+    }
     std::string text(src.substr(i, tag == std::string_view::npos ? std::string_view::npos : tag - i));
     if (trim_next) strip_front(&text);
     if (tag == std::string_view::npos) {
@@ -758,6 +773,11 @@ Status render_body(const Body& body, Context& ctx, std::string* out);
 
 Status render_node(const ChatTemplate::Node& n, Context& ctx, std::string* out) {
   using Kind = ChatTemplate::Node::Kind;
+  if (ctx.steps_left-- == 0 || out->size() > Context::kMaxOutput) {
+    return Status::InvalidArgument(
+        "the chat template takes too long to render (over 100K + 50 steps per message, or 64 MiB "
+        "of text)");
+  }
   switch (n.kind) {
     case Kind::kText:
       out->append(n.text);
@@ -840,6 +860,7 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
     (*v.map)["content"] = Value::string(m.content);
     list.list->push_back(std::move(v));
   }
+  ctx.steps_left = 100'000 + 50 * static_cast<uint64_t>(messages.size());
   ctx.scopes.push_back({{"messages", list},
                         {"bos_token", Value::string(bos)},
                         {"eos_token", Value::string(eos)},

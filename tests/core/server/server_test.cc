@@ -740,6 +740,17 @@ TEST(ChatTemplate, RendersChatMLAndLlama2Shapes) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("Unknown role: tool"), std::string::npos);
 
+  // Loops nested over the messages are cut off, not left to run for 4^20 iterations.
+  std::string nested;
+  for (int i = 0; i < 20; ++i) nested += "{% for m" + std::to_string(i) + " in messages %}";
+  nested += "x";
+  for (int i = 0; i < 20; ++i) nested += "{% endfor %}";
+  Result<ChatTemplate> runaway = ChatTemplate::parse(nested);
+  ASSERT_TRUE(runaway.ok()) << runaway.status().message();
+  r = runaway->render(chat, "", "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("too long to render"), std::string::npos);
+
   // Whitespace control: "-" strips the whitespace on its side.
   Result<ChatTemplate> trimmed = ChatTemplate::parse("a  {%- if true -%}  b  {%- endif %} c");
   ASSERT_TRUE(trimmed.ok());
