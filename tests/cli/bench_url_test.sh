@@ -7,15 +7,6 @@ set -u
 kvrt=$1
 src=$2
 . "$(dirname "$0")/serve_lib.sh"
-out=$(mktemp -d)
-pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
-failed=0
-check() {  # check <description> <command...>
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
-}
 cat >"$out/w.toml" <<'TOML'
 [workload]
 num_requests = 24

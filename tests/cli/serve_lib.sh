@@ -1,6 +1,18 @@
-# Sourced by the kvrt serve scripts: start_serve runs `"$kvrt" serve --set server.port=0 ARGS`
+# Sourced by the kvrt serve scripts (after setting kvrt): a scratch folder $out, removed with
+# the server (if still running) on exit; check DESCRIPTION COMMAND..., which prints ok/FAILED
+# and sets failed=1; and start_serve, which runs `"$kvrt" serve --set server.port=0 ARGS`
 # with its output in $out/serve.out and serve.err, and sets pid, port and url once it listens
 # (up to 60 s: sanitizer builds start slowly), or port "" when it died or never listened.
+out=$(mktemp -d)
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
+failed=0
+check() {  # check <description> <command...>
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
+}
+
 start_serve() {
   "$kvrt" serve --set server.port=0 "$@" >"$out/serve.out" 2>"$out/serve.err" &
   pid=$!
