@@ -501,6 +501,9 @@ int run_command_line(int argc, char** argv) {
       ->capture_default_str();
   generate->add_option("--top-k", gen.sampling.top_k, "0 = all")->capture_default_str();
   generate->add_option("--top-p", gen.sampling.top_p, "nucleus mass")->capture_default_str();
+  generate->add_option("--min-p", gen.sampling.min_p,
+                       "keep tokens at least this times as likely as the likeliest (0 = off)")
+      ->capture_default_str();
   generate->add_option("--seed", gen.sampling.seed, "sampling seed")->capture_default_str();
   generate->add_option("--stop", gen.stop, "stop token ids (default: the model's EOS)");
   generate->add_flag("--ignore-eos", gen.ignore_eos, "do not stop at the model's EOS");

@@ -41,6 +41,12 @@ int32_t Sampler::sample(std::span<const float> logits) {
       }
     }
   }
+  // Min-p: only tokens at least min_p times as likely as the first (probs[0] is 1).
+  if (params_.min_p > 0.0f) {
+    int32_t likely = 1;
+    while (likely < keep && probs[likely] >= static_cast<double>(params_.min_p)) ++likely;
+    keep = likely;
+  }
   double kept = 0;
   for (int32_t i = 0; i < keep; ++i) kept += probs[i];
   double u = uniform() * kept;

@@ -13,6 +13,7 @@ struct SamplingParams {
   int32_t top_k = 0;         // 0: all tokens
   float top_p = 1.0f;        // 1: no nucleus cut
   uint64_t seed = 0;
+  float min_p = 0.0f;  // keep tokens at least min_p times as likely as the likeliest; 0: off
 };
 
 class Sampler {

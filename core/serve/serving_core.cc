@@ -61,6 +61,10 @@ Status check_sampling(const GenerateRequest& r, int32_t vocab_size) {
     return Status::InvalidArgument("top_p: expected a number in (0, 1], found " +
                                    std::to_string(p.top_p));
   }
+  if (!(p.min_p >= 0 && p.min_p <= 1)) {
+    return Status::InvalidArgument("min_p: expected a number in [0, 1], found " +
+                                   std::to_string(p.min_p));
+  }
   if (p.top_k < 0) {
     return Status::InvalidArgument("top_k: expected 0 (all tokens) or more, found " +
                                    std::to_string(p.top_k));

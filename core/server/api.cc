@@ -208,7 +208,8 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
         call.sampling.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
       } else if (key == "min_p") {
         if (auto e = number(&x)) return *e;
-        if (x != 0) return bad(param, "min_p other than 0 is not supported yet");
+        if (!(x >= 0 && x <= 1)) return bad(param, "expected a number in [0, 1], found " + v.dump());
+        call.sampling.min_p = static_cast<float>(x);
       } else if (key == "seed") {
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
         call.sampling.seed = v.is_number_unsigned() ? v.get<uint64_t>()

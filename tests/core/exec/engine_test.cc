@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -268,18 +269,34 @@ TEST(Shard, UnevenAndReplicated) {
 TEST(Sampler, GreedyTopKAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
   EXPECT_EQ(Sampler({}).sample(logits), 1);
-  EXPECT_EQ(Sampler({1.0f, 1, 1.0f, 7}).sample(logits), 1);   // top-k 1 is greedy
-  EXPECT_EQ(Sampler({1.0f, 0, 1e-6f, 7}).sample(logits), 1);  // a tiny nucleus too
+  EXPECT_EQ(Sampler({1.0f, 1, 1.0f, 7, 0.0f}).sample(logits), 1);   // top-k 1 is greedy
+  EXPECT_EQ(Sampler({1.0f, 0, 1e-6f, 7, 0.0f}).sample(logits), 1);  // a tiny nucleus too
   std::vector<int32_t> a, b;
-  Sampler s1({1.0f, 0, 1.0f, 42}), s2({1.0f, 0, 1.0f, 42});
+  Sampler s1({1.0f, 0, 1.0f, 42, 0.0f}), s2({1.0f, 0, 1.0f, 42, 0.0f});
   for (int i = 0; i < 200; ++i) a.push_back(s1.sample(logits)), b.push_back(s2.sample(logits));
   EXPECT_EQ(a, b);
   // Top-k 2 never picks outside {1, 3}.
-  Sampler s3({5.0f, 2, 1.0f, 1});
+  Sampler s3({5.0f, 2, 1.0f, 1, 0.0f});
   for (int i = 0; i < 200; ++i) {
     int32_t t = s3.sample(logits);
     EXPECT_TRUE(t == 1 || t == 3);
   }
+}
+
+// Min-p keeps the tokens at least min_p times as likely as the likeliest: at temperature 1,
+// token 3 is exp(-0.1) = 0.90 times as likely as token 1, token 4 exp(-1.5) = 0.22 times.
+TEST(Sampler, MinPKeepsTokensNearTheLikeliest) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
+  Sampler near({1.0f, 0, 1.0f, 3, 0.5f});
+  std::set<int32_t> seen;
+  for (int i = 0; i < 400; ++i) seen.insert(near.sample(logits));
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3}));
+  Sampler only({1.0f, 0, 1.0f, 3, 0.95f});
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(only.sample(logits), 1);
+  Sampler wide({1.0f, 0, 1.0f, 3, 0.2f});
+  seen.clear();
+  for (int i = 0; i < 2000; ++i) seen.insert(wide.sample(logits));
+  EXPECT_EQ(seen, (std::set<int32_t>{1, 3, 4}));
 }
 
 }  // namespace

@@ -274,7 +274,7 @@ TEST_F(ServerTest, BadInputIsA400NamingTheField) {
        "sampling_params.max_new_tokens"},
       {R"({"input_ids": [1], "sampling_params": {"stop_token_ids": [9999]}})",
        "sampling_params.stop_token_ids[0]"},
-      {R"({"input_ids": [1], "sampling_params": {"min_p": 0.1}})", "sampling_params.min_p"},
+      {R"({"input_ids": [1], "sampling_params": {"min_p": 1.5}})", "sampling_params.min_p"},
       {R"({"input_ids": [1], "sampling_params": {"temprature": 1}})",
        "sampling_params.temprature"},
       {R"({"input_ids": [1], "stream": "yes"})", "stream"},
