@@ -333,17 +333,27 @@ Result<std::vector<Token>> lex(std::string_view src, size_t base) {
   return out;
 }
 
+// Nesting is bounded, so no template can exhaust the stack: one level while a Nesting lives.
+constexpr int kMaxNesting = 64;
+class Nesting {
+ public:
+  explicit Nesting(int& depth) : depth_(depth) { ++depth_; }
+  ~Nesting() { --depth_; }
+  Nesting(const Nesting&) = delete;
+  Nesting& operator=(const Nesting&) = delete;
+  bool too_deep() const { return depth_ > kMaxNesting; }
+
+ private:
+  int& depth_;
+};
+
 class ExprParser {
  public:
   ExprParser(std::vector<Token> tokens, size_t at) : t_(std::move(tokens)), at_(at) {}
 
   Result<ExprPtr> expression() {
-    // Nesting is bounded, so no template can exhaust the stack.
-    if (++depth_ > kMaxDepth) return error("expressions nested too deeply");
-    struct Leave {
-      int& d;
-      ~Leave() { --d; }
-    } leave{depth_};
+    const Nesting nesting(depth_);
+    if (nesting.too_deep()) return error("expressions nested too deeply");
     Result<ExprPtr> e = or_expr();
     if (!e.ok() || !is_name("if")) return e;
     ++p_;
@@ -375,7 +385,7 @@ class ExprParser {
   Result<ExprPtr> not_expr() {
     if (is_name("not")) {
       ++p_;
-      if (++nots_ > kMaxDepth) return error("too many 'not's");
+      if (++nots_ > kMaxNesting) return error("too many 'not's");
       auto n = std::make_unique<Not>();
       Result<ExprPtr> e = not_expr();
       if (!e.ok()) return e;
@@ -463,6 +473,19 @@ class ExprParser {
     return args;
   }
 
+  // A filter or string method applied to `operand`, when `name` is one of `known`.
+  template <size_t N>
+  Result<std::unique_ptr<Apply>> apply(ExprPtr operand, const Token& name,
+                                       const char* const (&known)[N], const std::string& what) {
+    bool found = false;
+    for (const char* k : known) found |= name.text == k;
+    if (!found) return error("unsupported " + what);
+    auto a = std::make_unique<Apply>();
+    a->operand = std::move(operand);
+    a->name = name.text;
+    return a;
+  }
+
   Result<ExprPtr> postfix() {
     Result<ExprPtr> base = primary();
     if (!base.ok()) return base;
@@ -476,16 +499,13 @@ class ExprParser {
         const Token name = next();
         if (name.kind != Token::Kind::kName) return error("expected a name after '.'");
         if (is_op("(")) {
-          bool known = false;
-          for (const char* m : kMethods) known |= name.text == m;
-          if (!known) return error("unsupported method '." + name.text + "()'");
-          auto a = std::make_unique<Apply>();
-          a->operand = std::move(e);
-          a->name = name.text;
+          Result<std::unique_ptr<Apply>> a =
+              apply(std::move(e), name, kMethods, "method '." + name.text + "()'");
+          if (!a.ok()) return a.status();
           Result<std::vector<ExprPtr>> args = call_args();
           if (!args.ok()) return args.status();
-          a->args = std::move(*args);
-          e = std::move(a);
+          (*a)->args = std::move(*args);
+          e = std::move(*a);
         } else {
           auto m = std::make_unique<Member>();
           m->object = std::move(e);
@@ -506,13 +526,10 @@ class ExprParser {
       } else if (is_op("|")) {
         ++p_;
         const Token name = next();
-        bool known = false;
-        for (const char* f : kFilters) known |= name.text == f;
-        if (!known) return error("unsupported filter '| " + name.text + "'");
-        auto a = std::make_unique<Apply>();
-        a->operand = std::move(e);
-        a->name = name.text;
-        e = std::move(a);
+        Result<std::unique_ptr<Apply>> a =
+            apply(std::move(e), name, kFilters, "filter '| " + name.text + "'");
+        if (!a.ok()) return a.status();
+        e = std::move(*a);
       } else {
         return e;
       }
@@ -554,7 +571,6 @@ class ExprParser {
     return error("unexpected token");
   }
 
-  static constexpr int kMaxDepth = 64;
   std::vector<Token> t_;
   size_t p_ = 0;
   size_t at_;
@@ -666,11 +682,8 @@ class StatementParser {
   // Parses nodes until one of `enders` (returned in *ended) or the end (when enders is empty).
   Status parse_body(Body* body, const std::vector<std::string>& enders, std::string* ended,
                     std::string* ended_rest) {
-    if (++depth_ > 64) return syntax(0, "statements nested too deeply");
-    struct Leave {
-      int& d;
-      ~Leave() { --d; }
-    } leave{depth_};
+    const Nesting nesting(depth_);
+    if (nesting.too_deep()) return syntax(0, "statements nested too deeply");
     while (p_ < pieces_.size()) {
       const Piece& piece = pieces_[p_++];
       if (piece.kind == Piece::Kind::kText) {
