@@ -50,6 +50,20 @@ void count_abort(const std::string& why, BenchReport* report) {
   ++report->abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];
 }
 
+void follow_conversation(WorkloadPlan& plan, const WorkloadSpec& workload, int64_t conversation,
+                         int turn, bool completed, std::vector<int32_t> so_far,
+                         std::deque<PlannedRequest>* ready, BenchReport* report) {
+  PlannedRequest next;
+  if (completed && plan.next_turn(conversation, turn, &next)) {
+    so_far.insert(so_far.end(), next.prompt.begin(), next.prompt.end());
+    next.prompt = std::move(so_far);
+    ready->push_back(std::move(next));
+  } else {
+    // Later turns that will never be sent were counted as requests of the workload.
+    report->requests -= static_cast<uint64_t>(workload.turns - 1 - turn);
+  }
+}
+
 namespace {
 
 struct InFlight {
@@ -131,18 +145,8 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     if (it != in_flight.end()) in_flight.erase(it);
     auto t = turn_of.find(r.spec.id);
     if (t != turn_of.end()) {
-      PlannedRequest next;
-      if (kind != sched::FinishKind::kAborted &&
-          plan.next_turn(t->second.first, t->second.second, &next)) {
-        // The conversation so far (its prompt and answer), then the user's new input.
-        std::vector<int32_t> prompt = r.tokens;
-        prompt.insert(prompt.end(), next.prompt.begin(), next.prompt.end());
-        next.prompt = std::move(prompt);
-        ready.push_back(std::move(next));
-      } else {
-        // Later turns that will never be sent still count as requests of the workload.
-        report.requests -= static_cast<uint64_t>(workload.turns - 1 - t->second.second);
-      }
+      follow_conversation(plan, workload, t->second.first, t->second.second,
+                          kind != sched::FinishKind::kAborted, r.tokens, &ready, &report);
       turn_of.erase(t);
     }
   });

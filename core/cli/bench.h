@@ -4,6 +4,7 @@
 // bottleneck diagnosis with the capacity ceiling of every other store on the same budget.
 #pragma once
 
+#include <deque>
 #include <map>
 #include <string>
 #include <vector>
@@ -91,6 +92,14 @@ void fill_client_figures(const ClientSamples& samples, BenchReport* report);
 // How an aborted request counts: one more for its reason (the scheduler's "request N: " prefix
 // dropped, so equal reasons group).
 void count_abort(const std::string& why, BenchReport* report);
+
+// A conversation's turn `turn` ended: when it completed and the conversation has another turn,
+// that turn goes on `ready`, its prompt being `so_far` (the conversation's prompt and answer)
+// then the user's new input; otherwise the turns that will never be sent leave
+// report->requests.
+void follow_conversation(WorkloadPlan& plan, const WorkloadSpec& workload, int64_t conversation,
+                         int turn, bool completed, std::vector<int32_t> so_far,
+                         std::deque<PlannedRequest>* ready, BenchReport* report);
 
 // A table of the report's figures, one per line.
 std::string format_report(const BenchReport& report);

@@ -296,17 +296,10 @@ void HttpDriver::on_done(uint64_t id, const client::Response& response) {
     if (latency > 0) samples_.effective.push_back(static_cast<double>(completion) / latency);
   }
   if (f.plan.conversation >= 0) {
-    PlannedRequest next;
-    if (ok && plan_->next_turn(f.plan.conversation, f.plan.turn, &next)) {
-      // The conversation so far (its prompt and answer), then the user's new input.
-      std::vector<int32_t> prompt = f.prompt;
-      prompt.insert(prompt.end(), f.output.begin(), f.output.end());
-      prompt.insert(prompt.end(), next.prompt.begin(), next.prompt.end());
-      next.prompt = std::move(prompt);
-      ready_.push_back(std::move(next));
-    } else {
-      report_.requests -= static_cast<uint64_t>(workload_.turns - 1 - f.plan.turn);
-    }
+    std::vector<int32_t> so_far = std::move(f.prompt);
+    so_far.insert(so_far.end(), f.output.begin(), f.output.end());
+    follow_conversation(*plan_, workload_, f.plan.conversation, f.plan.turn, ok,
+                        std::move(so_far), &ready_, &report_);
   }
   flights_.erase(it);
 }
