@@ -6,7 +6,7 @@
 set -u
 kvrt=$1
 src=$2
-. "$(dirname "$0")/serve_lib.sh"
+. "$(dirname "$0")/lib.sh"
 cat >"$out/w.toml" <<'TOML'
 [workload]
 num_requests = 24
@@ -49,7 +49,8 @@ for backend in generate openai; do
     bash -c "grep -q '^server .*$url' '$out/$backend.txt' && grep -q 'KV store *kv_bf16_paged' '$out/$backend.txt'"
   check "--backend $backend: the server's diagnosis" grep -q "^Diagnosis: .*the server's" "$out/$backend.txt"
 done
-grep -q "960 prompt, 288 generated" "$out/local.txt" || { echo "FAILED: in-process counts"; failed=1; }
+check "the in-process bench: 960 prompt and 288 generated tokens" \
+  grep -q "960 prompt, 288 generated" "$out/local.txt"
 
 # Back-to-back one-token requests on keep-alive connections: none may be taken for a
 # disconnect (a wait left from the previous exchange once aborted the next one).

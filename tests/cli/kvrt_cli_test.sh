@@ -5,15 +5,8 @@
 set -u
 kvrt=$1
 src=$2
+. "$(dirname "$0")/lib.sh"
 model=$src/../shared/models/stories260k
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
-failed=0
-check() {  # check <description> <command...>
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; failed=1; fi
-}
 
 # A warning (an attention backend that does not load) goes to stderr; stdout stays TOML.
 "$kvrt" config check "$src/configs/default.toml" --set attention.backend=nope \

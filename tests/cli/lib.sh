@@ -1,6 +1,6 @@
-# Sourced by the kvrt serve scripts (after setting kvrt): a scratch folder $out, removed with
-# the server (if still running) on exit; check DESCRIPTION COMMAND..., which prints ok/FAILED
-# and sets failed=1; and start_serve, which runs `"$kvrt" serve --set server.port=0 ARGS`
+# Sourced by the command-line test scripts (after setting kvrt): a scratch folder $out,
+# removed with the server (if still running) on exit; check DESCRIPTION COMMAND..., which prints
+# ok/FAILED and sets failed=1; and start_serve, which runs `"$kvrt" serve --set server.port=0 ARGS`
 # with its output in $out/serve.out and serve.err, and sets pid, port and url once it listens
 # (up to 60 s: sanitizer builds start slowly), or port "" when it died or never listened.
 out=$(mktemp -d)

@@ -5,7 +5,7 @@
 set -u
 kvrt=$1
 src=$2
-. "$(dirname "$0")/serve_lib.sh"
+. "$(dirname "$0")/lib.sh"
 model=$(cd "$src/.." && pwd)/shared/models/stories260k
 if [ ! -f "$model/model.safetensors" ]; then
   echo "skipped: $model not found"

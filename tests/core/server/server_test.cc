@@ -203,6 +203,20 @@ TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
   for (const json& one : batch.json_body()) EXPECT_EQ(ids_of(one), stories260k::kExpected);
 }
 
+// The "data: {...}" events of a streamed answer, [DONE] excluded (it sets *done).
+std::vector<json> events_of(const std::string& body, bool* done) {
+  std::vector<json> events;
+  client::SseParser sse;
+  sse.feed(body, [&](std::string_view data) {
+    if (data == "[DONE]") {
+      *done = true;
+    } else {
+      events.push_back(json::parse(data));
+    }
+  });
+  return events;
+}
+
 TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
@@ -212,25 +226,16 @@ TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
                   {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.headers[http::field::content_type], "text/event-stream");
-  std::vector<int32_t> ids;
-  std::string last_text;
-  size_t events = 0;
   bool done = false;
-  for (size_t at = 0; (at = r.body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = r.body.find("\n\n", at);
-    const std::string data = r.body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") {
-      done = true;
-      continue;
-    }
-    const json j = json::parse(data);
+  const std::vector<json> events = events_of(r.body, &done);
+  std::vector<int32_t> ids;
+  for (const json& j : events) {
     for (int32_t id : ids_of(j)) ids.push_back(id);
-    last_text = j["text"];
-    ++events;
   }
+  ASSERT_FALSE(events.empty());
+  const std::string last_text = events.back()["text"];
   EXPECT_TRUE(done);
-  EXPECT_GE(events, 27u);
+  EXPECT_GE(events.size(), 27u);
   EXPECT_EQ(ids, stories260k::kExpected);
   EXPECT_EQ(last_text.rfind(", there was a little girl", 0), 0u);
 }
@@ -374,22 +379,6 @@ TEST_F(ServerTest, AbortByRid) {
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.json_body()["success"], true);
   long_one.join();
-}
-
-// Concatenated "data: {...}" events of a streamed answer, [DONE] excluded.
-std::vector<json> events_of(const std::string& body, bool* done) {
-  std::vector<json> events;
-  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = body.find("\n\n", at);
-    const std::string data = body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") {
-      *done = true;
-    } else {
-      events.push_back(json::parse(data));
-    }
-  }
-  return events;
 }
 
 // OpenAI's completions and chat give what /generate gives for the same prompt, in their shape.
