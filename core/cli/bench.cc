@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <deque>
 #include <functional>
@@ -18,28 +19,60 @@ using Clock = sched::Clock;
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-Percentiles percentiles(std::vector<double> v) {
+// The sample at quantile q of sorted `v` (nearest rank).
+double quantile(const std::vector<double>& v, double q) {
+  const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+Percentiles percentiles(std::vector<double> v, std::vector<double>* quantiles = nullptr) {
   Percentiles p;
   if (v.empty()) return p;
   std::sort(v.begin(), v.end());
-  auto at = [&](double q) {
-    const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
-    return v[std::min(i, v.size() - 1)];
-  };
   double sum = 0;
   for (double x : v) sum += x;
   p.mean = sum / static_cast<double>(v.size());
-  p.p50 = at(0.50);
-  p.p90 = at(0.90);
-  p.p99 = at(0.99);
+  p.p50 = quantile(v, 0.50);
+  p.p90 = quantile(v, 0.90);
+  p.p99 = quantile(v, 0.99);
+  if (quantiles != nullptr) {
+    quantiles->clear();
+    for (int i = 0; i <= kQuantileSteps; ++i) {
+      quantiles->push_back(quantile(v, static_cast<double>(i) / kQuantileSteps));
+    }
+  }
   return p;
 }
 
 }  // namespace
 
+void TimelineRecorder::add(double t_s, double running, double queued, double token_usage) {
+  if (n_ > 0 && t_s > end_s_) close();
+  if (n_ == 0) {
+    // The interval holding t_s, on a grid from 0, so runs line up on one time axis.
+    end_s_ = interval_s_ > 0 ? (std::floor(t_s / interval_s_) + 1) * interval_s_ : t_s;
+  }
+  sum_.running += running;
+  sum_.queued += queued;
+  sum_.token_usage += token_usage;
+  ++n_;
+}
+
+void TimelineRecorder::close() {
+  const double n = static_cast<double>(n_);
+  points_.push_back({end_s_, sum_.running / n, sum_.queued / n, sum_.token_usage / n});
+  sum_ = {};
+  n_ = 0;
+}
+
+std::vector<TimelinePoint> TimelineRecorder::finish() {
+  if (n_ > 0) close();
+  return points_;
+}
+
 void fill_client_figures(const ClientSamples& samples, BenchReport* report) {
-  report->ttft_s = percentiles(samples.ttft);
-  report->itl_s = percentiles(samples.itl);
+  report->ttft_s = percentiles(samples.ttft, &report->ttft_quantiles_s);
+  report->itl_s = percentiles(samples.itl, &report->itl_quantiles_s);
   report->e2e_s = percentiles(samples.e2e);
   report->decode_rate_per_request = report->itl_s.mean > 0 ? 1.0 / report->itl_s.mean : 0;
   report->client_effective_throughput = percentiles(samples.effective).mean;
@@ -81,7 +114,7 @@ Result<BenchReport> run_bench(runtime::Runtime& rt, const config::Config& cfg,
   so.diagnosis_interval = options.diagnosis_interval;
   if (!options.log) so.scheduler.log_interval = 0;
   serve::ServingCore core(so, rt.engine.get());
-  return drive(core, static_cast<int32_t>(rt.model.vocab_size), workload);
+  return drive(core, static_cast<int32_t>(rt.model.vocab_size), workload, options);
 }
 
 Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
@@ -97,11 +130,11 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
   so.diagnosis_interval = options.diagnosis_interval;
   if (!options.log) so.scheduler.log_interval = 0;
   serve::ServingCore core(so, executor, tier);
-  return drive(core, vocab_size, workload);
+  return drive(core, vocab_size, workload, options);
 }
 
 Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
-                          const WorkloadSpec& workload) {
+                          const WorkloadSpec& workload, const BenchOptions& options) {
   WorkloadPlan plan(workload, vocab_size);
   BenchReport report;
   report.store = core.options().store;
@@ -149,7 +182,9 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
                           kind != sched::FinishKind::kAborted, r.tokens, &ready, &report);
       turn_of.erase(t);
     }
+    if (options.progress) options.progress(report.completed + report.aborted, report.requests);
   });
+  TimelineRecorder timeline(options.timeline_interval_s);
 
   double running_sum = 0, usage_sum = 0, queue_sum = 0;
   double sat_running = 0, sat_live = 0;
@@ -200,6 +235,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     running_sum += s.running;
     usage_sum += s.token_usage;
     queue_sum += s.queued;
+    timeline.add(seconds(Clock::now() - start), s.running, s.queued, s.token_usage);
     if (s.admission_blocked_by_kv) saturated = true;
     if (saturated && s.queued > 0 && !s.prefill) {
       ++report.saturated_steps;
@@ -222,6 +258,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   report.total_output_throughput =
       report.duration_s > 0 ? static_cast<double>(c.generated_tokens) / report.duration_s : 0;
   fill_client_figures(samples, &report);
+  report.timeline = timeline.finish();
   if (report.steps > 0) {
     const double n = static_cast<double>(report.steps);
     report.mean_running = running_sum / n;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +22,17 @@ namespace kvrt::bench {
 struct Percentiles {
   double mean = 0, p50 = 0, p90 = 0, p99 = 0;
 };
+
+// What the scheduler held over one interval of a run, as means over the interval's steps (or
+// /metrics samples over HTTP): the time series behind the report's charts.
+struct TimelinePoint {
+  double t_s = 0;  // the interval's end, seconds after the run started
+  double running = 0, queued = 0, token_usage = 0;
+};
+
+// Quantiles 0, 1/kQuantileSteps, ..., 1 of a distribution: its CDF, for charts and later
+// comparison, in kQuantileSteps + 1 values (empty when nothing was measured).
+inline constexpr int kQuantileSteps = 100;
 
 struct BenchReport {
   // Over HTTP (kvrt bench --url): the server, the API and how often /metrics was sampled;
@@ -44,6 +56,8 @@ struct BenchReport {
   double client_effective_throughput = 0;  // mean over requests: output / (end - send)
   double total_output_throughput = 0;      // generated tokens / duration
   Percentiles ttft_s, itl_s, e2e_s;
+  std::vector<double> ttft_quantiles_s, itl_quantiles_s;
+  std::vector<TimelinePoint> timeline;
   int max_running = 0;
   double mean_running = 0, mean_token_usage = 0, mean_queue = 0;
   // The saturated phase: steps with requests queued, from the first admission blocked by KV
@@ -60,6 +74,9 @@ struct BenchReport {
 struct BenchOptions {
   bool log = true;             // scheduler log lines and a diagnosis line per interval
   int diagnosis_interval = 0;  // decode steps per diagnosis line; 0: 5 * log_interval
+  double timeline_interval_s = 0.1;  // one TimelinePoint per this many seconds of the run
+  // Called on the driver's thread each time a request ends: (ended so far, requests in all).
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 // Runs `workload` through a fresh serving core over the runtime's engine (and its store's tier,
@@ -81,7 +98,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
 // the concurrency limit and earlier turns allow, steps it until every request has ended, and
 // measures what clients see. `core`'s callbacks are the driver's until it returns.
 Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
-                          const WorkloadSpec& workload);
+                          const WorkloadSpec& workload, const BenchOptions& options = {});
 
 // What clients measured, in seconds (ttft, itl and e2e per token or request; effective: each
 // request's output tokens over its latency), turned into the report's client-side figures.
@@ -92,6 +109,24 @@ void fill_client_figures(const ClientSamples& samples, BenchReport* report);
 // How an aborted request counts: one more for its reason (the scheduler's "request N: " prefix
 // dropped, so equal reasons group).
 void count_abort(const std::string& why, BenchReport* report);
+
+// Means of running, queue and token usage over fixed intervals of a run, one TimelinePoint
+// per interval that saw a sample.
+class TimelineRecorder {
+ public:
+  explicit TimelineRecorder(double interval_s) : interval_s_(interval_s) {}
+  void add(double t_s, double running, double queued, double token_usage);
+  // The points so far, the interval in progress included.
+  std::vector<TimelinePoint> finish();
+
+ private:
+  void close();
+  double interval_s_;
+  double end_s_ = 0;  // the current interval's end
+  TimelinePoint sum_;
+  int n_ = 0;
+  std::vector<TimelinePoint> points_;
+};
 
 // A conversation's turn `turn` ended: when it completed and the conversation has another turn,
 // that turn goes on `ready`, its prompt being `so_far` (the conversation's prompt and answer)

@@ -312,10 +312,13 @@ void HttpDriver::sample_metrics() {
     if (r.status != 200 || flights_.empty()) return;
     const std::map<std::string, double> m = client::parse_prometheus(r.body);
     const double running = metric(m, "num_running_reqs", "num_requests_running").value_or(0);
+    const double queued = metric(m, "num_queue_reqs", "num_requests_waiting").value_or(0);
+    const double usage = metric(m, "token_usage", "gpu_cache_usage_perc").value_or(0);
     ++scrapes_;
     running_sum_ += running;
-    queue_sum_ += metric(m, "num_queue_reqs", "num_requests_waiting").value_or(0);
-    usage_sum_ += metric(m, "token_usage", "gpu_cache_usage_perc").value_or(0);
+    queue_sum_ += queued;
+    usage_sum_ += usage;
+    report_.timeline.push_back({seconds(Clock::now() - start_), running, queued, usage});
     report_.max_running = std::max(report_.max_running, static_cast<int>(running));
   });
 }

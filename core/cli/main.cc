@@ -4,6 +4,7 @@
 //   kvrt capacity [--config FILE] [...]       KV capacity of every store for a geometry
 //   kvrt generate [--config FILE] --prompt T  one request through the serving core
 //   kvrt bench [--config FILE] --workload W   a workload through the serving core, reported
+//   kvrt bench ... --matrix KEY=V1,V2         every combination of config values, compared
 //   kvrt bench --url URL --workload W         the same workload against a running server
 //   kvrt serve [--config FILE]                the HTTP server (core/cli/serve.cc)
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -25,11 +26,13 @@
 #include "core/capacity/stores.h"
 #include "core/cli/bench.h"
 #include "core/cli/bench_http.h"
+#include "core/cli/matrix.h"
 #include "core/cli/serve.h"
 #include "core/config/config.h"
 #include "core/exec/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
+#include "core/report/matrix_report.h"
 #include "core/runtime/runtime.h"
 
 namespace kvrt {
@@ -38,22 +41,6 @@ namespace {
 int fail(const Status& status) {
   std::cerr << "kvrt: " << status.message() << "\n";
   return 1;
-}
-
-Result<config::Config> load_config(const std::string& path,
-                                   const std::vector<std::string>& overrides) {
-  return path.empty() ? config::load_string("", "<defaults>", overrides)
-                      : config::load_file(path, overrides);
-}
-
-// Plugin directories and option tables from the config. Plugin names are unique across kinds,
-// so a plugin's table is [kv.<name>] or else [attention.<name>].
-void wire(plugin::Registry& registry, const config::Config& cfg) {
-  registry.add_search_dirs(cfg.plugin_paths);
-  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
-    const toml::table* t = cfg.plugin_table("kv", name);
-    return t != nullptr ? t : cfg.plugin_table("attention", name);
-  });
 }
 
 int run_plugins(bool verbose) {
@@ -84,10 +71,10 @@ int run_plugins(bool verbose) {
 }
 
 int run_config_check(const std::string& path, const std::vector<std::string>& overrides) {
-  Result<config::Config> cfg = load_config(path, overrides);
+  Result<config::Config> cfg = config::load(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
-  wire(registry, *cfg);
+  runtime::wire_plugins(registry, *cfg);
   Status s = plugin::check_plugin_tables(registry, *cfg);
   if (!s.ok()) return fail(s);
   std::string text = config::to_toml(*cfg);
@@ -113,7 +100,7 @@ std::string configured_model(const config::Config& cfg) {
 
 int run_capacity(const std::string& path, const std::vector<std::string>& overrides,
                  const CapacityArgs& args) {
-  Result<config::Config> cfg = load_config(path, overrides);
+  Result<config::Config> cfg = config::load(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   std::string model = !args.model.empty() ? args.model : configured_model(*cfg);
   if (model.empty()) model = "llama3-8b-shape";
@@ -168,7 +155,7 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
       kv, tp, static_cast<uint32_t>(cfg->scheduler.page_size), KVRT_DTYPE_BF16);
   if (!g.ok()) return fail(g.status());
   plugin::Registry registry;
-  wire(registry, *cfg);
+  runtime::wire_plugins(registry, *cfg);
   std::vector<capacity::StoreCapacity> stores = capacity::compare_stores(registry, *g, budget);
 
   const bool flags = args.layers || args.kv_heads || args.head_dim || args.v_head_dim ||
@@ -256,10 +243,10 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag
 
 int run_generate(const std::string& path, const std::vector<std::string>& overrides,
                  const GenerateArgs& args) {
-  Result<config::Config> cfg = load_config(path, overrides);
+  Result<config::Config> cfg = config::load(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
-  wire(registry, *cfg);
+  runtime::wire_plugins(registry, *cfg);
   Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
   serve::GenerateRequest request;
@@ -340,6 +327,13 @@ struct BenchArgs {
   std::string url, backend = "generate", api_key, model;
   int32_t vocab_size = 0;
   double scrape_interval_s = 0.5;
+  // --matrix: the product of configuration values, each run in process.
+  std::vector<std::string> matrix;
+  int repeat = 1;
+  std::string json_out, html_out;
+  bool matrix_mode() const {
+    return !matrix.empty() || repeat != 1 || !json_out.empty() || !html_out.empty();
+  }
 };
 
 // The report on stdout, the metrics to --metrics-out, and exit 1 when nothing was measured.
@@ -386,6 +380,49 @@ int run_bench_http(const bench::WorkloadSpec& workload, const BenchArgs& args) {
   return finish_bench(*report, args);
 }
 
+Status write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) return Status::NotFound(path + ": cannot write");
+  return Status::Ok();
+}
+
+// --matrix: every combination validated, run in turn, then the table on stdout and the files.
+// Exit 1 when no combination measured anything.
+int run_bench_matrix(const std::string& path, const std::vector<std::string>& overrides,
+                     const bench::WorkloadSpec& workload, const BenchArgs& args) {
+  bench::MatrixOptions options;
+  options.config_path = path;
+  options.overrides = overrides;
+  options.repeat = args.repeat;
+  options.progress = isatty(STDERR_FILENO) != 0;
+  for (const std::string& arg : args.matrix) {
+    Result<bench::MatrixAxis> axis = bench::parse_matrix_axis(arg);
+    if (!axis.ok()) return fail(axis.status());
+    options.axes.push_back(std::move(*axis));
+  }
+  if (!args.metrics_out.empty()) {
+    return fail(Status::InvalidArgument(
+        "--metrics-out writes one run's metrics; with --matrix, --json-out keeps every run's"));
+  }
+  Result<bench::MatrixResult> result = bench::run_matrix(options, workload);
+  if (!result.ok()) return fail(result.status());
+  std::cout << report::format_comparison(*result);
+  if (!args.json_out.empty()) {
+    if (Status s = write_file(args.json_out, report::to_json(*result)); !s.ok()) return fail(s);
+    std::cout << "JSON: " << args.json_out << "\n";
+  }
+  if (!args.html_out.empty()) {
+    if (Status s = write_file(args.html_out, report::to_html(*result)); !s.ok()) return fail(s);
+    std::cout << "HTML report: " << args.html_out << "\n";
+  }
+  const bool any = std::any_of(result->runs.begin(), result->runs.end(),
+                               [](const bench::MatrixRun& r) { return r.status.ok(); });
+  if (!any) return fail(Status::InvalidArgument("no combination of the matrix measured anything"));
+  return 0;
+}
+
 int run_bench(const std::string& path, const std::vector<std::string>& overrides,
               const BenchArgs& args) {
   if (args.workload.empty() == args.trace.empty()) {
@@ -401,12 +438,18 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
           "kvrt bench --url drives a running server, configured by its own --config; --config, "
           "--set and --verify-plugins configure the in-process bench: give one or the other"));
     }
+    if (args.matrix_mode()) {
+      return fail(Status::InvalidArgument(
+          "--matrix, --repeat, --json-out and --html-out run combinations in process; they do "
+          "not go with --url"));
+    }
     return run_bench_http(*workload, args);
   }
-  Result<config::Config> cfg = load_config(path, overrides);
+  if (args.matrix_mode()) return run_bench_matrix(path, overrides, *workload, args);
+  Result<config::Config> cfg = config::load(path, overrides);
   if (!cfg.ok()) return fail(cfg.status());
   plugin::Registry registry;
-  wire(registry, *cfg);
+  runtime::wire_plugins(registry, *cfg);
   Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
   if (!rt.ok()) return fail(rt.status());
   spdlog::info("model {} ({} weights), TP {}, kv {}, attention {}", rt->model_name,
@@ -546,6 +589,19 @@ int run_command_line(int argc, char** argv) {
   bench->add_option("--scrape-interval", bench_args.scrape_interval_s,
                     "with --url: seconds between samples of /metrics")
       ->capture_default_str();
+  bench->add_option("--matrix", bench_args.matrix,
+                    "KEY=V1,V2,...: run every combination of these config values (repeatable; "
+                    "e.g. kv.store=kv_bf16_paged,kv_fp8_e4m3 tp.size=1,2)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  bench->add_option("--repeat", bench_args.repeat,
+                    "runs per combination, interleaved; the table gives medians and spread")
+      ->capture_default_str();
+  bench->add_option("--json-out", bench_args.json_out,
+                    "write every figure of every run, the configurations, plugin versions and "
+                    "the machine as JSON");
+  bench->add_option("--html-out", bench_args.html_out,
+                    "write a self-contained HTML report with charts");
 
   CLI::App* serve = app.add_subcommand(
       "serve", "an HTTP server speaking SGLang's API (POST /generate, GET /metrics, ...)");

@@ -38,9 +38,7 @@ json plugin_json(const plugin::LoadedPlugin& p) {
 }  // namespace
 
 int run_serve(const std::string& config_path, const std::vector<std::string>& overrides) {
-  Result<config::Config> loaded = config_path.empty()
-                                      ? config::load_string("", "<defaults>", overrides)
-                                      : config::load_file(config_path, overrides);
+  Result<config::Config> loaded = config::load(config_path, overrides);
   if (!loaded.ok()) return fail(loaded.status());
   const config::Config& cfg = *loaded;
   // SIGINT and SIGTERM are taken by this thread alone (sigwait below): every thread started
@@ -52,11 +50,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   plugin::Registry registry;
-  registry.add_search_dirs(cfg.plugin_paths);
-  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
-    const toml::table* t = cfg.plugin_table("kv", name);
-    return t != nullptr ? t : cfg.plugin_table("attention", name);
-  });
+  runtime::wire_plugins(registry, cfg);
   Result<runtime::Runtime> built = runtime::build_runtime(cfg, registry);
   if (!built.ok()) return fail(built.status());
   runtime::Runtime& rt = *built;

@@ -668,6 +668,10 @@ Result<Config> load_file(const std::string& path, const std::vector<std::string>
   return load_string(*text, path, overrides);
 }
 
+Result<Config> load(const std::string& path, const std::vector<std::string>& overrides) {
+  return path.empty() ? load_string("", "<defaults>", overrides) : load_file(path, overrides);
+}
+
 Result<Config> defaults() { return load_string("", "<defaults>", {}); }
 
 std::string to_toml(const Config& config) {

@@ -112,6 +112,8 @@ Result<Config> load_file(const std::string& path, const std::vector<std::string>
 // Same, from text; `source_name` stands for the file in messages.
 Result<Config> load_string(std::string_view toml_text, std::string_view source_name,
                            const std::vector<std::string>& overrides = {});
+// load_file, or with no path the defaults plus `overrides` (what --config leaves out).
+Result<Config> load(const std::string& path, const std::vector<std::string>& overrides = {});
 // Every key at its default.
 Result<Config> defaults();
 

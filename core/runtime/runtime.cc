@@ -14,8 +14,25 @@
 
 namespace kvrt::runtime {
 
-Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
-  Runtime rt;
+void wire_plugins(plugin::Registry& registry, const config::Config& cfg) {
+  registry.add_search_dirs(cfg.plugin_paths);
+  registry.set_config_source([&cfg](const std::string& name) -> const toml::table* {
+    const toml::table* t = cfg.plugin_table("kv", name);
+    return t != nullptr ? t : cfg.plugin_table("attention", name);
+  });
+}
+
+namespace {
+
+// What the plan phase hands the load phase.
+struct Planned {
+  exec::RankPlugins plugins;
+  const model::ArchitectureFamily* family = nullptr;
+};
+
+// Everything build_runtime checks before it reads or generates weights: the device, the model's
+// shape, the plugins and their tables, TP, and the capacity plan. Fills rt's plan fields.
+Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, Planned& out) {
   // The CPU is the only backend so far: a configuration asking for another is refused, not run
   // on the CPU without a word.
   if (cfg.device.kind != "cpu") {
@@ -40,7 +57,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                std::to_string(rt.model.sliding_window) + ") is not supported yet");
   }
 
-  exec::RankPlugins plugins;
+  exec::RankPlugins& plugins = out.plugins;
   Result<const plugin::LoadedPlugin*> store = registry.load_kv_store(cfg.kv.store);
   if (!store.ok()) return store.status().WithContext("kv.store");
   plugins.store = *store;
@@ -80,6 +97,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   Result<const model::ArchitectureFamily*> family = model::find_architecture(rt.model);
   if (!family.ok()) return family.status().WithContext(rt.model_name);
   if (Status s = (*family)->check_tp(rt.model, tp); !s.ok()) return s.WithContext("tp.size");
+  out.family = *family;
 
   // Capacity: the weights, split over the ranks, then the KV pool.
   Result<kvrt_kv_geometry> geometry =
@@ -99,6 +117,25 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   rt.capacity_report = capacity::format_report(planned, rt.budget);
   rt.geometry = g;
   registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_runtime(const config::Config& cfg, plugin::Registry& registry) {
+  Runtime rt;
+  Planned planned;
+  return plan(cfg, registry, rt, planned);
+}
+
+Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
+  Runtime rt;
+  Planned planned;
+  if (Status s = plan(cfg, registry, rt, planned); !s.ok()) return s;
+  const model::ArchitectureFamily* family = planned.family;
+  const int tp = cfg.tp.size;
+  const bool bf16 = rt.bf16_weights;
+  const kvrt_kv_geometry& g = rt.geometry;
 
   // The tensors: the architecture family loads its own from the checkpoint; presets are
   // seeded Llama shapes. A tokenizer goes with each.
@@ -116,7 +153,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                  "/config.json)");
     }
     rt.tokenizer = std::move(*tok);
-    Result<std::unique_ptr<model::LoadedWeights>> loaded = (*family)->load(cfg.model.path);
+    Result<std::unique_ptr<model::LoadedWeights>> loaded = family->load(cfg.model.path);
     if (!loaded.ok()) return loaded.status();
     weights = std::move(*loaded);
   } else {
@@ -134,7 +171,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.page_size = g.page_size;
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
-  options.plugins = plugins;
+  options.plugins = planned.plugins;
   Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();
   rt.engine = std::move(*engine);

@@ -34,10 +34,18 @@ struct Runtime {
   std::unique_ptr<exec::Engine> engine;
 };
 
+// Plugin directories and option tables from the config. Plugin names are unique across kinds,
+// so a plugin's table is [kv.<name>] or else [attention.<name>]. `cfg` must outlive `registry`.
+void wire_plugins(plugin::Registry& registry, const config::Config& cfg);
+
 // Loads and checks everything in order, failing before the KV pool is allocated when the
 // configuration cannot fit (the message gives the shortfall in bytes). `registry` must outlive
 // the runtime and already know the config's plugin tables (set_config_source).
 Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry);
+// build_runtime's checks without reading or generating weights and without allocating: the
+// device, the model's shape, the plugins and their tables (verified when asked), TP and the
+// capacity plan. OK when build_runtime would get as far as loading the weights.
+Status check_runtime(const config::Config& cfg, plugin::Registry& registry);
 
 // The ceiling every loadable KV store would give on the runtime's budget and geometry, for the
 // diagnosis's "what would X give" (stores that cannot serve the geometry are left out).

@@ -1,0 +1,365 @@
+#include "core/cli/matrix.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/utsname.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "core/plugin/plugin_config.h"
+#include "core/plugin/registry.h"
+#include "core/runtime/runtime.h"
+
+#ifndef KVRT_VERSION
+#define KVRT_VERSION "unknown"
+#endif
+
+namespace kvrt::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string_view trim(std::string_view s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// The base configuration with `settings` applied after --set.
+Result<config::Config> load_with(const MatrixOptions& options,
+                                 const std::vector<std::string>& settings) {
+  std::vector<std::string> overrides = options.overrides;
+  overrides.insert(overrides.end(), settings.begin(), settings.end());
+  return config::load(options.config_path, overrides);
+}
+
+Status check_config(const MatrixOptions& options, const std::vector<std::string>& settings) {
+  Result<config::Config> cfg = load_with(options, settings);
+  if (!cfg.ok()) return cfg.status();
+  plugin::Registry registry;
+  runtime::wire_plugins(registry, *cfg);
+  return runtime::check_runtime(*cfg, registry);
+}
+
+// config::load names an override "--set key=value"; here the value came from --matrix.
+std::string as_matrix_setting(std::string message, const std::string& setting) {
+  const std::string from = "--set " + setting;
+  for (size_t at = message.find(from); at != std::string::npos; at = message.find(from, at)) {
+    message.replace(at, 5, "--matrix");
+    at += from.size();
+  }
+  return message;
+}
+
+// "[2/3 kv.store=kv_fp8_e4m3, run 1/2] [#####.....] 120/200 requests, 5.1 s (all 18.2 s)".
+class ProgressBar {
+ public:
+  ProgressBar(bool enabled, size_t runs) : enabled_(enabled), runs_(runs) {}
+  void start_run(size_t position, std::string label) {
+    position_ = position;
+    label_ = std::move(label);
+    run_start_ = Clock::now();
+    drawn_ = {};
+    draw(0, 0, true);
+  }
+  void draw(uint64_t done, uint64_t total, bool force = false) {
+    if (!enabled_) return;
+    if (!force && Clock::now() - drawn_ < std::chrono::milliseconds(100) && done < total) return;
+    drawn_ = Clock::now();
+    constexpr int kWidth = 24;
+    const int filled =
+        total == 0 ? 0
+                   : static_cast<int>(kWidth * static_cast<double>(done) / static_cast<double>(total));
+    std::string bar(static_cast<size_t>(std::min(filled, kWidth)), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\r\033[K[%zu/%zu %s] [%s] %llu/%llu requests, %.1f s (all %.1f s)",
+                 position_ + 1, runs_, label_.c_str(), bar.c_str(),
+                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                 seconds_since(run_start_), seconds_since(all_start_));
+    std::fflush(stderr);
+  }
+  void end_run() {
+    if (!enabled_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+
+ private:
+  bool enabled_;
+  size_t runs_;
+  size_t position_ = 0;
+  std::string label_;
+  Clock::time_point all_start_ = Clock::now(), run_start_, drawn_;
+};
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// One run: a fresh registry and runtime for the combination, the workload through them.
+MatrixRun run_one(const MatrixOptions& options, const Combination& combination,
+                  const WorkloadSpec& workload, ProgressBar& bar) {
+  MatrixRun run;
+  const Clock::time_point start = Clock::now();
+  Result<config::Config> cfg = load_with(options, combination.overrides());
+  if (!cfg.ok()) {
+    run.status = cfg.status();
+    return run;
+  }
+  plugin::Registry registry;
+  runtime::wire_plugins(registry, *cfg);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
+  if (!rt.ok()) {
+    run.status = rt.status();
+    run.wall_s = seconds_since(start);
+    return run;
+  }
+  run.capacity_report = rt->capacity_report;
+  run.model = rt->model_name + (rt->bf16_weights ? " (bf16 weights)" : " (f32 weights)");
+  for (const plugin::LoadedPlugin* p : registry.loaded()) {
+    run.plugins.push_back({p->name, plugin::kind_name(p->kind()),
+                           p->desc.version != nullptr ? p->desc.version : "",
+                           std::to_string(p->desc.abi_major) + "." +
+                               std::to_string(p->desc.abi_minor),
+                           p->path.string()});
+  }
+  BenchOptions bench_options;
+  bench_options.log = false;
+  bench_options.progress = [&bar](uint64_t done, uint64_t total) { bar.draw(done, total); };
+  Result<BenchReport> report =
+      run_bench(*rt, *cfg, workload, runtime::store_ceilings(registry, *rt), bench_options);
+  run.wall_s = seconds_since(start);
+  if (!report.ok()) {
+    run.status = report.status();
+    return run;
+  }
+  run.report = std::move(*report);
+  if (run.report.all_aborted()) {
+    std::string most;
+    uint64_t count = 0;
+    for (const auto& [why, n] : run.report.abort_reasons) {
+      if (n > count) {
+        most = why;
+        count = n;
+      }
+    }
+    run.status = Status::InvalidArgument("every request was aborted (" +
+                                         std::to_string(run.report.aborted) +
+                                         "): nothing was measured; most often: " + most);
+  }
+  return run;
+}
+
+}  // namespace
+
+Result<MatrixAxis> parse_matrix_axis(std::string_view arg) {
+  const std::string where = "--matrix " + std::string(arg);
+  const size_t eq = arg.find('=');
+  if (eq == std::string_view::npos) {
+    return Status::InvalidArgument(where + ": expected KEY=V1,V2,... (e.g. kv.store=a,b)");
+  }
+  MatrixAxis axis;
+  axis.key = std::string(trim(arg.substr(0, eq)));
+  if (axis.key.empty()) return Status::InvalidArgument(where + ": the key is empty");
+  // Split at commas outside quotes and brackets.
+  std::string_view rest = arg.substr(eq + 1);
+  int depth = 0;
+  char quote = 0;
+  size_t from = 0;
+  for (size_t i = 0; i <= rest.size(); ++i) {
+    const char c = i < rest.size() ? rest[i] : ',';
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == ',' && depth == 0) {
+      const std::string value(trim(rest.substr(from, i - from)));
+      if (value.empty()) {
+        return Status::InvalidArgument(where + ": value " + std::to_string(axis.values.size() + 1) +
+                                       " is empty");
+      }
+      for (const std::string& v : axis.values) {
+        if (v == value) return Status::InvalidArgument(where + ": " + value + " is given twice");
+      }
+      axis.values.push_back(value);
+      from = i + 1;
+    }
+  }
+  if (quote != 0 || depth != 0) {
+    return Status::InvalidArgument(where + ": a quote or bracket is not closed");
+  }
+  return axis;
+}
+
+std::string Combination::label() const {
+  if (settings.empty()) return "base";
+  std::string out;
+  for (const auto& [key, value] : settings) out += (out.empty() ? "" : " ") + key + "=" + value;
+  return out;
+}
+
+std::vector<std::string> Combination::overrides() const {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : settings) out.push_back(key + "=" + value);
+  return out;
+}
+
+Result<std::vector<Combination>> expand_matrix(const std::vector<MatrixAxis>& axes) {
+  std::set<std::string> keys;
+  size_t total = 1;
+  for (const MatrixAxis& axis : axes) {
+    if (!keys.insert(axis.key).second) {
+      return Status::InvalidArgument("--matrix " + axis.key +
+                                     ": the key is given twice; list all its values in one "
+                                     "--matrix " + axis.key + "=V1,V2,...");
+    }
+    if (axis.values.empty()) {
+      return Status::InvalidArgument("--matrix " + axis.key + ": no values");
+    }
+    total *= axis.values.size();
+    if (total > kMaxMatrixRuns) {
+      return Status::InvalidArgument("--matrix: more than " + std::to_string(kMaxMatrixRuns) +
+                                     " combinations");
+    }
+  }
+  std::vector<Combination> out(total);
+  for (size_t i = 0; i < total; ++i) {
+    out[i].index = i;
+    // Mixed radix, the last axis the fastest digit.
+    size_t rest = i;
+    std::vector<std::pair<std::string, std::string>> settings(axes.size());
+    for (size_t a = axes.size(); a-- > 0;) {
+      settings[a] = {axes[a].key, axes[a].values[rest % axes[a].values.size()]};
+      rest /= axes[a].values.size();
+    }
+    out[i].settings = std::move(settings);
+  }
+  return out;
+}
+
+std::vector<RunSlot> run_order(size_t combinations, int repeat) {
+  std::vector<RunSlot> order;
+  for (int r = 0; r < repeat; ++r) {
+    for (size_t i = 0; i < combinations; ++i) {
+      order.push_back({(static_cast<size_t>(r) + i) % combinations, r});
+    }
+  }
+  return order;
+}
+
+Status validate_matrix(const MatrixOptions& options,
+                       const std::vector<Combination>& combinations) {
+  for (const Combination& c : combinations) {
+    Status s = check_config(options, c.overrides());
+    if (s.ok()) continue;
+    // The setting that fails alone on the base configuration, when there is one.
+    for (const std::string& setting : c.overrides()) {
+      Status alone = check_config(options, {setting});
+      if (!alone.ok()) {
+        return Status::InvalidArgument("--matrix " + setting + ": " +
+                                       as_matrix_setting(alone.message(), setting));
+      }
+    }
+    std::string message = s.message();
+    for (const std::string& setting : c.overrides()) message = as_matrix_setting(message, setting);
+    return Status::InvalidArgument("--matrix combination " + std::to_string(c.index + 1) + " of " +
+                                   std::to_string(combinations.size()) + " (" + c.label() +
+                                   "): " + message);
+  }
+  return Status::Ok();
+}
+
+MachineInfo describe_machine() {
+  MachineInfo m;
+  m.cores = std::thread::hardware_concurrency();
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) m.cpu_model = std::string(trim(line.substr(colon + 1)));
+      break;
+    }
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  if (meminfo >> name >> kib && name == "MemTotal:") m.memory_bytes = kib * 1024;
+  utsname u{};
+  if (uname(&u) == 0) m.os = std::string(u.sysname) + " " + u.release + " " + u.machine;
+  return m;
+}
+
+Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec& workload) {
+  Result<std::vector<Combination>> combinations = expand_matrix(options.axes);
+  if (!combinations.ok()) return combinations.status();
+  if (options.repeat < 1 ||
+      static_cast<size_t>(options.repeat) * combinations->size() > kMaxMatrixRuns) {
+    return Status::InvalidArgument("--repeat " + std::to_string(options.repeat) +
+                                   ": expected 1.." +
+                                   std::to_string(kMaxMatrixRuns / combinations->size()) + " for " +
+                                   std::to_string(combinations->size()) + " combinations");
+  }
+  if (Status s = validate_matrix(options, *combinations); !s.ok()) return s;
+
+  MatrixResult result;
+  result.kvrt_version = KVRT_VERSION;
+  result.started_at = utc_now();
+  result.machine = describe_machine();
+  result.config_path = options.config_path;
+  result.overrides = options.overrides;
+  result.workload = workload;
+  result.axes = options.axes;
+  result.combinations = *combinations;
+  result.repeat = options.repeat;
+  for (const Combination& c : result.combinations) {
+    Result<config::Config> cfg = load_with(options, c.overrides());
+    result.configs.push_back(cfg.ok() ? config::to_toml(*cfg) : "");
+  }
+
+  const std::vector<RunSlot> order = run_order(result.combinations.size(), options.repeat);
+  ProgressBar bar(options.progress, order.size());
+  const Clock::time_point start = Clock::now();
+  for (size_t position = 0; position < order.size(); ++position) {
+    const RunSlot& slot = order[position];
+    const Combination& c = result.combinations[slot.combination];
+    std::string label = c.label();
+    if (options.repeat > 1) label += ", run " + std::to_string(slot.repeat + 1);
+    bar.start_run(position, label);
+    MatrixRun run = run_one(options, c, workload, bar);
+    bar.end_run();
+    run.combination = slot.combination;
+    run.repeat = slot.repeat;
+    run.position = position;
+    if (run.status.ok()) {
+      spdlog::info("run {}/{} ({}): {:.1f} tok/s generated, {:.1f} s", position + 1, order.size(),
+                   label, run.report.server_gen_throughput, run.wall_s);
+    } else {
+      spdlog::warn("run {}/{} ({}) failed: {}", position + 1, order.size(), label,
+                   run.status.message());
+    }
+    result.runs.push_back(std::move(run));
+  }
+  result.wall_s = seconds_since(start);
+  return result;
+}
+
+}  // namespace kvrt::bench

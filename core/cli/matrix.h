@@ -1,0 +1,114 @@
+// `kvrt bench --matrix KEY=V1,V2,... [--matrix ...] [--repeat N]`: one workload, same seed,
+// through every combination of configuration values in one process, each combination checked
+// before the first one runs, the runs interleaved so machine drift favours none of them.
+// core/report turns the result into the comparison table, JSON and the HTML report.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/cli/bench.h"
+#include "core/cli/workload.h"
+#include "core/util/status.h"
+
+namespace kvrt::bench {
+
+// One --matrix argument: a configuration key (as --set names it) and the values it takes.
+struct MatrixAxis {
+  std::string key;
+  std::vector<std::string> values;  // as --set reads them: TOML, or else a bare string
+};
+
+// "KEY=V1,V2,...". A comma inside quotes or brackets belongs to its value
+// (kv.x.list=["a","b"],["c"]). An empty key or value, or a value given twice, is an error
+// naming the argument.
+Result<MatrixAxis> parse_matrix_axis(std::string_view arg);
+
+// One point of the product: a value for every axis, in axis order.
+struct Combination {
+  size_t index = 0;  // 0-based, in product order (the last axis varies fastest)
+  std::vector<std::pair<std::string, std::string>> settings;  // (key, value)
+  std::string label() const;                   // "kv.store=kv_fp8_e4m3 tp.size=2"; "base"
+  std::vector<std::string> overrides() const;  // "key=value" strings for config::load
+};
+
+// The most combinations x repeats one matrix may run.
+inline constexpr size_t kMaxMatrixRuns = 512;
+
+// The cartesian product of `axes` in order; no axes give the one base combination. A key given
+// twice is an error naming it.
+Result<std::vector<Combination>> expand_matrix(const std::vector<MatrixAxis>& axes);
+
+// Which combination runs when: `repeat` rounds over `combinations`, round r starting at
+// combination r mod n, so that over n rounds each combination runs once at every place of a
+// round and slow drift of the machine does not favour the one that always runs first.
+struct RunSlot {
+  size_t combination = 0;
+  int repeat = 0;  // 0-based round
+};
+std::vector<RunSlot> run_order(size_t combinations, int repeat);
+
+struct MatrixOptions {
+  std::string config_path;             // "" = the defaults
+  std::vector<std::string> overrides;  // --set, applied before a combination's settings
+  std::vector<MatrixAxis> axes;
+  int repeat = 1;         // 1..kMaxMatrixRuns / combinations
+  bool progress = false;  // draw a progress bar on stderr (a terminal)
+};
+
+// Loads every combination's configuration and checks it as build_runtime would before loading
+// weights (runtime::check_runtime). The first failure is an error naming the --matrix setting
+// at fault when that setting alone fails on the base configuration, or else the combination.
+Status validate_matrix(const MatrixOptions& options, const std::vector<Combination>& combinations);
+
+// A plugin a run loaded, as `kvrt plugins` lists it.
+struct PluginVersion {
+  std::string name, kind, version, abi, path;
+};
+
+struct MachineInfo {
+  std::string cpu_model;  // /proc/cpuinfo's "model name"
+  unsigned cores = 0;     // hardware threads
+  uint64_t memory_bytes = 0;
+  std::string os;  // uname: system, release, machine
+};
+MachineInfo describe_machine();
+
+// One run of one combination.
+struct MatrixRun {
+  size_t combination = 0;
+  int repeat = 0;
+  size_t position = 0;  // its place in the run order
+  // Why the run measured nothing: the runtime could not be built, a step failed, or every
+  // request was aborted. OK otherwise.
+  Status status;
+  BenchReport report;  // what was measured, also for a failed run as far as it got
+  std::string capacity_report;
+  std::string model;
+  std::vector<PluginVersion> plugins;
+  double wall_s = 0;  // building the runtime included
+};
+
+struct MatrixResult {
+  std::string kvrt_version;
+  std::string started_at;  // UTC, ISO 8601
+  MachineInfo machine;
+  std::string config_path;
+  std::vector<std::string> overrides;
+  WorkloadSpec workload;
+  std::vector<MatrixAxis> axes;
+  std::vector<Combination> combinations;
+  std::vector<std::string> configs;  // each combination's effective configuration, as TOML
+  int repeat = 1;
+  std::vector<MatrixRun> runs;  // in run order
+  double wall_s = 0;
+};
+
+// Expands, validates (nothing runs when a combination is invalid) and runs the matrix. A run
+// that fails is recorded with its status and the others still run.
+Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec& workload);
+
+}  // namespace kvrt::bench

@@ -1,0 +1,65 @@
+// What `kvrt bench --matrix` writes: the comparison table on stdout, every figure of every run
+// as JSON (--json-out), and one self-contained HTML page with inline SVG charts (--html-out).
+// All three read the same figure list, so a column of the table, a key of the JSON and a chart
+// agree on a figure's name and unit.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/cli/matrix.h"
+
+namespace kvrt::report {
+
+// One figure of a run.
+struct FigureSpec {
+  const char* key;      // JSON key: "server_gen_throughput"
+  const char* heading;  // table column: "gen tok/s"
+  const char* unit;     // "tok/s"
+  double (*get)(const bench::BenchReport&);
+  int decimals;       // in the table
+  bool lower_better;  // latencies, retractions
+};
+// Every figure, in table order.
+const std::vector<FigureSpec>& figures();
+
+// A figure over the succeeded runs of a combination.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+  size_t n = 0;
+};
+
+struct CombinationSummary {
+  const bench::Combination* combination = nullptr;
+  std::vector<const bench::MatrixRun*> runs;  // in run order
+  size_t failed = 0;
+  std::string error;  // the first failed run's reason
+  // The succeeded run whose generation throughput is the median: its timeline, distributions,
+  // capacity report and diagnosis stand for the combination. Null when every run failed.
+  const bench::MatrixRun* median_run = nullptr;
+  std::map<std::string, Spread> figures;  // by FigureSpec::key
+  bool ok() const { return median_run != nullptr; }
+  double median(const char* key) const;
+};
+
+std::vector<CombinationSummary> summarize(const bench::MatrixResult& result);
+
+// "1.88x", or "-" when the base is 0 or missing.
+std::string ratio_text(double value, double base);
+
+// The comparison table (one row per combination, then each figure's ratio to the first row),
+// then each combination's diagnosis.
+std::string format_comparison(const bench::MatrixResult& result);
+
+// Everything: the machine, kvrt's version, the workload, the axes, each combination's effective
+// configuration and plugin versions, every run's figures and series, and each combination's
+// medians and spreads.
+std::string to_json(const bench::MatrixResult& result);
+
+// One HTML file with no script and nothing fetched: the comparison table, throughput bars,
+// running / queue / token usage over time, TTFT and ITL CDFs, each combination's capacity report
+// and diagnosis.
+std::string to_html(const bench::MatrixResult& result);
+
+}  // namespace kvrt::report
