@@ -433,15 +433,15 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
                                              : bench::load_trace_jsonl(args.trace);
   if (!workload.ok()) return fail(workload.status());
   if (!args.url.empty()) {
-    if (!path.empty() || !overrides.empty()) {
-      return fail(Status::InvalidArgument(
-          "kvrt bench --url drives a running server, configured by its own --config; --config, "
-          "--set and --verify-plugins configure the in-process bench: give one or the other"));
-    }
     if (args.matrix_mode()) {
       return fail(Status::InvalidArgument(
           "--matrix, --repeat, --json-out and --html-out run combinations in process; they do "
           "not go with --url"));
+    }
+    if (!path.empty() || !overrides.empty()) {
+      return fail(Status::InvalidArgument(
+          "kvrt bench --url drives a running server, configured by its own --config; --config, "
+          "--set and --verify-plugins configure the in-process bench: give one or the other"));
     }
     return run_bench_http(*workload, args);
   }

@@ -63,12 +63,12 @@ std::string as_matrix_setting(std::string message, const std::string& setting) {
 class ProgressBar {
  public:
   ProgressBar(bool enabled, size_t runs) : enabled_(enabled), runs_(runs) {}
-  void start_run(size_t position, std::string label) {
+  void start_run(size_t position, std::string label, uint64_t requests) {
     position_ = position;
     label_ = std::move(label);
     run_start_ = Clock::now();
     drawn_ = {};
-    draw(0, 0, true);
+    draw(0, requests, true);
   }
   void draw(uint64_t done, uint64_t total, bool force = false) {
     if (!enabled_) return;
@@ -275,8 +275,10 @@ Status validate_matrix(const MatrixOptions& options,
     for (const std::string& setting : c.overrides()) {
       Status alone = check_config(options, {setting});
       if (!alone.ok()) {
-        return Status::InvalidArgument("--matrix " + setting + ": " +
-                                       as_matrix_setting(alone.message(), setting));
+        const std::string named = "--matrix " + setting;
+        const std::string message = as_matrix_setting(alone.message(), setting);
+        return Status::InvalidArgument(message.rfind(named, 0) == 0 ? message
+                                                                    : named + ": " + message);
       }
     }
     std::string message = s.message();
@@ -343,7 +345,7 @@ Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec
     const Combination& c = result.combinations[slot.combination];
     std::string label = c.label();
     if (options.repeat > 1) label += ", run " + std::to_string(slot.repeat + 1);
-    bar.start_run(position, label);
+    bar.start_run(position, label, workload.num_requests);
     MatrixRun run = run_one(options, c, workload, bar);
     bar.end_run();
     run.combination = slot.combination;

@@ -193,7 +193,7 @@ void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason)
   release(*r, /*keep_in_cache=*/true);
   if (kind == FinishKind::kAborted) {
     ++counters_.aborted;
-    spdlog::warn("Abort {}", reason);
+    if (options_.log_interval > 0) spdlog::warn("Abort {}", reason);
   } else {
     ++counters_.finished;
   }
@@ -215,11 +215,13 @@ void Scheduler::retract(RequestPtr r) {
   ++counters_.retractions;
   ++r->retractions;
   if (metrics_ != nullptr) metrics_->num_retractions_total.add();
-  spdlog::warn(
-      "Retract request {}: {} of {} tokens generated, {} tokens of KV freed; #running-req: {}, "
-      "#queue-req: {}",
-      r->spec.id, r->output_len(), r->spec.max_new_tokens, r->kv_len, running_.size(),
-      waiting_.size() + 1);
+  if (options_.log_interval > 0) {
+    spdlog::warn(
+        "Retract request {}: {} of {} tokens generated, {} tokens of KV freed; #running-req: {}, "
+        "#queue-req: {}",
+        r->spec.id, r->output_len(), r->spec.max_new_tokens, r->kv_len, running_.size(),
+        waiting_.size() + 1);
+  }
   // Its computed pages stay in the prefix cache as evictable pages: reclaimed if needed, reused
   // when the request comes back before they are.
   release(*r, /*keep_in_cache=*/true);

@@ -111,7 +111,7 @@ struct SchedulerOptions {
   bool longest_prefix_first = false;  // "lpm" policy (fcfs past 128 waiting requests)
   // load from the tier when it holds at least this many pages
   uint64_t tier_min_load_pages = config::scheduler_defaults::kTierMinLoadPages;
-  int log_interval = config::scheduler_defaults::kLogInterval;  // 0: no log lines
+  int log_interval = config::scheduler_defaults::kLogInterval;  // 0: no log lines at all
 #ifdef NDEBUG
   bool check_invariants = false;  // after every step
 #else

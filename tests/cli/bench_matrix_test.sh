@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# `kvrt bench --matrix` as a user runs it (synth-bench, no model files): the table has a row per
+# combination, a combination that fails is reported in its row while the others run, --json-out
+# and --html-out write their files, and an invalid value is refused by name before anything runs.
+#   usage: bench_matrix_test.sh <kvrt binary> <source dir>
+set -u
+kvrt=$1
+src=$2
+. "$(dirname "$0")/lib.sh"
+# 150-token prompts: kv_bf16_paged on 3 MiB holds 128 tokens of KV, so every request of that
+# combination is refused; kv_fp8_e4m3 holds 256 on the same budget.
+cat >"$out/w.toml" <<'TOML'
+[workload]
+num_requests = 6
+concurrency = 3
+seed = 5
+[workload.input]
+dist = "fixed"
+value = 150
+[workload.output]
+dist = "fixed"
+value = 8
+TOML
+base=(--set model.preset=synth-bench --set model.dtype=bf16 --workload "$out/w.toml")
+
+"$kvrt" bench "${base[@]}" --matrix kv.store=kv_bf16_paged,kv_fp8_e4m3 \
+  --matrix device.memory=13MiB,3MiB --repeat 2 --json-out "$out/m.json" \
+  --html-out "$out/m.html" >"$out/table.txt" 2>"$out/err.txt"
+check "a matrix with one failed combination exits 0" test $? -eq 0
+check "the table has a row per combination, in product order" \
+  grep -Eq '^1 +kv_bf16_paged +13MiB +9152 ' "$out/table.txt"
+check "row 2 (bf16 on 3 MiB) is reported as failed" \
+  grep -Eq '^2 +kv_bf16_paged +3MiB +- .*failed$' "$out/table.txt"
+check "its reason is named" \
+  grep -q '^2 kv.store=kv_bf16_paged device.memory=3MiB: failed: every request was aborted (6)' \
+  "$out/table.txt"
+check "the others still ran (fp8 on 3 MiB: 256 tokens)" \
+  grep -Eq '^4 +kv_fp8_e4m3 +3MiB +256 ' "$out/table.txt"
+check "ratios to row 1" grep -Eq '^3 +kv_fp8_e4m3 +13MiB +1\.88x ' "$out/table.txt"
+check "8 runs, interleaved" test "$(grep -c 'run [0-9]/8' "$out/err.txt")" -eq 8
+check "round 2 starts at combination 2" \
+  grep -q 'run 5/8 (kv.store=kv_bf16_paged device.memory=3MiB, run 2)' "$out/err.txt"
+check "no progress bar when stderr is not a terminal" bash -c "! grep -q '\[#' '$out/err.txt'"
+check "JSON and HTML are written" grep -q "^HTML report: $out/m.html" "$out/table.txt"
+check "the JSON holds every run" \
+  test "$(grep -c '"position":' "$out/m.json")" -eq 8
+check "the HTML has its charts" test "$(grep -c '<svg xmlns="http://www.w3.org/2000/svg" class="chart"' "$out/m.html")" -ge 7
+check "the HTML runs no script" bash -c "! grep -qi '<script' '$out/m.html'"
+
+# Refusals, each before the first run.
+refused() {  # refused <pattern> <args...>: exit 1, the message on stderr, nothing ran
+  local pattern=$1
+  shift
+  "$kvrt" bench "${base[@]}" "$@" >"$out/r.out" 2>"$out/r.err"
+  [ $? -eq 1 ] && grep -q -- "$pattern" "$out/r.err" && ! grep -q "run 1/" "$out/r.err"
+}
+check "an unknown store is named with --matrix" \
+  refused "kvrt: --matrix kv.store=kv_nope: " --matrix kv.store=kv_bf16_paged,kv_nope
+check "a value out of range is named" \
+  refused "kvrt: --matrix tp.size=9: tp.size: expected an integer between 1 and 8, found 9" \
+  --matrix tp.size=1,9
+check "a store option the store refuses is named" \
+  refused "kvrt: --matrix kv.kv_fp8_e4m3.scale_mode=bogus: " \
+  --set kv.store=kv_fp8_e4m3 --matrix kv.kv_fp8_e4m3.scale_mode=per_tensor,bogus
+check "an unknown key is named" refused "kvrt: --matrix scheduler.nope=1: " --matrix scheduler.nope=1,2
+check "a combination that fails only as a whole is named" \
+  refused "kvrt: --matrix combination 4 of 4 (device.memory=3.5MiB scheduler.page_size=1024): " \
+  --matrix device.memory=13MiB,3.5MiB --matrix scheduler.page_size=16,1024
+check "a key given twice" refused "the key is given twice" --matrix tp.size=1 --matrix tp.size=2
+check "an empty value" refused "kvrt: --matrix tp.size=1,,2: value 2 is empty" --matrix tp.size=1,,2
+check "--repeat 0" refused "kvrt: --repeat 0: expected 1.." --repeat 0
+check "--matrix with --url" refused "do not go with --url" --url http://127.0.0.1:1 --matrix tp.size=1,2
+
+exit $failed
