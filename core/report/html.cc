@@ -26,7 +26,8 @@ h2 { font-size: 17px; margin-top: 28px; border-bottom: 1px solid #ddd; padding-b
 h3 { font-size: 15px; margin: 18px 0 6px; }
 .meta { color: #555; font-size: 13px; margin: 2px 0; }
 table.cmp { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
-table.cmp th, table.cmp td { padding: 4px 8px; border-bottom: 1px solid #e4e4e4; }
+table.cmp th, table.cmp td { padding: 4px 7px; border-bottom: 1px solid #e4e4e4; }
+table.cmp td { white-space: nowrap; }
 table.cmp th { text-align: right; background: #f5f5f7; font-weight: 600; vertical-align: bottom; }
 table.cmp td { text-align: right; vertical-align: top; }
 table.cmp th.l, table.cmp td.l { text-align: left; }
