@@ -183,18 +183,26 @@ std::string format_comparison(const bench::MatrixResult& result) {
   out += "\n";
 
   // The figures.
-  std::vector<std::vector<std::string>> rows;
-  std::vector<std::string> head = {"#"};
-  for (const std::string& h : axis_headings(result)) head.push_back(h);
-  for (const FigureSpec& f : figures()) {
-    if (in_table(f)) head.push_back(f.heading);
-  }
-  head.push_back("verdict");
-  rows.push_back(head);
+  // "#", the axes, the table's figures: the start of both tables' heading rows.
+  auto heading = [&] {
+    std::vector<std::string> head = {"#"};
+    for (const std::string& h : axis_headings(result)) head.push_back(h);
+    for (const FigureSpec& f : figures()) {
+      if (in_table(f)) head.push_back(f.heading);
+    }
+    return head;
+  };
+  // "#" and the combination's values: the start of its row.
+  auto row_start = [&](size_t i) {
+    std::vector<std::string> row = {std::to_string(i + 1)};
+    for (const std::string& c : axis_cells(result, summaries[i])) row.push_back(c);
+    return row;
+  };
+  std::vector<std::vector<std::string>> rows = {heading()};
+  rows[0].push_back("verdict");
   for (size_t i = 0; i < summaries.size(); ++i) {
     const CombinationSummary& s = summaries[i];
-    std::vector<std::string> row = {std::to_string(i + 1)};
-    for (const std::string& c : axis_cells(result, s)) row.push_back(c);
+    std::vector<std::string> row = row_start(i);
     for (const FigureSpec& f : figures()) {
       if (!in_table(f)) continue;
       if (!s.ok()) {
@@ -220,17 +228,10 @@ std::string format_comparison(const bench::MatrixResult& result) {
   // Ratios to the first row.
   if (summaries.size() > 1) {
     out += "\nratio to row 1\n";
-    rows.clear();
-    head = {"#"};
-    for (const std::string& h : axis_headings(result)) head.push_back(h);
-    for (const FigureSpec& f : figures()) {
-      if (in_table(f)) head.push_back(f.heading);
-    }
-    rows.push_back(head);
+    rows = {heading()};
     for (size_t i = 1; i < summaries.size(); ++i) {
       const CombinationSummary& s = summaries[i];
-      std::vector<std::string> row = {std::to_string(i + 1)};
-      for (const std::string& c : axis_cells(result, s)) row.push_back(c);
+      std::vector<std::string> row = row_start(i);
       for (const FigureSpec& f : figures()) {
         if (!in_table(f)) continue;
         row.push_back(s.ok() && summaries[0].ok()

@@ -7,21 +7,7 @@ set -u
 kvrt=$1
 src=$2
 . "$(dirname "$0")/lib.sh"
-# 150-token prompts: kv_bf16_paged on 3 MiB holds 128 tokens of KV, so every request of that
-# combination is refused; kv_fp8_e4m3 holds 256 on the same budget.
-cat >"$out/w.toml" <<'TOML'
-[workload]
-num_requests = 6
-concurrency = 3
-seed = 5
-[workload.input]
-dist = "fixed"
-value = 150
-[workload.output]
-dist = "fixed"
-value = 8
-TOML
-base=(--set model.preset=synth-bench --set model.dtype=bf16 --workload "$out/w.toml")
+base=(--set model.preset=synth-bench --set model.dtype=bf16 --workload "$src/tests/cli/tight-pool.toml")
 
 "$kvrt" bench "${base[@]}" --matrix kv.store=kv_bf16_paged,kv_fp8_e4m3 \
   --matrix device.memory=13MiB,3MiB --repeat 2 --json-out "$out/m.json" \

@@ -159,20 +159,8 @@ TEST(MatrixRun, AFailedCombinationIsRecordedAndTheOthersRun) {
   spdlog::set_level(spdlog::level::err);
   MatrixOptions o = options_for({"kv.store=kv_bf16_paged,kv_fp8_e4m3", "device.memory=13MiB,3MiB"});
   o.repeat = 2;
-  // 150-token prompts: bf16 on 3 MiB holds 128 tokens, fp8 256.
-  Result<WorkloadSpec> w = parse_workload_toml(R"(
-[workload]
-num_requests = 6
-concurrency = 3
-seed = 5
-[workload.input]
-dist = "fixed"
-value = 150
-[workload.output]
-dist = "fixed"
-value = 8
-)",
-                                               "test");
+  // bf16 on 3 MiB holds 128 tokens, fewer than one request needs; fp8 holds 256.
+  Result<WorkloadSpec> w = load_workload_toml(source_path("tests/cli/tight-pool.toml"));
   ASSERT_TRUE(w.ok());
   Result<MatrixResult> r = run_matrix(o, *w);
   ASSERT_TRUE(r.ok()) << r.status().message();
