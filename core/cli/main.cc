@@ -6,6 +6,7 @@
 //   kvrt bench [--config FILE] --workload W   a workload through the serving core, reported
 //   kvrt bench ... --matrix KEY=V1,V2         every combination of config values, compared
 //   kvrt bench --url URL --workload W         the same workload against a running server
+//   kvrt eval [--config FILE] --text F        what each KV store costs in accuracy
 //   kvrt serve [--config FILE]                the HTTP server (core/cli/serve.cc)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -29,6 +30,8 @@
 #include "core/cli/matrix.h"
 #include "core/cli/serve.h"
 #include "core/config/config.h"
+#include "core/eval/calibrate.h"
+#include "core/eval/eval.h"
 #include "core/exec/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
@@ -470,6 +473,67 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   return finish_bench(*report, args);
 }
 
+struct EvalArgs {
+  std::string text, ids, stores, json_out, calibrate, out, scales;
+  int64_t ctx = 0;
+  double margin = eval::kDefaultMargin;
+};
+
+// kvrt eval: calibrate first when asked (writing the scale file), then every store against the
+// first, with the calibrated fp8 variant added when there are scales.
+int run_eval(const std::string& path, const std::vector<std::string>& overrides,
+             const EvalArgs& args) {
+  eval::EvalOptions options;
+  options.config_path = path;
+  options.overrides = overrides;
+  options.corpus = {args.text, args.ids};
+  options.ctx = args.ctx;
+  options.progress = isatty(STDERR_FILENO) != 0;
+  const std::string stores = args.stores.empty()
+                                 ? "kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
+                                   "kv_fp8_e4m3:scale_mode=per_tensor"
+                                 : args.stores;
+  for (size_t from = 0; from <= stores.size();) {
+    size_t end = stores.find(',', from);
+    if (end == std::string::npos) end = stores.size();
+    Result<eval::StoreVariant> v = eval::parse_store_variant(stores.substr(from, end - from));
+    if (!v.ok()) return fail(v.status());
+    options.stores.push_back(std::move(*v));
+    from = end + 1;
+  }
+  if (!args.calibrate.empty() && args.out.empty()) {
+    return fail(Status::InvalidArgument("--calibrate needs --out FILE for the scales"));
+  }
+  if (!args.calibrate.empty() && !args.scales.empty()) {
+    return fail(Status::InvalidArgument("--calibrate writes scales and --scales reads them: give one"));
+  }
+  std::string scale_file = args.scales;
+  if (!args.calibrate.empty()) {
+    Result<eval::Calibration> c = eval::calibrate(options, args.calibrate, args.margin);
+    if (!c.ok()) return fail(c.status());
+    if (Status s = write_file(args.out, eval::calibration_toml(*c)); !s.ok()) return fail(s);
+    std::cout << "calibrated scales (" << c->tokens << " tokens, margin " << c->margin
+              << "): " << args.out << "\n";
+    scale_file = args.out;
+  }
+  if (!scale_file.empty()) std::cout << "the calibrated row reads " << scale_file << "\n";
+  if (!scale_file.empty()) {
+    Result<eval::ScaleFile> f = eval::read_scale_file(scale_file);
+    if (!f.ok()) return fail(f.status());
+    options.stores.push_back({f->store + ":scale_mode=per_tensor:calibrated",
+                              f->store,
+                              {"kv." + f->store + ".scale_mode=per_tensor", f->calibrated_override}});
+  }
+  Result<eval::EvalResult> result = eval::run_eval(options);
+  if (!result.ok()) return fail(result.status());
+  std::cout << eval::format_eval(*result);
+  if (!args.json_out.empty()) {
+    if (Status s = write_file(args.json_out, eval::eval_json(*result)); !s.ok()) return fail(s);
+    std::cout << "JSON: " << args.json_out << "\n";
+  }
+  return 0;
+}
+
 int run_command_line(int argc, char** argv);
 
 }  // namespace
@@ -603,6 +667,34 @@ int run_command_line(int argc, char** argv) {
   bench->add_option("--html-out", bench_args.html_out,
                     "write a self-contained HTML report with charts");
 
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval",
+      "the accuracy cost of KV stores on the model: perplexity, KL, top-1 and greedy agreement "
+      "against exact f32 KV, beside each store's capacity");
+  kvrt::EvalArgs eval_args;
+  eval_cmd->add_option("--config", config_path, "TOML file (model, device, tp, kv, scheduler)");
+  eval_cmd->add_option("--set", overrides, "override a key: section.key=value");
+  auto* eval_text = eval_cmd->add_option(
+      "--text", eval_args.text, "corpus: one document per line, tokenized with the model's tokenizer");
+  auto* eval_ids =
+      eval_cmd->add_option("--ids", eval_args.ids, "corpus: token ids separated by spaces or commas");
+  eval_text->excludes(eval_ids);
+  eval_cmd->add_option("--stores", eval_args.stores,
+                       "STORE[:key=value...],... to compare; the first is the reference "
+                       "(default kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
+                       "kv_fp8_e4m3:scale_mode=per_tensor)");
+  eval_cmd->add_option("--ctx", eval_args.ctx, "tokens per window (default: the model's context)");
+  eval_cmd->add_option("--json-out", eval_args.json_out, "write every figure as JSON");
+  eval_cmd->add_option("--calibrate", eval_args.calibrate,
+                       "compute static per-layer scales for this store (kv_fp8_e4m3) first");
+  eval_cmd->add_option("--out", eval_args.out, "with --calibrate: the scale file to write");
+  eval_cmd->add_option("--margin", eval_args.margin,
+                       "with --calibrate: scale = max |value| * margin / 448")
+      ->capture_default_str();
+  eval_cmd->add_option("--scales", eval_args.scales,
+                       "a scale file from --calibrate: adds the calibrated per-tensor fp8 row");
+  eval_cmd->add_flag("--verify-plugins", verify_plugins, verify_help);
+
   CLI::App* serve = app.add_subcommand(
       "serve", "an HTTP server speaking SGLang's API (POST /generate, GET /metrics, ...)");
   serve->add_option("--config", config_path, "TOML file ([server] and the rest)");
@@ -613,6 +705,7 @@ int run_command_line(int argc, char** argv) {
   if (verify_plugins) overrides.push_back("plugins.verify=true");
   if (serve->parsed()) return cli::run_serve(config_path, overrides);
   if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);
+  if (eval_cmd->parsed()) return kvrt::run_eval(config_path, overrides, eval_args);
   if (generate->parsed()) {
     if (gen.prompt.empty() && gen.ids.empty()) {
       std::cerr << "kvrt generate: give --prompt or --ids\n";

@@ -29,6 +29,7 @@ inline constexpr FileKind kModelConfigFile{"model config.json", 16 * kMiB};
 inline constexpr FileKind kSafetensorsIndexFile{"safetensors index", 64 * kMiB};
 inline constexpr FileKind kTokenizerFile{"tokenizer model", 64 * kMiB};
 inline constexpr FileKind kPromptFile{"prompt file", 64 * kMiB};
+inline constexpr FileKind kEvalCorpusFile{"evaluation corpus", 256 * kMiB};
 inline constexpr FileKind kTokenizerConfigFile{"tokenizer_config.json / chat template", 16 * kMiB};
 // Mapped, not read: any size the machine can map; its header has the format's own limit.
 inline constexpr FileKind kSafetensorsFile{"safetensors file", 0};

@@ -1,12 +1,15 @@
 // kv_fp8_e4m3: pages of OCP FP8 E4M3 K and V (max 448, no infinities). Two scale modes:
 //  - per_token_head (default): a float scale per token and KV head, amax / 448, computed on
 //    write, so no calibration is needed and nothing saturates;
-//  - per_tensor: one static K scale and one V scale (from config, as SGLang and vLLM take them
-//    from a checkpoint), default 1.0 with a warning; values beyond 448 * scale saturate.
+//  - per_tensor: static K and V scales (from config, as SGLang and vLLM take them from a
+//    checkpoint): k_scale / v_scale for every layer, or a `calibrated` table of one K and one V
+//    scale per layer (kvrt eval --calibrate writes it); default 1.0 with a warning. Values beyond
+//    448 * scale saturate.
 // Stored value = code * scale. Finite input never becomes NaN.
 #include <cmath>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "kernels/cpu/convert.h"
 #include "kvrt/plugin.hpp"
@@ -17,11 +20,22 @@ namespace {
 
 constexpr uint32_t kInputDtypes = KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16);
 
+// A positive finite scale, or a config error naming where it came from.
+float checked_scale(double value, const std::string& where) {
+  if (!(value > 0) || !std::isfinite(value)) {
+    sdk::fail(KVRT_ERR_CONFIG,
+              where + ": expected a positive finite number, found " + std::to_string(value));
+  }
+  return static_cast<float>(value);
+}
+
 struct Fp8Options {
   bool per_tensor = false;
   float k_scale = 1.0f;
   float v_scale = 1.0f;
   bool scales_given = false;
+  // calibrated.k / calibrated.v: one scale per layer (empty: k_scale / v_scale everywhere).
+  std::vector<float> layer_k_scales, layer_v_scales;
 
   explicit Fp8Options(const sdk::ConfigView& config) {
     const std::string mode = config.string("scale_mode", "per_token_head");
@@ -33,15 +47,51 @@ struct Fp8Options {
           "scale_mode: expected \"per_token_head\" or \"per_tensor\", found \"" + mode + "\"");
     }
     scales_given = config.has("k_scale") || config.has("v_scale");
-    k_scale = static_cast<float>(config.real("k_scale", 1.0));
-    v_scale = static_cast<float>(config.real("v_scale", 1.0));
-    for (auto [name, value] : {std::pair{"k_scale", k_scale}, std::pair{"v_scale", v_scale}}) {
-      if (!(value > 0) || !std::isfinite(value)) {
-        sdk::fail(KVRT_ERR_CONFIG, std::string(name) +
-                                       ": expected a positive finite number, found " +
-                                       std::to_string(value));
+    k_scale = checked_scale(config.real("k_scale", 1.0), "k_scale");
+    v_scale = checked_scale(config.real("v_scale", 1.0), "v_scale");
+    for (auto [part, out] : {std::pair{"k", &layer_k_scales}, std::pair{"v", &layer_v_scales}}) {
+      for (size_t layer = 0;; ++layer) {
+        const std::string key = std::string("calibrated.") + part + "[" + std::to_string(layer) + "]";
+        if (!config.has(key.c_str())) break;
+        out->push_back(checked_scale(config.real(key.c_str(), 1.0),
+                                     key + " (layer " + std::to_string(layer) + ")"));
       }
     }
+    if (!layer_k_scales.empty() || !layer_v_scales.empty()) {
+      if (!per_tensor) {
+        sdk::fail(KVRT_ERR_CONFIG, "calibrated: static scales need scale_mode = \"per_tensor\"");
+      }
+      if (scales_given) {
+        sdk::fail(KVRT_ERR_CONFIG, "calibrated and k_scale/v_scale both give the scales: keep one");
+      }
+      scales_given = true;
+    }
+  }
+
+  // The calibrated table against the model's layers: a scale for each layer, no more.
+  void check_layers(uint32_t layers) const {
+    if (layer_k_scales.empty() && layer_v_scales.empty()) return;
+    for (auto [part, scales] : {std::pair{"k", &layer_k_scales}, std::pair{"v", &layer_v_scales}}) {
+      if (scales->size() < layers) {
+        sdk::fail(KVRT_ERR_CONFIG, std::string("calibrated.") + part + ": no scale for layer " +
+                                       std::to_string(scales->size()) + " (the model has " +
+                                       std::to_string(layers) + " layers, the table " +
+                                       std::to_string(scales->size()) + " scales)");
+      }
+      if (scales->size() > layers) {
+        sdk::fail(KVRT_ERR_CONFIG, std::string("calibrated.") + part + "[" +
+                                       std::to_string(layers) + "]: a scale for layer " +
+                                       std::to_string(layers) + ", but the model has " +
+                                       std::to_string(layers) + " layers (0.." +
+                                       std::to_string(layers - 1) + ")");
+      }
+    }
+  }
+  float k_scale_of(uint32_t layer) const {
+    return layer_k_scales.empty() ? k_scale : layer_k_scales[layer];
+  }
+  float v_scale_of(uint32_t layer) const {
+    return layer_v_scales.empty() ? v_scale : layer_v_scales[layer];
   }
 };
 
@@ -52,12 +102,16 @@ class Fp8Store : public sdk::StoreBase {
       : StoreBase(host, g, num_pages),
         options_(config),
         pool_(host, g, num_pages, 1, !options_.per_tensor),
-        tensor_scales_(host, KVRT_MEMORY_DEVICE, options_.per_tensor ? 2 * sizeof(float) : 0,
+        tensor_scales_(host, KVRT_MEMORY_DEVICE,
+                       options_.per_tensor ? 2 * sizeof(float) * g.num_layers : 0,
                        "per-tensor scales") {
+    options_.check_layers(g.num_layers);
     if (options_.per_tensor) {  // the attention kernels read them from device memory
       float* scales = reinterpret_cast<float*>(tensor_scales_.data());
-      scales[0] = options_.k_scale;
-      scales[1] = options_.v_scale;
+      for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+        scales[2 * layer] = options_.k_scale_of(layer);
+        scales[2 * layer + 1] = options_.v_scale_of(layer);
+      }
     }
     static std::once_flag warned;  // once per process, not once per TP rank
     if (options_.per_tensor && !options_.scales_given) {
@@ -90,7 +144,7 @@ class Fp8Store : public sdk::StoreBase {
     l.k_dtype = l.v_dtype = KVRT_DTYPE_FP8_E4M3;
     l.scale_mode = scale_mode();
     if (options_.per_tensor) {
-      l.k_scale = reinterpret_cast<float*>(tensor_scales_.data());
+      l.k_scale = reinterpret_cast<float*>(tensor_scales_.data()) + 2 * layer;
       l.v_scale = geometry().v_head_dim == 0 ? l.k_scale : l.k_scale + 1;
     }
     return l;
@@ -100,19 +154,20 @@ class Fp8Store : public sdk::StoreBase {
     check_write(w, kInputDtypes);
     const kvrt_kv_geometry& g = geometry();
     quantize(*w, w->k, w->k_token_stride, g.k_head_dim, pool_.k(w->layer), pool_.k_scales(w->layer),
-             options_.k_scale);
+             options_.k_scale_of(w->layer));
     if (g.v_head_dim != 0) {
       quantize(*w, w->v, w->v_token_stride, g.v_head_dim, pool_.v(w->layer),
-               pool_.v_scales(w->layer), options_.v_scale);
+               pool_.v_scales(w->layer), options_.v_scale_of(w->layer));
     }
   }
 
   void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {
     const kvrt_kv_geometry& g = geometry();
-    dequantize(pool_.k(layer), pool_.k_scales(layer), options_.k_scale, g.k_head_dim, n, slots, k);
+    dequantize(pool_.k(layer), pool_.k_scales(layer), options_.k_scale_of(layer), g.k_head_dim, n,
+               slots, k);
     if (g.v_head_dim != 0) {
-      dequantize(pool_.v(layer), pool_.v_scales(layer), options_.v_scale, g.v_head_dim, n, slots,
-                 v);
+      dequantize(pool_.v(layer), pool_.v_scales(layer), options_.v_scale_of(layer), g.v_head_dim,
+                 n, slots, v);
     }
   }
 
@@ -171,6 +226,9 @@ const kvrt_option_desc kOptions[] = {
     {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "k_scale", "1.0",
      "per_tensor only: the K scale (stored = code * k_scale)"},
     {sizeof(kvrt_option_desc), KVRT_OPTION_FLOAT, "v_scale", "1.0", "per_tensor only: the V scale"},
+    {sizeof(kvrt_option_desc), KVRT_OPTION_TABLE, "calibrated", "",
+     "per_tensor only: {k = [...], v = [...]}, a K and a V scale per layer (kvrt eval "
+     "--calibrate writes them)"},
 };
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
@@ -184,7 +242,7 @@ const kvrt_plugin_desc& describe(const kvrt_host_api*) {
       "paged FP8 E4M3 K/V with per-token-head or per-tensor scales",
       &sdk::kv_store_table<Fp8Store>(),
       kOptions,
-      3,
+      sizeof(kOptions) / sizeof(kOptions[0]),
       kInputDtypes,
       nullptr};
   return desc;

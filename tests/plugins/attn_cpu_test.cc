@@ -219,6 +219,26 @@ TEST_F(AttnCpu, Fp8StoresInBothScaleModes) {
   }
 }
 
+// kv_f32_paged keeps K and V exactly, so the naive attention in double reads the very values
+// attn_cpu reads, and what is left is f32 arithmetic: each score is a dot product of length
+// d <= 576 whose rounding error is at most d * 2^-24 ~ 3.4e-5 of the sum of |q_i k_i| (the
+// order of summation changes only which terms round), the online softmax's rescalings add a few
+// ulps, and the output is a convex combination of V rows. That stays under the suite's 1e-4 of
+// the values' scale, the bound check_attention_case applies.
+TEST_F(AttnCpu, F32StoreMatchesTheNaiveAttentionToF32Rounding) {
+  AttentionCase c;
+  c.store = "kv_f32_paged";
+  for (uint32_t dim : {16u, 64u, 128u, 576u}) {
+    c.qk_head_dim = c.v_head_dim = dim;
+    c.sequences = {{1, 1}, {17, 1}, {1100, 1}, {60, 13}};
+    EXPECT_EQ(check(c), "") << "dim " << dim;
+  }
+  c.qk_head_dim = 64;
+  c.v_head_dim = 64;
+  c.force_gather = true;  // and through its gather()
+  EXPECT_EQ(check(c), "");
+}
+
 TEST_F(AttnCpu, GatherFallbackForLayoutsItCannotRead) {
   AttentionCase c;
   c.force_gather = true;

@@ -63,6 +63,7 @@ TEST_F(StoreBytes, GqaLlama3_8B) {
   EXPECT_EQ(bytes_per_token("kv_bf16_paged", 32, 8, 1, 128, 128), 32u * 8 * 256 * 2);  // 131072
   EXPECT_EQ(bytes_per_token("kv_fp8_e4m3", 32, 8, 1, 128, 128), 32u * 8 * 256 + 32 * 8 * 2 * 4);
   EXPECT_EQ(bytes_per_token("kv_host_tiered", 32, 8, 1, 128, 128), 131072u);
+  EXPECT_EQ(bytes_per_token("kv_f32_paged", 32, 8, 1, 128, 128), 32u * 8 * 256 * 4);  // 262144
   // TP 2 halves each rank's heads.
   EXPECT_EQ(bytes_per_token("kv_bf16_paged", 32, 8, 2, 128, 128), 65536u);
 }
