@@ -476,7 +476,6 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
 struct EvalArgs {
   std::string text, ids, stores, json_out, calibrate, out, scales;
   int64_t ctx = 0;
-  double margin = eval::kDefaultMargin;
 };
 
 // kvrt eval: calibrate first when asked (writing the scale file), then every store against the
@@ -509,11 +508,10 @@ int run_eval(const std::string& path, const std::vector<std::string>& overrides,
   }
   std::string scale_file = args.scales;
   if (!args.calibrate.empty()) {
-    Result<eval::Calibration> c = eval::calibrate(options, args.calibrate, args.margin);
+    Result<eval::Calibration> c = eval::calibrate(options, args.calibrate);
     if (!c.ok()) return fail(c.status());
     if (Status s = write_file(args.out, eval::calibration_toml(*c)); !s.ok()) return fail(s);
-    std::cout << "calibrated scales (" << c->tokens << " tokens, margin " << c->margin
-              << "): " << args.out << "\n";
+    std::cout << "calibrated scales (" << c->tokens << " tokens): " << args.out << "\n";
     scale_file = args.out;
   }
   if (!scale_file.empty()) std::cout << "the calibrated row reads " << scale_file << "\n";
@@ -688,9 +686,6 @@ int run_command_line(int argc, char** argv) {
   eval_cmd->add_option("--calibrate", eval_args.calibrate,
                        "compute static per-layer scales for this store (kv_fp8_e4m3) first");
   eval_cmd->add_option("--out", eval_args.out, "with --calibrate: the scale file to write");
-  eval_cmd->add_option("--margin", eval_args.margin,
-                       "with --calibrate: scale = max |value| * margin / 448")
-      ->capture_default_str();
   eval_cmd->add_option("--scales", eval_args.scales,
                        "a scale file from --calibrate: adds the calibrated per-tensor fp8 row");
   eval_cmd->add_flag("--verify-plugins", verify_plugins, verify_help);
