@@ -239,6 +239,25 @@ TEST_F(AttnCpu, F32StoreMatchesTheNaiveAttentionToF32Rounding) {
   EXPECT_EQ(check(c), "");
 }
 
+// Calibrated per-layer scales (kvrt eval --calibrate): each layer's layout carries its own K and
+// V scale, and each layer's attention must read its own.
+TEST_F(AttnCpu, Fp8PerTensorScalesThatDifferByLayer) {
+  toml::table calibrated;
+  calibrated.insert("k", toml::array{0.02, 0.05, 0.11});
+  calibrated.insert("v", toml::array{0.004, 0.03, 0.009});
+  toml::table config;
+  config.insert("scale_mode", "per_tensor");
+  config.insert("calibrated", calibrated);
+  AttentionCase c;
+  c.store = "kv_fp8_e4m3";
+  c.store_config = &config;
+  c.layers = 3;
+  c.sequences = {{1, 1}, {130, 1}, {40, 9}};
+  EXPECT_EQ(check(c), "");
+  c.force_gather = true;
+  EXPECT_EQ(check(c), "");
+}
+
 TEST_F(AttnCpu, GatherFallbackForLayoutsItCannotRead) {
   AttentionCase c;
   c.force_gather = true;
