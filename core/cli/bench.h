@@ -67,6 +67,12 @@ struct BenchReport {
   // The store's host tier at the end (rank 0's tier_info), when it has one.
   bool host_tier = false;
   kvrt_tier_info tier{};
+  // kvrt bench --matrix --eval-text: the combination's KV store against exact f32 KV on that
+  // corpus (kvrt eval's figures), when it was evaluated.
+  struct Accuracy {
+    bool measured = false;
+    double kl_mean = 0, kl_p99 = 0, top1_agreement = 0, perplexity_ratio = 0;
+  } accuracy;
   metrics::Diagnosis diagnosis;  // over the whole run
   std::string prometheus;        // the scheduler's metrics at the end, as /metrics serves them
 };

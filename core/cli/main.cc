@@ -334,8 +334,11 @@ struct BenchArgs {
   std::vector<std::string> matrix;
   int repeat = 1;
   std::string json_out, html_out;
+  std::string eval_text;  // --eval-text: accuracy columns
+  int64_t eval_ctx = 0;
   bool matrix_mode() const {
-    return !matrix.empty() || repeat != 1 || !json_out.empty() || !html_out.empty();
+    return !matrix.empty() || repeat != 1 || !json_out.empty() || !html_out.empty() ||
+           !eval_text.empty();
   }
 };
 
@@ -400,6 +403,8 @@ int run_bench_matrix(const std::string& path, const std::vector<std::string>& ov
   options.overrides = overrides;
   options.repeat = args.repeat;
   options.progress = isatty(STDERR_FILENO) != 0;
+  options.eval_text = args.eval_text;
+  options.eval_ctx = args.eval_ctx;
   for (const std::string& arg : args.matrix) {
     Result<bench::MatrixAxis> axis = bench::parse_matrix_axis(arg);
     if (!axis.ok()) return fail(axis.status());
@@ -438,8 +443,8 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
   if (!args.url.empty()) {
     if (args.matrix_mode()) {
       return fail(Status::InvalidArgument(
-          "--matrix, --repeat, --json-out and --html-out run combinations in process; they do "
-          "not go with --url"));
+          "--matrix, --repeat, --json-out, --html-out and --eval-text run combinations in "
+          "process; they do not go with --url"));
     }
     if (!path.empty() || !overrides.empty()) {
       return fail(Status::InvalidArgument(
@@ -664,6 +669,11 @@ int run_command_line(int argc, char** argv) {
                     "the machine as JSON");
   bench->add_option("--html-out", bench_args.html_out,
                     "write a self-contained HTML report with charts");
+  bench->add_option("--eval-text", bench_args.eval_text,
+                    "with the matrix: add each combination's KL and top-1 against exact f32 KV "
+                    "on this corpus (kvrt eval) to the table");
+  bench->add_option("--eval-ctx", bench_args.eval_ctx,
+                    "with --eval-text: tokens per window (default: the model's context)");
 
   CLI::App* eval_cmd = app.add_subcommand(
       "eval",

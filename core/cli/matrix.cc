@@ -9,9 +9,11 @@
 #include <fstream>
 #include <thread>
 
+#include "core/eval/eval.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
+#include "core/util/file.h"
 
 #ifndef KVRT_VERSION
 #define KVRT_VERSION "unknown"
@@ -162,6 +164,41 @@ MatrixRun run_one(const MatrixOptions& options, const Combination& combination,
   return run;
 }
 
+// --eval-text: each combination's store against kv_f32_paged on the same configuration.
+void evaluate(const MatrixOptions& options, MatrixResult& result) {
+  result.eval_text = options.eval_text;
+  result.eval_errors.assign(result.combinations.size(), "");
+  for (const Combination& c : result.combinations) {
+    Result<config::Config> cfg = load_with(options, c.overrides());
+    if (!cfg.ok()) {
+      result.eval_errors[c.index] = cfg.status().message();
+      continue;
+    }
+    eval::EvalOptions eo;
+    eo.config_path = options.config_path;
+    eo.overrides = options.overrides;
+    for (const std::string& o : c.overrides()) eo.overrides.push_back(o);
+    eo.corpus.text_path = options.eval_text;
+    eo.ctx = options.eval_ctx;
+    eo.greedy_prompts = 0;
+    eo.progress = options.progress;
+    eo.stores = {{"kv_f32_paged", "kv_f32_paged", {}}, {cfg->kv.store, cfg->kv.store, {}}};
+    spdlog::info("evaluating {}/{} ({}) against kv_f32_paged on {}", c.index + 1,
+                 result.combinations.size(), c.label(), options.eval_text);
+    Result<eval::EvalResult> r = eval::run_eval(eo);
+    if (!r.ok()) {
+      result.eval_errors[c.index] = r.status().message();
+      spdlog::warn("evaluating {} failed: {}", c.label(), r.status().message());
+      continue;
+    }
+    const eval::StoreResult& s = r->stores[1];
+    for (MatrixRun& run : result.runs) {
+      if (run.combination != c.index) continue;
+      run.report.accuracy = {true, s.kl.mean, s.kl.p99, s.top1_agreement, s.perplexity_ratio};
+    }
+  }
+}
+
 }  // namespace
 
 Status validate_matrix(const MatrixOptions& options,
@@ -219,6 +256,10 @@ Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec
                                    std::to_string(combinations->size()) + " combinations");
   }
   if (Status s = validate_matrix(options, *combinations); !s.ok()) return s;
+  if (!options.eval_text.empty()) {  // a corpus that cannot be read is refused before any run
+    Result<std::string> corpus = util::read_file(options.eval_text, util::kEvalCorpusFile);
+    if (!corpus.ok()) return corpus.status().WithContext("--eval-text");
+  }
 
   MatrixResult result;
   result.kvrt_version = KVRT_VERSION;
@@ -258,6 +299,7 @@ Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec
     }
     result.runs.push_back(std::move(run));
   }
+  if (!options.eval_text.empty()) evaluate(options, result);
   result.wall_s = seconds_since(start);
   return result;
 }

@@ -20,6 +20,10 @@ struct MatrixOptions {
   std::vector<MatrixAxis> axes;
   int repeat = 1;         // 1..kMaxMatrixRuns / combinations
   bool progress = false;  // draw a progress bar on stderr (a terminal)
+  // --eval-text FILE: after the runs, each combination's KV store through kvrt eval against
+  // kv_f32_paged on this corpus, in windows of eval_ctx tokens (0: the model's context).
+  std::string eval_text;
+  int64_t eval_ctx = 0;
 };
 
 // Loads every combination's configuration and checks it as build_runtime would before loading
@@ -68,6 +72,10 @@ struct MatrixResult {
   int repeat = 1;
   std::vector<MatrixRun> runs;  // in run order
   double wall_s = 0;
+  // With --eval-text: the corpus, and per combination why its evaluation failed ("" when it
+  // ran; the figures are in each run's report.accuracy).
+  std::string eval_text;
+  std::vector<std::string> eval_errors;
 };
 
 // Expands, validates (nothing runs when a combination is invalid) and runs the matrix. A run

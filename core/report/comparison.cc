@@ -60,12 +60,19 @@ std::vector<std::string> axis_headings(const bench::MatrixResult& result) {
   return h;
 }
 
-bool in_table(const FigureSpec& f) { return f.decimals >= 0; }
+bool in_table(const FigureSpec& f) { return f.decimals != -1; }
 
 }  // namespace
 
+bool is_accuracy(const FigureSpec& f) {
+  for (const char* key : {"kl_mean", "kl_p99", "top1_agreement", "perplexity_ratio"}) {
+    if (std::string_view(f.key) == key) return true;
+  }
+  return false;
+}
+
 const std::vector<FigureSpec>& figures() {
-  // decimals < 0: in the JSON only.
+  // decimals -1: in the JSON only.
   static const std::vector<FigureSpec> kFigures = {
       {"max_total_num_tokens", "max tokens", "tokens",
        [](const BenchReport& r) { return static_cast<double>(r.max_total_num_tokens); }, 0, false},
@@ -118,6 +125,35 @@ const std::vector<FigureSpec>& figures() {
   return kFigures;
 }
 
+std::vector<FigureSpec> figures_of(const bench::MatrixResult& result) {
+  std::vector<FigureSpec> out = figures();
+  if (result.eval_text.empty()) return out;
+  // kvrt eval's figures against kv_f32_paged, before the JSON-only ones.
+  const std::vector<FigureSpec> accuracy = {
+      {"kl_mean", "KL mean", "nats",
+       [](const BenchReport& r) { return r.accuracy.kl_mean; }, kScientific, true},
+      {"kl_p99", "KL p99", "nats", [](const BenchReport& r) { return r.accuracy.kl_p99; },
+       kScientific, true},
+      {"top1_agreement", "top-1 %", "% of positions",
+       [](const BenchReport& r) { return 100 * r.accuracy.top1_agreement; }, 2, false},
+      {"perplexity_ratio", "ppl ratio", "over f32 KV's",
+       [](const BenchReport& r) { return r.accuracy.perplexity_ratio; }, -1, true},
+  };
+  const auto first_json_only = std::find_if(out.begin(), out.end(),
+                                            [](const FigureSpec& f) { return f.decimals == -1; });
+  out.insert(first_json_only, accuracy.begin(), accuracy.end());
+  return out;
+}
+
+std::string format_figure(const FigureSpec& f, double value) {
+  if (f.decimals == kScientific) {
+    char text[32];
+    std::snprintf(text, sizeof(text), value == 0 ? "%.0f" : "%.2e", value);
+    return text;
+  }
+  return f.decimals < 0 ? "" : fixed(value, f.decimals);
+}
+
 double CombinationSummary::median(const char* key) const {
   auto it = figures.find(key);
   return it == figures.end() ? 0.0 : it->second.median;
@@ -139,7 +175,7 @@ std::vector<CombinationSummary> summarize(const bench::MatrixResult& result) {
       if (r->status.ok()) ok.push_back(r);
     }
     if (ok.empty()) continue;
-    for (const FigureSpec& f : figures()) {
+    for (const FigureSpec& f : figures_of(result)) {
       std::vector<double> v;
       for (const bench::MatrixRun* r : ok) v.push_back(f.get(r->report));
       std::sort(v.begin(), v.end());
@@ -176,6 +212,10 @@ std::string format_comparison(const bench::MatrixResult& result) {
          (w.concurrency > 0 ? std::to_string(w.concurrency) : "unlimited") + ", seed " +
          std::to_string(w.seed) + ")" +
          (result.config_path.empty() ? "" : ", config " + result.config_path) + "\n";
+  if (!result.eval_text.empty()) {
+    out += "KL, top-1: each combination's KV store against kv_f32_paged (kvrt eval) on " +
+           result.eval_text + "\n";
+  }
   if (result.repeat > 1) {
     out += "medians of " + std::to_string(result.repeat) +
            " interleaved runs; +- is half the range of generation throughput over its median\n";
@@ -187,7 +227,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
   auto heading = [&] {
     std::vector<std::string> head = {"#"};
     for (const std::string& h : axis_headings(result)) head.push_back(h);
-    for (const FigureSpec& f : figures()) {
+    for (const FigureSpec& f : figures_of(result)) {
       if (in_table(f)) head.push_back(f.heading);
     }
     return head;
@@ -203,14 +243,14 @@ std::string format_comparison(const bench::MatrixResult& result) {
   for (size_t i = 0; i < summaries.size(); ++i) {
     const CombinationSummary& s = summaries[i];
     std::vector<std::string> row = row_start(i);
-    for (const FigureSpec& f : figures()) {
+    for (const FigureSpec& f : figures_of(result)) {
       if (!in_table(f)) continue;
-      if (!s.ok()) {
+      if (!s.ok() || (is_accuracy(f) && !s.median_run->report.accuracy.measured)) {
         row.push_back("-");
         continue;
       }
       const Spread& sp = s.figures.at(f.key);
-      std::string cell = fixed(sp.median, f.decimals);
+      std::string cell = format_figure(f, sp.median);
       if (result.repeat > 1 && std::string_view(f.key) == "server_gen_throughput" &&
           sp.median > 0) {
         cell += " +-" + fixed(50.0 * (sp.max - sp.min) / sp.median, 0) + "%";
@@ -232,7 +272,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
     for (size_t i = 1; i < summaries.size(); ++i) {
       const CombinationSummary& s = summaries[i];
       std::vector<std::string> row = row_start(i);
-      for (const FigureSpec& f : figures()) {
+      for (const FigureSpec& f : figures_of(result)) {
         if (!in_table(f)) continue;
         row.push_back(s.ok() && summaries[0].ok()
                           ? ratio_text(s.median(f.key), summaries[0].median(f.key))
@@ -253,6 +293,9 @@ std::string format_comparison(const bench::MatrixResult& result) {
       out += "no diagnosis\n";
     } else {
       out += s.median_run->report.diagnosis.line + "\n";
+    }
+    if (i < result.eval_errors.size() && !result.eval_errors[i].empty()) {
+      out += "  accuracy not measured: " + result.eval_errors[i] + "\n";
     }
   }
   return out;

@@ -74,8 +74,9 @@ std::string comparison_table(const bench::MatrixResult& result,
   std::string out = "<table class=\"cmp\">\n<tr><th class=\"l\">#</th>";
   for (const bench::MatrixAxis& a : result.axes) out += "<th class=\"l\">" + escape(a.key) + "</th>";
   if (result.axes.empty()) out += "<th class=\"l\">configuration</th>";
-  for (const FigureSpec& f : figures()) {
-    if (f.decimals >= 0) out += "<th>" + escape(f.heading) + "</th>";
+  const std::vector<FigureSpec> shown = figures_of(result);
+  for (const FigureSpec& f : shown) {
+    if (f.decimals != -1) out += "<th>" + escape(f.heading) + "</th>";
   }
   out += "<th class=\"l\">verdict</th></tr>\n";
   for (size_t i = 0; i < summaries.size(); ++i) {
@@ -87,17 +88,17 @@ std::string comparison_table(const bench::MatrixResult& result,
       out += "<td class=\"l\">" + escape(setting.second) + "</td>";
     }
     if (result.axes.empty()) out += "<td class=\"l\">base</td>";
-    for (const FigureSpec& f : figures()) {
-      if (f.decimals < 0) continue;
-      if (!s.ok()) {
+    for (const FigureSpec& f : shown) {
+      if (f.decimals == -1) continue;
+      if (!s.ok() || (is_accuracy(f) && !s.median_run->report.accuracy.measured)) {
         out += "<td>-</td>";
         continue;
       }
       const Spread& sp = s.figures.at(f.key);
-      out += "<td>" + fixed(sp.median, f.decimals);
+      out += "<td>" + format_figure(f, sp.median);
       if (sp.n > 1 && sp.max > sp.min) {
-        out += "<span class=\"r\">" + fixed(sp.min, f.decimals) + " - " +
-               fixed(sp.max, f.decimals) + "</span>";
+        out += "<span class=\"r\">" + format_figure(f, sp.min) + " - " +
+               format_figure(f, sp.max) + "</span>";
       }
       if (i > 0 && summaries[0].ok()) {
         out += "<span class=\"r\">" + ratio_text(sp.median, summaries[0].median(f.key)) + "</span>";

@@ -15,6 +15,12 @@ json percentiles(const bench::Percentiles& p) {
 json report_json(const bench::BenchReport& r) {
   json figures = json::object();
   for (const FigureSpec& f : report::figures()) figures[f.key] = f.get(r);
+  if (r.accuracy.measured) {
+    figures["kl_mean"] = r.accuracy.kl_mean;
+    figures["kl_p99"] = r.accuracy.kl_p99;
+    figures["top1_agreement"] = 100 * r.accuracy.top1_agreement;
+    figures["perplexity_ratio"] = r.accuracy.perplexity_ratio;
+  }
   json timeline = json::array();
   for (const bench::TimelinePoint& p : r.timeline) {
     timeline.push_back({{"t_s", p.t_s},
@@ -159,14 +165,14 @@ std::string to_json(const bench::MatrixResult& result) {
   if (!summaries.empty() && summaries[0].ok()) {
     for (size_t i = 0; i < summaries.size(); ++i) {
       if (!summaries[i].ok()) continue;
-      for (const FigureSpec& f : figures()) {
+      for (const FigureSpec& f : figures_of(result)) {
         const double base = summaries[0].median(f.key);
         if (base > 0) combinations[i]["ratio_to_first"][f.key] = summaries[i].median(f.key) / base;
       }
     }
   }
   json units = json::object();
-  for (const FigureSpec& f : figures()) units[f.key] = f.unit;
+  for (const FigureSpec& f : figures_of(result)) units[f.key] = f.unit;
   json order = json::array();
   for (const bench::MatrixRun& run : result.runs) {
     order.push_back({{"combination", run.combination + 1}, {"repeat", run.repeat}});
@@ -188,6 +194,8 @@ std::string to_json(const bench::MatrixResult& result) {
       {"wall_s", result.wall_s},
       {"figure_units", units},
       {"combinations", combinations},
+      {"eval_text", result.eval_text},
+      {"eval_errors", result.eval_errors},
   };
   // Error messages quote what users gave, which need not be UTF-8.
   return out.dump(1, ' ', false, json::error_handler_t::replace) + "\n";

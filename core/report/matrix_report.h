@@ -18,11 +18,18 @@ struct FigureSpec {
   const char* heading;  // table column: "gen tok/s"
   const char* unit;     // "tok/s"
   double (*get)(const bench::BenchReport&);
-  int decimals;       // in the table
+  int decimals;       // in the table; -1: in the JSON only; kScientific: as 1.23e-04
   bool lower_better;  // latencies, retractions
 };
-// Every figure, in table order.
+inline constexpr int kScientific = -2;
+// Every figure of a run, in table order.
 const std::vector<FigureSpec>& figures();
+// Those and, when the matrix was evaluated (--eval-text), the accuracy figures.
+std::vector<FigureSpec> figures_of(const bench::MatrixResult& result);
+// Whether the figure is one of kvrt eval's (measured only with --eval-text).
+bool is_accuracy(const FigureSpec& f);
+// A value as the table shows the figure ("" for a JSON-only figure).
+std::string format_figure(const FigureSpec& f, double value);
 
 // A figure over the succeeded runs of a combination.
 struct Spread {

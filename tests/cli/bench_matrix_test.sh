@@ -33,6 +33,16 @@ check "the JSON holds every run" \
 check "the HTML has its charts" test "$(grep -c '<svg xmlns="http://www.w3.org/2000/svg" class="chart"' "$out/m.html")" -ge 7
 check "the HTML runs no script" bash -c "! grep -qi '<script' '$out/m.html'"
 
+# --eval-text: each combination's store against exact f32 KV on a corpus, in the same table.
+for i in $(seq 40); do echo "Once upon a time there was a little cat that liked to sit in the sun."; done >"$out/corpus.txt"
+"$kvrt" bench "${base[@]}" --matrix kv.store=kv_bf16_paged,kv_fp8_e4m3 --eval-text "$out/corpus.txt" \
+  --eval-ctx 128 --json-out "$out/e.json" >"$out/eval.txt" 2>"$out/eval.err"
+check "--eval-text adds KL and top-1 columns" grep -Eq '^# .* KL mean +KL p99 +top-1 % +verdict$' "$out/eval.txt"
+check "bf16's KL is below fp8's" awk '/^ratio/ { exit }
+  $2 == "kv_bf16_paged" { b = $(NF-3) } $2 == "kv_fp8_e4m3" { f = $(NF-3) }
+  END { exit !(b + 0 < f + 0 && b + 0 > 0) }' "$out/eval.txt"
+check "the JSON has the accuracy figures" grep -q '"kl_mean":' "$out/e.json"
+
 # Refusals, each before the first run.
 refused() {  # refused <pattern> <args...>: exit 1, the message on stderr, nothing ran
   local pattern=$1
@@ -55,6 +65,8 @@ check "a combination that fails only as a whole is named" \
 check "a key given twice" refused "the key is given twice" --matrix tp.size=1 --matrix tp.size=2
 check "an empty value" refused "kvrt: --matrix tp.size=1,,2: value 2 is empty" --matrix tp.size=1,,2
 check "--repeat 0" refused "kvrt: --repeat 0: expected 1.." --repeat 0
+check "an --eval-text that cannot be read" \
+  refused "kvrt: --eval-text: $out/missing.txt: cannot open" --matrix tp.size=1 --eval-text "$out/missing.txt"
 check "--matrix with --url" refused "do not go with --url" --url http://127.0.0.1:1 --matrix tp.size=1,2
 
 exit $failed
