@@ -1,8 +1,8 @@
 #include "core/eval/subject.h"
 
 #include <algorithm>
-#include <charconv>
 
+#include "core/eval/corpus.h"
 #include "core/util/file.h"
 
 namespace kvrt::eval {
@@ -25,42 +25,6 @@ Result<std::unique_ptr<Subject>> build_subject(const std::string& config_path,
   return s;
 }
 
-namespace {
-
-Result<std::vector<int32_t>> parse_ids(const std::string& path, const std::string& text,
-                                       int64_t vocab) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    const char c = text[i];
-    if (c == ' ' || c == ',' || c == '\n' || c == '\r' || c == '\t') {
-      ++i;
-      continue;
-    }
-    size_t end = i;
-    while (end < text.size() && text[end] != ' ' && text[end] != ',' && text[end] != '\n' &&
-           text[end] != '\r' && text[end] != '\t') {
-      ++end;
-    }
-    const std::string_view word(text.data() + i, end - i);
-    int64_t id = 0;
-    const auto [ptr, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
-    if (ec != std::errc() || ptr != word.data() + word.size()) {
-      return Status::InvalidArgument(path + ": token " + std::to_string(ids.size() + 1) + " '" +
-                                     std::string(word.substr(0, 32)) + "' is not an integer id");
-    }
-    if (id < 0 || id >= vocab) {
-      return Status::OutOfRange(path + ": token " + std::to_string(ids.size() + 1) + " is id " +
-                                std::to_string(id) + ", outside the model's vocabulary 0.." +
-                                std::to_string(vocab - 1));
-    }
-    ids.push_back(static_cast<int32_t>(id));
-    i = end;
-  }
-  return ids;
-}
-
-}  // namespace
 
 Result<Windows> load_windows(const CorpusSource& corpus, const runtime::Runtime& rt, int64_t ctx) {
   if (corpus.text_path.empty() == corpus.ids_path.empty()) {
@@ -73,7 +37,7 @@ Result<Windows> load_windows(const CorpusSource& corpus, const runtime::Runtime&
   std::vector<int32_t> ids;
   if (!corpus.ids_path.empty()) {
     Result<std::vector<int32_t>> parsed =
-        parse_ids(w.source, *text, static_cast<int64_t>(rt.model.vocab_size));
+        parse_token_ids(*text, w.source, static_cast<int64_t>(rt.model.vocab_size));
     if (!parsed.ok()) return parsed.status();
     ids = std::move(*parsed);
   } else {

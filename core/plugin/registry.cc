@@ -211,6 +211,11 @@ void Registry::set_config_source(
   config_source_ = std::move(source);
 }
 
+std::function<const toml::table*(const std::string&)> Registry::config_source() const {
+  std::lock_guard lock(mutex_);
+  return config_source_;
+}
+
 const toml::table* Registry::plugin_config(const std::string& name) const {
   std::lock_guard lock(mutex_);
   return config_source_ ? config_source_(name) : nullptr;

@@ -60,6 +60,7 @@ class Registry {
   // Where a plugin's own table comes from (e.g. [kv.<name>] of the effective config); used
   // when one store opens another through the host.
   void set_config_source(std::function<const toml::table*(const std::string& name)> source);
+  std::function<const toml::table*(const std::string& name)> config_source() const;
   const toml::table* plugin_config(const std::string& name) const;
 
   // By name ("kv_fp8_e4m3": searched) or by path (contains '/' or ends in ".so"). Loading the

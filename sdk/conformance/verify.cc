@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -25,6 +26,22 @@ std::string verified_key(plugin::Registry& registry, const plugin::LoadedPlugin&
   return key.str();
 }
 
+// The plugin's table without its nested tables (KVRT_OPTION_TABLE options): those hold data
+// tied to one model, such as kv_fp8_e4m3's calibrated per-layer scales, which the suite's own
+// geometries cannot match. nullopt when the table has none.
+std::optional<toml::table> without_nested_tables(plugin::Registry& registry,
+                                                 const plugin::LoadedPlugin& p) {
+  const toml::table* t = registry.plugin_config(p.name);
+  if (t == nullptr) return std::nullopt;
+  std::optional<toml::table> out;
+  for (const kvrt_option_desc& o : p.options) {
+    if (o.type != KVRT_OPTION_TABLE || !t->contains(o.name)) continue;
+    if (!out) out = *t;
+    out->erase(o.name);
+  }
+  return out;
+}
+
 std::mutex verified_mutex;
 std::set<std::string>& verified() {
   static auto* passed = new std::set<std::string>();
@@ -38,6 +55,23 @@ Status verify_plugins(plugin::Registry& registry, const plugin::LoadedPlugin* st
   const Options options;
   for (const plugin::LoadedPlugin* p : {store, attention}) {
     if (p == nullptr) continue;
+    // Model-specific tables stay out of the suite while it runs (and out of the cache key).
+    const std::optional<toml::table> general = without_nested_tables(registry, *p);
+    const auto previous = registry.config_source();
+    if (general) {
+      registry.set_config_source([&](const std::string& name) -> const toml::table* {
+        return name == p->name ? &*general : previous ? previous(name) : nullptr;
+      });
+      log << "verifying " << p->name << " without its nested option tables (model-specific data)\n";
+    }
+    struct Restore {
+      plugin::Registry& registry;
+      std::function<const toml::table*(const std::string&)> source;
+      bool active;
+      ~Restore() {
+        if (active) registry.set_config_source(source);
+      }
+    } restore{registry, previous, general.has_value()};
     const std::string key = verified_key(registry, *p);
     {
       std::lock_guard lock(verified_mutex);

@@ -13,8 +13,8 @@ root=$(cd "$here/../.." && pwd)
 work=$(cd "$bin/.." && pwd)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(config model_config safetensors safetensors_index workload trace matrix plugin_file
-           generate_body chat_template)
+  targets=(config model_config safetensors safetensors_index workload trace matrix corpus_ids
+           plugin_file generate_body chat_template)
 fi
 # The repository's own files of each kind are seeds too (not copied: libFuzzer reads them).
 extra_seeds() {
