@@ -42,7 +42,9 @@ for backend in generate openai; do
   "$kvrt" bench --url "$url" --backend $backend --workload "$out/w.toml" \
     >"$out/$backend.txt" 2>"$out/$backend.err"
   check "--backend $backend: every request completed" \
-    grep -q "24 completed, 0 aborted of 24" "$out/$backend.txt"
+    grep -q "24 completed, 0 aborted of 24" "$out/$backend.txt" ||
+    { grep -E "^requests|aborted because|^ " "$out/$backend.txt"; tail -5 "$out/$backend.err"
+      tail -5 "$out/serve.err"; }
   check "--backend $backend: 960 prompt and 288 generated tokens, as in process" \
     grep -q "960 prompt, 288 generated" "$out/$backend.txt"
   check "--backend $backend: the report names the server and its store" \

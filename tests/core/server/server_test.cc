@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -363,17 +364,24 @@ TEST_F(ServerTest, DisconnectAbortsTheRequest) {
 }
 
 TEST_F(ServerTest, AbortByRid) {
-  serve({"model.preset=synth-tiny"});
+  // synth-bench and 8000 tokens: seconds of decoding, so the abort comes while it runs even on
+  // a loaded machine (a request that ends first would leave nothing to abort).
+  serve({"model.preset=synth-bench"});
+  std::atomic<bool> answered{false};
   std::thread long_one([&] {
     Reply r = post(port_, "/generate",
                    {{"input_ids", {1, 2, 3}},
                     {"rid", "mine"},
-                    {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}});
+                    {"sampling_params", {{"max_new_tokens", 8000}, {"ignore_eos", true}}}});
+    answered = true;
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.json_body()["meta_info"]["finish_reason"]["type"], "abort");
     EXPECT_EQ(r.json_body()["meta_info"]["id"], "mine");
   });
-  while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (loop_->unfinished() == 0 && !answered) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_FALSE(answered) << "the request ended before it could be aborted";
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   Reply r = post(port_, "/abort_request", {{"rid", "mine"}});
   EXPECT_EQ(r.status, 200);
