@@ -9,6 +9,8 @@
 #include <optional>
 #include <unordered_map>
 
+#include "core/util/progress.h"
+
 namespace kvrt::bench {
 namespace {
 
@@ -327,12 +329,8 @@ void HttpDriver::progress(bool last) {
   if (!options_.progress) return;
   const uint64_t done = report_.completed + report_.aborted;
   const uint64_t total = std::max<uint64_t>(report_.requests, 1);
-  const int width = 30;
-  const int filled = static_cast<int>(static_cast<double>(width) * static_cast<double>(done) /
-                                      static_cast<double>(total));
-  std::string bar(static_cast<size_t>(std::min(filled, width)), '#');
-  bar.resize(width, '.');
-  std::fprintf(stderr, "\r[%s] %llu/%llu requests, %zu in flight, %.1f s%s", bar.c_str(),
+  std::fprintf(stderr, "\r%s %llu/%llu requests, %zu in flight, %.1f s%s",
+               util::progress_bar(done, total, 30).c_str(),
                static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
                flights_.size(), seconds(Clock::now() - start_), last ? "\n" : "");
   std::fflush(stderr);

@@ -14,6 +14,7 @@
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 #include "core/util/file.h"
+#include "core/util/progress.h"
 
 #ifndef KVRT_VERSION
 #define KVRT_VERSION "unknown"
@@ -75,14 +76,8 @@ class ProgressBar {
     if (!enabled_) return;
     if (!force && Clock::now() - drawn_ < std::chrono::milliseconds(100) && done < total) return;
     drawn_ = Clock::now();
-    constexpr int kWidth = 24;
-    const int filled =
-        total == 0 ? 0
-                   : static_cast<int>(kWidth * static_cast<double>(done) / static_cast<double>(total));
-    std::string bar(static_cast<size_t>(std::min(filled, kWidth)), '#');
-    bar.resize(kWidth, '.');
-    std::fprintf(stderr, "\r\033[K[%zu/%zu %s] [%s] %llu/%llu requests, %.1f s (all %.1f s)",
-                 position_ + 1, runs_, label_.c_str(), bar.c_str(),
+    std::fprintf(stderr, "\r\033[K[%zu/%zu %s] %s %llu/%llu requests, %.1f s (all %.1f s)",
+                 position_ + 1, runs_, label_.c_str(), util::progress_bar(done, total).c_str(),
                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
                  seconds_since(run_start_), seconds_since(all_start_));
     std::fflush(stderr);

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "core/eval/subject.h"
+#include "core/util/progress.h"
 
 namespace kvrt::eval {
 namespace {
@@ -37,13 +38,8 @@ class Progress {
       return;
     }
     drawn_ = Clock::now();
-    constexpr int kWidth = 24;
-    const int filled = total_ == 0 ? kWidth
-                                   : static_cast<int>(kWidth * static_cast<double>(done) /
-                                                      static_cast<double>(total_));
-    std::string bar(static_cast<size_t>(std::min(filled, kWidth)), '#');
-    bar.resize(kWidth, '.');
-    std::fprintf(stderr, "\r\033[K[%s] %llu/%llu %s, %.1f s", bar.c_str(),
+    std::fprintf(stderr, "\r\033[K%s %llu/%llu %s, %.1f s",
+                 util::progress_bar(done, total_).c_str(),
                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_),
                  what_, std::chrono::duration<double>(Clock::now() - start_).count());
     std::fflush(stderr);

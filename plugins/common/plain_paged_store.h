@@ -96,4 +96,21 @@ class PlainPagedStore : public sdk::StoreBase {
   PagedPool pool_;
 };
 
+// The plugin description of a PlainPagedStore<Dtype> store (no options).
+template <kvrt_dtype Dtype>
+kvrt_plugin_desc plain_store_desc(const char* name, const char* description) {
+  return {sizeof(kvrt_plugin_desc),
+          KVRT_ABI_MAJOR,
+          KVRT_ABI_MINOR,
+          KVRT_PLUGIN_KV_STORE,
+          name,
+          "0.1.0",
+          description,
+          &sdk::kv_store_table<PlainPagedStore<Dtype>>(),
+          nullptr,
+          0,
+          kPlainInputDtypes,
+          nullptr};
+}
+
 }  // namespace kvrt::plugins

@@ -7,18 +7,9 @@ namespace kvrt::plugins {
 namespace {
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
-  static const kvrt_plugin_desc desc = {sizeof(kvrt_plugin_desc),
-                                        KVRT_ABI_MAJOR,
-                                        KVRT_ABI_MINOR,
-                                        KVRT_PLUGIN_KV_STORE,
-                                        "kv_bf16_paged",
-                                        "0.1.0",
-                                        "paged bf16 K/V; the reference store",
-                                        &sdk::kv_store_table<PlainPagedStore<KVRT_DTYPE_BF16>>(),
-                                        nullptr,
-                                        0,
-                                        kPlainInputDtypes,
-                                        nullptr};
+  static const kvrt_plugin_desc desc =
+      plain_store_desc<KVRT_DTYPE_BF16>("kv_bf16_paged",
+                             "paged bf16 K/V; the reference store");
   return desc;
 }
 

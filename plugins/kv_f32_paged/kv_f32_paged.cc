@@ -8,18 +8,9 @@ namespace kvrt::plugins {
 namespace {
 
 const kvrt_plugin_desc& describe(const kvrt_host_api*) {
-  static const kvrt_plugin_desc desc = {sizeof(kvrt_plugin_desc),
-                                        KVRT_ABI_MAJOR,
-                                        KVRT_ABI_MINOR,
-                                        KVRT_PLUGIN_KV_STORE,
-                                        "kv_f32_paged",
-                                        "0.1.0",
-                                        "paged f32 K/V, exact; the reference of kvrt eval",
-                                        &sdk::kv_store_table<PlainPagedStore<KVRT_DTYPE_F32>>(),
-                                        nullptr,
-                                        0,
-                                        kPlainInputDtypes,
-                                        nullptr};
+  static const kvrt_plugin_desc desc =
+      plain_store_desc<KVRT_DTYPE_F32>("kv_f32_paged",
+                             "paged f32 K/V, exact; the reference of kvrt eval");
   return desc;
 }
 
