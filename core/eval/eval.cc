@@ -154,7 +154,6 @@ Result<EvalResult> run_eval(const EvalOptions& options) {
   uint64_t done = 0;
   for (size_t g0 = 0; g0 < w.count(); g0 += *group) {
     const size_t n = std::min(*group, w.count() - g0);
-    Result<std::vector<std::vector<float>>> logits = std::vector<std::vector<float>>{};
     for (int64_t t = 0; t + 1 < w.ctx; ++t) {
       const exec::Batch batch = teacher_step(w, g0, n, t, subjects[0]->rt.engine->page_size());
       std::vector<std::vector<float>> step(subjects.size());
