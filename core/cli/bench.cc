@@ -78,6 +78,16 @@ void fill_client_figures(const ClientSamples& samples, BenchReport* report) {
   report->client_effective_throughput = percentiles(samples.effective).mean;
 }
 
+Status nothing_measured(const BenchReport& report) {
+  if (!report.all_aborted()) return Status::Ok();
+  const auto most = std::max_element(
+      report.abort_reasons.begin(), report.abort_reasons.end(),
+      [](const auto& a, const auto& b) { return a.second < b.second; });
+  return Status::InvalidArgument("every request of the workload was aborted (" +
+                                 std::to_string(report.aborted) +
+                                 "): nothing was measured; most often: " + most->first);
+}
+
 void count_abort(const std::string& why, BenchReport* report) {
   ++report->aborted;
   ++report->abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];

@@ -112,6 +112,9 @@ struct ClientSamples {
   std::vector<double> ttft, itl, e2e, effective;
 };
 void fill_client_figures(const ClientSamples& samples, BenchReport* report);
+// OK, or when every request of the run was aborted, InvalidArgument saying so with the most
+// frequent reason: the run measured nothing.
+Status nothing_measured(const BenchReport& report);
 // How an aborted request counts: one more for its reason (the scheduler's "request N: " prefix
 // dropped, so equal reasons group).
 void count_abort(const std::string& why, BenchReport* report);

@@ -350,14 +350,7 @@ int finish_bench(const bench::BenchReport& report, const BenchArgs& args) {
     out << report.prometheus;
     if (!out) return fail(Status::NotFound(args.metrics_out + ": cannot write the metrics"));
   }
-  if (report.all_aborted()) {
-    const auto most = std::max_element(
-        report.abort_reasons.begin(), report.abort_reasons.end(),
-        [](const auto& a, const auto& b) { return a.second < b.second; });
-    return fail(Status::InvalidArgument("every request of the workload was aborted (" +
-                                        std::to_string(report.aborted) +
-                                        "): nothing was measured; most often: " + most->first));
-  }
+  if (Status s = bench::nothing_measured(report); !s.ok()) return fail(s);
   return 0;
 }
 

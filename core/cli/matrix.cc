@@ -143,19 +143,7 @@ MatrixRun run_one(const MatrixOptions& options, const Combination& combination,
     return run;
   }
   run.report = std::move(*report);
-  if (run.report.all_aborted()) {
-    std::string most;
-    uint64_t count = 0;
-    for (const auto& [why, n] : run.report.abort_reasons) {
-      if (n > count) {
-        most = why;
-        count = n;
-      }
-    }
-    run.status = Status::InvalidArgument("every request was aborted (" +
-                                         std::to_string(run.report.aborted) +
-                                         "): nothing was measured; most often: " + most);
-  }
+  run.status = nothing_measured(run.report);
   return run;
 }
 

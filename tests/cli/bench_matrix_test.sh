@@ -18,7 +18,7 @@ check "the table has a row per combination, in product order" \
 check "row 2 (bf16 on 3 MiB) is reported as failed" \
   grep -Eq '^2 +kv_bf16_paged +3MiB +- .*failed$' "$out/table.txt"
 check "its reason is named" \
-  grep -q '^2 kv.store=kv_bf16_paged device.memory=3MiB: failed: every request was aborted (6)' \
+  grep -q '^2 kv.store=kv_bf16_paged device.memory=3MiB: failed: every request of the workload was aborted (6)' \
   "$out/table.txt"
 check "the others still ran (fp8 on 3 MiB: 256 tokens)" \
   grep -Eq '^4 +kv_fp8_e4m3 +3MiB +256 ' "$out/table.txt"

@@ -169,7 +169,7 @@ TEST(MatrixRun, AFailedCombinationIsRecordedAndTheOthersRun) {
     SCOPED_TRACE(r->combinations[run.combination].label());
     if (run.combination == 1) {
       EXPECT_FALSE(run.status.ok());
-      EXPECT_NE(run.status.message().find("every request was aborted (6)"), std::string::npos);
+      EXPECT_NE(run.status.message().find("every request of the workload was aborted (6)"), std::string::npos);
     } else {
       EXPECT_TRUE(run.status.ok()) << run.status.message();
       EXPECT_EQ(run.report.completed, 6u);
