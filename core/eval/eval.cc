@@ -10,23 +10,14 @@
 
 #include "core/eval/subject.h"
 #include "core/util/progress.h"
+#include "core/util/text.h"
 
 namespace kvrt::eval {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string fixed(double v, int decimals) {
-  char text[48];
-  std::snprintf(text, sizeof(text), "%.*f", decimals, v);
-  return text;
-}
-
-std::string scientific(double v) {
-  char text[48];
-  std::snprintf(text, sizeof(text), v == 0 ? "%.0f" : "%.2e", v);
-  return text;
-}
+using util::fixed;
+using util::scientific;
 
 // "[####......] 1200/9198 positions, 3.1 s" on stderr, at most every 100 ms.
 class Progress {
@@ -245,18 +236,7 @@ std::string format_eval(const EvalResult& r) {
                         ? "-"
                         : fixed(s.greedy_median, 1) + " / " + std::to_string(s.greedy_min)});
   }
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows) {
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      line += c == 0 ? row[c] + pad : "  " + pad + row[c];
-    }
-    out += line + "\n";
-  }
+  out += util::render_columns(rows, 1, false);
   return out;
 }
 

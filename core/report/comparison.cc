@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/report/matrix_report.h"
+#include "core/util/text.h"
 
 namespace kvrt::report {
 namespace {
@@ -11,38 +12,6 @@ namespace {
 using bench::BenchReport;
 
 double ms(double s) { return s * 1e3; }
-
-std::string fixed(double v, int decimals) {
-  char text[48];
-  std::snprintf(text, sizeof(text), "%.*f", decimals, v);
-  return text;
-}
-
-// Columns padded to their widest cell; the first `left` columns aligned left.
-std::string render(const std::vector<std::vector<std::string>>& rows, size_t left) {
-  std::vector<size_t> width;
-  for (const auto& row : rows) {
-    width.resize(std::max(width.size(), row.size()), 0);
-    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  }
-  std::string out;
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t c = 0; c < row.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      const bool last = c + 1 == row.size();
-      if (c < left || last) {
-        line += row[c] + (last ? "" : pad);
-      } else {
-        line += pad + row[c];
-      }
-      if (!last) line += "  ";
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
-  return out;
-}
 
 // The combination's values, one cell per axis ("base" without axes).
 std::vector<std::string> axis_cells(const bench::MatrixResult& result,
@@ -146,12 +115,8 @@ std::vector<FigureSpec> figures_of(const bench::MatrixResult& result) {
 }
 
 std::string format_figure(const FigureSpec& f, double value) {
-  if (f.decimals == kScientific) {
-    char text[32];
-    std::snprintf(text, sizeof(text), value == 0 ? "%.0f" : "%.2e", value);
-    return text;
-  }
-  return f.decimals < 0 ? "" : fixed(value, f.decimals);
+  if (f.decimals == kScientific) return util::scientific(value);
+  return f.decimals < 0 ? "" : util::fixed(value, f.decimals);
 }
 
 double CombinationSummary::median(const char* key) const {
@@ -197,7 +162,7 @@ std::vector<CombinationSummary> summarize(const bench::MatrixResult& result) {
 
 std::string ratio_text(double value, double base) {
   if (!(base > 0) || !std::isfinite(value)) return "-";
-  return fixed(value / base, 2) + "x";
+  return util::fixed(value / base, 2) + "x";
 }
 
 std::string format_comparison(const bench::MatrixResult& result) {
@@ -253,7 +218,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
       std::string cell = format_figure(f, sp.median);
       if (result.repeat > 1 && std::string_view(f.key) == "server_gen_throughput" &&
           sp.median > 0) {
-        cell += " +-" + fixed(50.0 * (sp.max - sp.min) / sp.median, 0) + "%";
+        cell += " +-" + util::fixed(50.0 * (sp.max - sp.min) / sp.median, 0) + "%";
       }
       row.push_back(cell);
     }
@@ -263,7 +228,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
     row.push_back(verdict);
     rows.push_back(row);
   }
-  out += render(rows, left);
+  out += util::render_columns(rows, left, true);
 
   // Ratios to the first row.
   if (summaries.size() > 1) {
@@ -280,7 +245,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
       }
       rows.push_back(row);
     }
-    out += render(rows, left);
+    out += util::render_columns(rows, left, true);
   }
 
   out += "\n";

@@ -6,17 +6,14 @@
 
 #include "core/report/matrix_report.h"
 #include "core/report/svg.h"
+#include "core/util/text.h"
 
 namespace kvrt::report {
 namespace {
 
 using svg::escape;
+using util::fixed;
 
-std::string fixed(double v, int decimals) {
-  char text[48];
-  std::snprintf(text, sizeof(text), "%.*f", decimals, v);
-  return text;
-}
 
 constexpr const char* kStyle = R"(
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif;
