@@ -64,36 +64,30 @@ std::string as_matrix_setting(std::string message, const std::string& setting) {
 // "[2/3 kv.store=kv_fp8_e4m3, run 1/2] [#####.....] 120/200 requests, 5.1 s (all 18.2 s)".
 class ProgressBar {
  public:
-  ProgressBar(bool enabled, size_t runs) : enabled_(enabled), runs_(runs) {}
+  ProgressBar(bool enabled, size_t runs) : line_(enabled), runs_(runs) {}
   void start_run(size_t position, std::string label, uint64_t requests) {
     position_ = position;
     label_ = std::move(label);
     run_start_ = Clock::now();
-    drawn_ = {};
     draw(0, requests, true);
   }
   void draw(uint64_t done, uint64_t total, bool force = false) {
-    if (!enabled_) return;
-    if (!force && Clock::now() - drawn_ < std::chrono::milliseconds(100) && done < total) return;
-    drawn_ = Clock::now();
-    std::fprintf(stderr, "\r\033[K[%zu/%zu %s] %s %llu/%llu requests, %.1f s (all %.1f s)",
-                 position_ + 1, runs_, label_.c_str(), util::progress_bar(done, total).c_str(),
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
-                 seconds_since(run_start_), seconds_since(all_start_));
-    std::fflush(stderr);
+    if (!line_.due(force || done >= total)) return;
+    char text[512];
+    std::snprintf(text, sizeof(text), "[%zu/%zu %s] %s %llu/%llu requests, %.1f s (all %.1f s)",
+                  position_ + 1, runs_, label_.c_str(), util::progress_bar(done, total).c_str(),
+                  static_cast<unsigned long long>(done), static_cast<unsigned long long>(total),
+                  seconds_since(run_start_), seconds_since(all_start_));
+    line_.draw(text);
   }
-  void end_run() {
-    if (!enabled_) return;
-    std::fprintf(stderr, "\r\033[K");
-    std::fflush(stderr);
-  }
+  void end_run() { line_.clear(); }
 
  private:
-  bool enabled_;
+  util::ProgressLine line_;
   size_t runs_;
   size_t position_ = 0;
   std::string label_;
-  Clock::time_point all_start_ = Clock::now(), run_start_, drawn_;
+  Clock::time_point all_start_ = Clock::now(), run_start_;
 };
 
 std::string utc_now() {

@@ -19,33 +19,27 @@ using Clock = std::chrono::steady_clock;
 using util::fixed;
 using util::scientific;
 
-// "[####......] 1200/9198 positions, 3.1 s" on stderr, at most every 100 ms.
+// "[####......] 1200/9198 positions, 3.1 s" on stderr.
 class Progress {
  public:
   Progress(bool enabled, const char* what, uint64_t total)
-      : enabled_(enabled), what_(what), total_(total) {}
+      : line_(enabled), what_(what), total_(total) {}
   void update(uint64_t done) {
-    if (!enabled_ || (Clock::now() - drawn_ < std::chrono::milliseconds(100) && done < total_)) {
-      return;
-    }
-    drawn_ = Clock::now();
-    std::fprintf(stderr, "\r\033[K%s %llu/%llu %s, %.1f s",
-                 util::progress_bar(done, total_).c_str(),
-                 static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_),
-                 what_, std::chrono::duration<double>(Clock::now() - start_).count());
-    std::fflush(stderr);
+    if (!line_.due(done >= total_)) return;
+    char text[256];
+    std::snprintf(text, sizeof(text), "%s %llu/%llu %s, %.1f s",
+                  util::progress_bar(done, total_).c_str(), static_cast<unsigned long long>(done),
+                  static_cast<unsigned long long>(total_), what_,
+                  std::chrono::duration<double>(Clock::now() - start_).count());
+    line_.draw(text);
   }
-  void done() {
-    if (!enabled_) return;
-    std::fprintf(stderr, "\r\033[K");
-    std::fflush(stderr);
-  }
+  void done() { line_.clear(); }
 
  private:
-  bool enabled_;
+  util::ProgressLine line_;
   const char* what_;
   uint64_t total_;
-  Clock::time_point start_ = Clock::now(), drawn_{};
+  Clock::time_point start_ = Clock::now();
 };
 
 // Greedy continuations of `prompts` through one subject: the generated ids, `tokens` per prompt.
