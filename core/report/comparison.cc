@@ -33,13 +33,6 @@ bool in_table(const FigureSpec& f) { return f.decimals != -1; }
 
 }  // namespace
 
-bool is_accuracy(const FigureSpec& f) {
-  for (const char* key : {"kl_mean", "kl_p99", "top1_agreement", "perplexity_ratio"}) {
-    if (std::string_view(f.key) == key) return true;
-  }
-  return false;
-}
-
 const std::vector<FigureSpec>& figures() {
   // decimals -1: in the JSON only.
   static const std::vector<FigureSpec> kFigures = {
@@ -94,11 +87,8 @@ const std::vector<FigureSpec>& figures() {
   return kFigures;
 }
 
-std::vector<FigureSpec> figures_of(const bench::MatrixResult& result) {
-  std::vector<FigureSpec> out = figures();
-  if (result.eval_text.empty()) return out;
-  // kvrt eval's figures against kv_f32_paged, before the JSON-only ones.
-  const std::vector<FigureSpec> accuracy = {
+const std::vector<FigureSpec>& accuracy_figures() {
+  static const std::vector<FigureSpec> kAccuracy = {
       {"kl_mean", "KL mean", "nats",
        [](const BenchReport& r) { return r.accuracy.kl_mean; }, kScientific, true},
       {"kl_p99", "KL p99", "nats", [](const BenchReport& r) { return r.accuracy.kl_p99; },
@@ -108,10 +98,26 @@ std::vector<FigureSpec> figures_of(const bench::MatrixResult& result) {
       {"perplexity_ratio", "ppl ratio", "over f32 KV's",
        [](const BenchReport& r) { return r.accuracy.perplexity_ratio; }, -1, true},
   };
+  return kAccuracy;
+}
+
+std::vector<FigureSpec> figures_of(const bench::MatrixResult& result) {
+  std::vector<FigureSpec> out = figures();
+  if (result.eval_text.empty()) return out;
+  // kvrt eval's figures against kv_f32_paged, before the JSON-only ones.
   const auto first_json_only = std::find_if(out.begin(), out.end(),
                                             [](const FigureSpec& f) { return f.decimals == -1; });
-  out.insert(first_json_only, accuracy.begin(), accuracy.end());
+  out.insert(first_json_only, accuracy_figures().begin(), accuracy_figures().end());
   return out;
+}
+
+bool CombinationSummary::has(const FigureSpec& f) const {
+  if (!ok()) return false;
+  const std::vector<FigureSpec>& accuracy = accuracy_figures();
+  const bool of_eval = std::any_of(accuracy.begin(), accuracy.end(), [&](const FigureSpec& a) {
+    return std::string_view(a.key) == f.key;
+  });
+  return !of_eval || median_run->report.accuracy.measured;
 }
 
 std::string format_figure(const FigureSpec& f, double value) {
@@ -210,7 +216,7 @@ std::string format_comparison(const bench::MatrixResult& result) {
     std::vector<std::string> row = row_start(i);
     for (const FigureSpec& f : figures_of(result)) {
       if (!in_table(f)) continue;
-      if (!s.ok() || (is_accuracy(f) && !s.median_run->report.accuracy.measured)) {
+      if (!s.has(f)) {
         row.push_back("-");
         continue;
       }

@@ -87,7 +87,7 @@ std::string comparison_table(const bench::MatrixResult& result,
     if (result.axes.empty()) out += "<td class=\"l\">base</td>";
     for (const FigureSpec& f : shown) {
       if (f.decimals == -1) continue;
-      if (!s.ok() || (is_accuracy(f) && !s.median_run->report.accuracy.measured)) {
+      if (!s.has(f)) {
         out += "<td>-</td>";
         continue;
       }

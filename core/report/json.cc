@@ -16,10 +16,7 @@ json report_json(const bench::BenchReport& r) {
   json figures = json::object();
   for (const FigureSpec& f : report::figures()) figures[f.key] = f.get(r);
   if (r.accuracy.measured) {
-    figures["kl_mean"] = r.accuracy.kl_mean;
-    figures["kl_p99"] = r.accuracy.kl_p99;
-    figures["top1_agreement"] = 100 * r.accuracy.top1_agreement;
-    figures["perplexity_ratio"] = r.accuracy.perplexity_ratio;
+    for (const FigureSpec& f : accuracy_figures()) figures[f.key] = f.get(r);
   }
   json timeline = json::array();
   for (const bench::TimelinePoint& p : r.timeline) {

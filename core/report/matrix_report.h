@@ -24,10 +24,10 @@ struct FigureSpec {
 inline constexpr int kScientific = -2;
 // Every figure of a run, in table order.
 const std::vector<FigureSpec>& figures();
-// Those and, when the matrix was evaluated (--eval-text), the accuracy figures.
+// kvrt eval's figures against kv_f32_paged (report.accuracy), measured only with --eval-text.
+const std::vector<FigureSpec>& accuracy_figures();
+// figures() and, when the matrix was evaluated (--eval-text), accuracy_figures().
 std::vector<FigureSpec> figures_of(const bench::MatrixResult& result);
-// Whether the figure is one of kvrt eval's (measured only with --eval-text).
-bool is_accuracy(const FigureSpec& f);
 // A value as the table shows the figure ("" for a JSON-only figure).
 std::string format_figure(const FigureSpec& f, double value);
 
@@ -47,6 +47,8 @@ struct CombinationSummary {
   const bench::MatrixRun* median_run = nullptr;
   std::map<std::string, Spread> figures;  // by FigureSpec::key
   bool ok() const { return median_run != nullptr; }
+  // Whether `f` has a value: a run succeeded and, for an accuracy figure, it was evaluated.
+  bool has(const FigureSpec& f) const;
   double median(const char* key) const;
 };
 
