@@ -37,6 +37,8 @@
 #include "core/plugin/registry.h"
 #include "core/report/matrix_report.h"
 #include "core/runtime/runtime.h"
+#include "core/runtime/start.h"
+#include "core/exec/mpi_group.h"
 
 namespace kvrt {
 namespace {
@@ -246,12 +248,11 @@ Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag
 
 int run_generate(const std::string& path, const std::vector<std::string>& overrides,
                  const GenerateArgs& args) {
-  Result<config::Config> cfg = config::load(path, overrides);
-  if (!cfg.ok()) return fail(cfg.status());
-  plugin::Registry registry;
-  runtime::wire_plugins(registry, *cfg);
-  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
-  if (!rt.ok()) return fail(rt.status());
+  Result<std::unique_ptr<runtime::Session>> session = runtime::start(path, overrides);
+  if (!session.ok()) return fail(session.status());
+  if (!(*session)->leads()) return runtime::follow(**session);
+  const config::Config* cfg = &(*session)->cfg;
+  runtime::Runtime* rt = &(*session)->rt;
   serve::GenerateRequest request;
   if (!args.ids.empty()) {
     Result<std::vector<int32_t>> ids = parse_ids(args.ids, "--ids");
@@ -446,13 +447,16 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
     }
     return run_bench_http(*workload, args);
   }
-  if (args.matrix_mode()) return run_bench_matrix(path, overrides, *workload, args);
-  Result<config::Config> cfg = config::load(path, overrides);
-  if (!cfg.ok()) return fail(cfg.status());
-  plugin::Registry registry;
-  runtime::wire_plugins(registry, *cfg);
-  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
-  if (!rt.ok()) return fail(rt.status());
+  if (args.matrix_mode()) {
+    if (Status s = runtime::refuse_under_launcher("kvrt bench --matrix"); !s.ok()) return fail(s);
+    return run_bench_matrix(path, overrides, *workload, args);
+  }
+  Result<std::unique_ptr<runtime::Session>> session = runtime::start(path, overrides);
+  if (!session.ok()) return fail(session.status());
+  if (!(*session)->leads()) return runtime::follow(**session);
+  const config::Config* cfg = &(*session)->cfg;
+  runtime::Runtime* rt = &(*session)->rt;
+  plugin::Registry& registry = (*session)->registry;
   spdlog::info("model {} ({} weights), TP {}, kv {}, attention {}", rt->model_name,
                rt->bf16_weights ? "bf16" : "f32", cfg->tp.size, cfg->kv.store,
                cfg->attention.backend);
@@ -480,6 +484,7 @@ struct EvalArgs {
 // first, with the calibrated fp8 variant added when there are scales.
 int run_eval(const std::string& path, const std::vector<std::string>& overrides,
              const EvalArgs& args) {
+  if (Status s = runtime::refuse_under_launcher("kvrt eval"); !s.ok()) return fail(s);
   eval::EvalOptions options;
   options.config_path = path;
   options.overrides = overrides;
@@ -538,15 +543,18 @@ int run_command_line(int argc, char** argv);
 // Every failure is reported as a Status; an exception that still escapes (memory exhausted by a
 // request the checks let through, a library's own throw) ends the command with one line and
 // exit code 1, never with std::terminate.
+// Under an MPI launcher the exit goes through mpi_finish: MPI_Finalize when every rank is
+// there, MPI_Abort (ending every rank) when the TP group broke.
 int main(int argc, char** argv) {
   try {
-    return kvrt::run_command_line(argc, argv);
+    return kvrt::exec::mpi_finish(kvrt::run_command_line(argc, argv));
   } catch (const std::bad_alloc&) {
     std::cerr << "kvrt: out of memory\n";
   } catch (const std::exception& e) {
     std::cerr << "kvrt: internal error: " << e.what() << "\n";
   }
-  return 1;
+  kvrt::exec::mpi_abandon("kvrt failed with an internal error");
+  return kvrt::exec::mpi_finish(1);
 }
 
 namespace kvrt {

@@ -1,6 +1,7 @@
 #include "core/cli/serve.h"
 
 #include <pthread.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -12,7 +13,9 @@
 
 #include "core/config/config.h"
 #include "core/plugin/registry.h"
+#include "core/exec/mpi_group.h"
 #include "core/runtime/runtime.h"
+#include "core/runtime/start.h"
 #include "core/server/chat_template.h"
 #include "core/server/http_server.h"
 #include "core/server/step_loop.h"
@@ -35,25 +38,34 @@ json plugin_json(const plugin::LoadedPlugin& p) {
           {"path", p.path.string()}};
 }
 
-}  // namespace
-
-int run_serve(const std::string& config_path, const std::vector<std::string>& overrides) {
-  Result<config::Config> loaded = config::load(config_path, overrides);
-  if (!loaded.ok()) return fail(loaded.status());
-  const config::Config& cfg = *loaded;
-  // SIGINT and SIGTERM are taken by this thread alone (sigwait below): every thread started
-  // from here on inherits the mask.
+// SIGINT and SIGTERM end the server; SIGUSR1 is its step thread saying the engine broke. They
+// are taken by the main thread alone (sigwait): every thread started later inherits the mask.
+sigset_t serve_signals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  sigaddset(&signals, SIGUSR1);
+  return signals;
+}
 
-  plugin::Registry registry;
-  runtime::wire_plugins(registry, cfg);
-  Result<runtime::Runtime> built = runtime::build_runtime(cfg, registry);
-  if (!built.ok()) return fail(built.status());
-  runtime::Runtime& rt = *built;
+void block_serve_signals() {
+  const sigset_t signals = serve_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+}  // namespace
+
+int run_serve(const std::string& config_path, const std::vector<std::string>& overrides) {
+  Result<std::unique_ptr<runtime::Session>> session =
+      runtime::start(config_path, overrides, block_serve_signals);
+  if (!session.ok()) return fail(session.status());
+  if (!(*session)->leads()) return runtime::follow(**session);
+  const sigset_t signals = serve_signals();
+  const config::Config& cfg = (*session)->cfg;
+  plugin::Registry& registry = (*session)->registry;
+  runtime::Runtime& rt = (*session)->rt;
+  const bool over_mpi = (*session)->mpi != nullptr && cfg.tp.size > 1;
   std::fprintf(stderr, "%s", rt.capacity_report.c_str());
   serve::ServingCore core(
       runtime::serving_options(cfg, rt, runtime::store_ceilings(registry, rt)), rt.engine.get());
@@ -118,6 +130,8 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
         .dump(-1, ' ', false, json::error_handler_t::replace);
   };
   server::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
+  // A broken engine (its TP group failed) ends the server: the main thread hears it as SIGUSR1.
+  loop.on_engine_broken([](const std::string&) { kill(getpid(), SIGUSR1); });
   loop.start();
   if (Status s = http.start(); !s.ok()) return fail(s);
   spdlog::info("kvrt serve: listening on http://{}:{} (model {}, kv {}, attention {}, TP {})",
@@ -129,12 +143,29 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
   }
-  spdlog::info("kvrt serve: signal {}: no new connections; {} requests get {} s to finish", sig,
-               loop.unfinished(), cfg.server.shutdown_grace_s);
+  double grace = cfg.server.shutdown_grace_s;
+  if (sig == SIGUSR1) {
+    grace = 0;  // nothing can finish
+    spdlog::error("kvrt serve: {}; every request got a 500, shutting down",
+                  rt.engine->broken_reason().message());
+  } else if (over_mpi) {
+    // Under an MPI launcher a SIGTERM is the job ending (mpirun forwards it to every rank, or a
+    // rank exited and it is stopping the others, with SIGKILL a second later): the other ranks
+    // are gone or going, so no request can finish. Their waits end now, and each gets a 500.
+    grace = 0;
+    exec::mpi_abandon("kvrt serve: signal " + std::to_string(sig) +
+                      ": the MPI job is ending (under mpirun: another rank exited, or the job was "
+                      "stopped)");
+    spdlog::warn("kvrt serve: signal {} under mpirun: {} requests end now", sig,
+                 loop.unfinished());
+  } else {
+    spdlog::info("kvrt serve: signal {}: no new connections; {} requests get {} s to finish", sig,
+                 loop.unfinished(), grace);
+  }
   http.stop_accepting();
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(cfg.server.shutdown_grace_s));
+                            std::chrono::duration<double>(grace));
   while (loop.unfinished() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -143,6 +174,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   http.shutdown();
   spdlog::info("kvrt serve: stopped");
+  if (sig == SIGUSR1) return fail(rt.engine->broken_reason());
   return 0;
 }
 

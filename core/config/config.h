@@ -37,6 +37,12 @@ struct Config {
   };
   struct Tp {
     int size = 1;  // 1..8
+    // Where the ranks run: "threads" of this process, or "mpi", one process per rank under an
+    // MPI launcher (mpirun -np N). "auto" is mpi under a launcher with more than one process.
+    std::string backend = "auto";
+    // How long a rank waits for the others in one collective (and at start-up, ten times this)
+    // before it calls the group broken and names the ranks it was waiting for. MPI only.
+    double timeout_s = 60;
   };
   struct Kv {
     std::string store = "kv_bf16_paged";  // plugin name; its options live in [kv.<name>]

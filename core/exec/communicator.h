@@ -8,6 +8,7 @@
 // is then unusable (the caller tears it down).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,9 +29,23 @@ size_t element_bytes(ElementType type);
 // before it returns.
 using Stream = void*;
 
+// What one rank's communicator has done since it was made: for the benchmarks' "time in
+// communication" and "bytes sent per step".
+struct CommStats {
+  uint64_t collectives = 0;
+  // Payload bytes this rank sent to other ranks (for threads: what the same exchange would
+  // send between processes, reduce-scatter + all-gather for an all-reduce).
+  uint64_t bytes_sent = 0;
+  double seconds = 0;  // inside collectives, waiting for the other ranks included
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
+
+  // Which implementation this is: "threads", "mpi" (and "nccl").
+  virtual const char* backend() const = 0;
+  const CommStats& stats() const { return stats_; }
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -46,6 +61,23 @@ class Communicator {
 
   // root's data[0..count) is copied into every other rank's data.
   virtual Status broadcast(void* data, size_t count, ElementType type, int root, Stream stream) = 0;
+
+  // broadcast() for a rank that waits for root's next command: with no deadline, since a server
+  // may sit idle for hours (a communicator that bounds its waits bounds every other one).
+  virtual Status broadcast_idle(void* data, size_t count, ElementType type, int root) {
+    return broadcast(data, count, type, root, nullptr);
+  }
+
+ protected:
+  // One collective done: its bytes sent and the time since `start`.
+  void count(uint64_t bytes_sent, std::chrono::steady_clock::time_point start);
+  CommStats stats_;
 };
+
+// The bytes rank `rank` of `size` sends in each collective when ranks exchange directly (an
+// all-reduce as reduce-scatter then all-gather, each rank owning split(count, size, r)).
+uint64_t all_reduce_bytes_sent(size_t count, ElementType type, int size, int rank);
+uint64_t all_gather_bytes_sent(std::span<const size_t> counts, ElementType type, int rank);
+uint64_t broadcast_bytes_sent(size_t count, ElementType type, int size, int rank, int root);
 
 }  // namespace kvrt::exec

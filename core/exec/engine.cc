@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "core/capacity/model_shape.h"
 #include "core/exec/cpu_backend.h"
+#include "core/sched/page_hash.h"
 
 namespace kvrt::exec {
 namespace {
@@ -24,70 +26,237 @@ int default_threads() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-// What rank 0 broadcasts ahead of each step: the batch's length in words, or kStop.
-constexpr uint64_t kStop = UINT64_MAX;
+// The commands rank 0 sends: a header {op, payload bytes}, then the payload.
+enum Op : uint64_t { kStop = 0, kStep, kTierLookup, kTierSave, kTierLoad, kTierWait };
 
-// A rank's status as bytes for the all-gather: its code, then its message (truncated).
+// Each rank's reply: its status's code, then its message (truncated), then the op's extra bytes.
 constexpr size_t kStatusBytes = 1024;
 
 }  // namespace
 
-Engine::~Engine() {
-  // With a broken group the workers have left their loop (or will not hear the stop).
-  if (!workers_.empty() && broken_.ok()) {
-    uint64_t stop = kStop;
-    (void)ranks_[0]->communicator().broadcast(&stop, sizeof(stop), ElementType::kU8, 0, nullptr);
-  }
-  for (std::thread& t : workers_) t.join();
+// One rank's side of the tier commands: the pages as it keys them, its latest copy's ticket.
+struct TierState {
+  std::vector<uint64_t> hashes;
+  std::vector<int64_t> pages;
+  std::vector<uint8_t> loaded;
+  uint64_t last_ticket = 0;
+};
+
+namespace {
+
+// A tier command's payload: u32 reason, u32 count, count u64 hashes, count i32 pages.
+void encode_pages(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
+                  uint32_t reason, std::vector<uint8_t>* out) {
+  const uint32_t n = static_cast<uint32_t>(hashes.size());
+  out->resize(8 + n * 8 + pages.size() * 4);
+  std::memcpy(out->data(), &reason, 4);
+  std::memcpy(out->data() + 4, &n, 4);
+  std::memcpy(out->data() + 8, hashes.data(), n * 8);
+  if (!pages.empty()) std::memcpy(out->data() + 8 + n * 8, pages.data(), pages.size() * 4);
 }
 
-Status Engine::gather_status(Communicator& comm, const Status& mine, bool* group_failed) {
-  const int size = comm.size();
-  if (size == 1) return mine;
-  std::vector<uint8_t> record(kStatusBytes, 0), all(kStatusBytes * size);
-  record[0] = static_cast<uint8_t>(mine.code());
-  const std::string& message = mine.message();
+// The inverse, with each hash mixed with the rank (its tier's keys). False for bytes that are
+// not a tier command.
+bool decode_pages(std::span<const uint8_t> in, uint32_t rank, bool with_pages, uint32_t* reason,
+                  TierState* t) {
+  if (in.size() < 8) return false;
+  uint32_t n = 0;
+  std::memcpy(reason, in.data(), 4);
+  std::memcpy(&n, in.data() + 4, 4);
+  if (in.size() != 8 + size_t{n} * (with_pages ? 12 : 8)) return false;
+  t->hashes.resize(n);
+  std::memcpy(t->hashes.data(), in.data() + 8, size_t{n} * 8);
+  for (uint64_t& h : t->hashes) h = sched::rank_hash(h, rank);
+  t->pages.resize(with_pages ? n : 0);
+  for (size_t i = 0; i < t->pages.size(); ++i) {
+    int32_t page = 0;
+    std::memcpy(&page, in.data() + 8 + size_t{n} * 8 + i * 4, 4);
+    t->pages[i] = page;
+  }
+  return true;
+}
+
+// Runs one command on one rank; `extra` gets the op's reply bytes (sized by the caller).
+Status execute(RankExecutor& rank, TierState& tier, uint64_t op, std::span<const uint8_t> payload,
+               std::span<uint8_t> extra) {
+  const uint32_t me = static_cast<uint32_t>(rank.rank());
+  plugin::StoreTier* st = rank.store().tier();
+  if (op != kStep && st == nullptr) {
+    return Status::Internal(rank.store().name() + " has no tier on this rank");
+  }
+  uint32_t reason = 0;
+  switch (op) {
+    case kStep: {
+      std::vector<int32_t> words(payload.size() / 4);
+      std::memcpy(words.data(), payload.data(), words.size() * 4);
+      Batch batch;
+      if (Status s = deserialize(words, &batch); !s.ok() || payload.size() % 4 != 0) {
+        // Rank 0 serialised these words itself: a batch this rank cannot read means the group
+        // is broken, and running on would leave the other ranks waiting in collectives.
+        spdlog::critical("TP rank {}: {}", me, s.message());
+        std::abort();
+      }
+      return rank.forward(batch, nullptr);  // only rank 0 writes logits
+    }
+    case kTierLookup: {
+      if (!decode_pages(payload, me, false, &reason, &tier)) break;
+      Result<uint32_t> n = st->lookup(tier.hashes);
+      if (!n.ok()) return n.status();
+      const uint64_t hits = *n;
+      std::memcpy(extra.data(), &hits, 8);
+      return Status::Ok();
+    }
+    case kTierSave: {
+      if (!decode_pages(payload, me, true, &reason, &tier)) break;
+      Result<uint64_t> ticket =
+          st->save(tier.hashes, tier.pages, static_cast<kvrt_tier_reason>(reason));
+      if (!ticket.ok()) return ticket.status();
+      tier.last_ticket = *ticket;
+      return Status::Ok();
+    }
+    case kTierLoad: {
+      if (!decode_pages(payload, me, true, &reason, &tier)) break;
+      tier.loaded.assign(tier.hashes.size(), 0);
+      Result<uint64_t> ticket = st->load(tier.hashes, tier.pages, tier.loaded);
+      if (!ticket.ok()) {
+        // Earlier copies may still land in pages the caller is about to recompute into.
+        (void)st->wait(tier.last_ticket);
+        return ticket.status();
+      }
+      tier.last_ticket = *ticket;
+      std::memcpy(extra.data(), tier.loaded.data(), tier.loaded.size());
+      return st->wait(tier.last_ticket);
+    }
+    case kTierWait:
+      return st->wait(tier.last_ticket);
+    default:
+      break;
+  }
+  spdlog::critical("TP rank {}: command {} with {} bytes is not one rank 0 sends", me, op,
+                   payload.size());
+  std::abort();
+}
+
+// A reply record: the status, then `extra` bytes.
+void encode_reply(const Status& s, std::span<uint8_t> record) {
+  std::fill(record.begin(), record.begin() + kStatusBytes, 0);
+  record[0] = static_cast<uint8_t>(s.code());
+  const std::string& message = s.message();
   std::memcpy(record.data() + 1, message.data(), std::min(message.size(), kStatusBytes - 2));
-  const std::vector<size_t> counts(size, kStatusBytes);
-  if (Status s = comm.all_gather(record.data(), counts, all.data(), ElementType::kU8, nullptr);
-      !s.ok()) {
-    if (group_failed != nullptr) *group_failed = true;
+}
+
+Status decode_reply(std::span<const uint8_t> record, int rank) {
+  if (record[0] == 0) return Status::Ok();
+  return Status::FromCode(static_cast<Status::Code>(record[0]),
+                          std::string(reinterpret_cast<const char*>(record.data() + 1)))
+      .WithContext("TP rank " + std::to_string(rank));
+}
+
+// How many extra reply bytes each op has, from its payload.
+size_t reply_bytes(uint64_t op, std::span<const uint8_t> payload) {
+  if (op == kTierLookup) return 8;
+  if (op == kTierLoad && payload.size() >= 8) {
+    uint32_t n = 0;
+    std::memcpy(&n, payload.data() + 4, 4);
+    return n;
+  }
+  return 0;
+}
+
+// Every rank's reply, on every rank.
+Status exchange(Communicator& comm, const Status& mine, std::span<const uint8_t> extra,
+                std::vector<uint8_t>* all) {
+  const size_t record = kStatusBytes + extra.size();
+  std::vector<uint8_t> own(record);
+  encode_reply(mine, own);
+  if (!extra.empty()) std::memcpy(own.data() + kStatusBytes, extra.data(), extra.size());
+  all->resize(record * comm.size());
+  const std::vector<size_t> counts(comm.size(), record);
+  return comm.all_gather(own.data(), counts, all->data(), ElementType::kU8, nullptr);
+}
+
+}  // namespace
+
+Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
+    : config_(config), options_(options) {}
+
+Engine::~Engine() {
+  // With a broken group the followers have left their loop (or will not hear the stop).
+  if (leads_ && options_.tp > 1 && broken_.ok()) {
+    uint64_t header[2] = {kStop, 0};
+    (void)local_->communicator().broadcast(header, sizeof(header), ElementType::kU8, 0, nullptr);
+  }
+  for (std::thread& t : followers_) t.join();
+}
+
+Status Engine::follow_loop(RankExecutor* rank) {
+  Communicator& comm = rank->communicator();
+  std::vector<uint8_t> payload, extra, all;
+  TierState tier;
+  while (true) {
+    uint64_t header[2] = {0, 0};
+    if (Status s = comm.broadcast_idle(header, sizeof(header), ElementType::kU8, 0); !s.ok()) {
+      return s;
+    }
+    if (header[0] == kStop) return Status::Ok();
+    payload.resize(header[1]);
+    if (Status s = comm.broadcast(payload.data(), payload.size(), ElementType::kU8, 0, nullptr);
+        !s.ok()) {
+      return s;
+    }
+    extra.assign(reply_bytes(header[0], payload), 0);
+    const Status mine = execute(*rank, tier, header[0], payload, extra);
+    if (Status s = exchange(comm, mine, extra, &all); !s.ok()) return s;
+  }
+}
+
+Status Engine::follow() {
+  if (leads_) return Status::Internal("rank 0 leads; it does not follow");
+  Status s = follow_loop(local_);
+  if (!s.ok()) broken_ = s;
+  return s;
+}
+
+Status Engine::lead(uint64_t op, std::span<const uint8_t> payload, size_t extra_bytes,
+                    const std::function<Status(std::span<uint8_t>)>& on_rank0,
+                    std::vector<uint8_t>* out) {
+  if (!leads_) return Status::Internal("only rank 0 sends commands");
+  if (!broken_.ok()) return broken_;
+  std::vector<uint8_t> extra(extra_bytes, 0);
+  if (options_.tp == 1) {
+    Status s = on_rank0(extra);
+    if (out != nullptr) *out = std::move(extra);
     return s;
   }
-  for (int r = 0; r < size; ++r) {
-    const uint8_t* rec = all.data() + r * kStatusBytes;
-    if (rec[0] != 0) {
-      return Status::FromCode(static_cast<Status::Code>(rec[0]),
-                              std::string(reinterpret_cast<const char*>(rec + 1)))
-          .WithContext("TP rank " + std::to_string(r));
+  Communicator& comm = local_->communicator();
+  // A collective that fails leaves the group unusable (communicator.h): later commands say so
+  // instead of waiting on ranks that may have left.
+  auto broke = [this](const Status& s) {
+    broken_ = s.WithContext("the TP group failed; the engine cannot step again");
+    return broken_;
+  };
+  uint64_t header[2] = {op, payload.size()};
+  if (Status s = comm.broadcast(header, sizeof(header), ElementType::kU8, 0, nullptr); !s.ok()) {
+    return broke(s);
+  }
+  if (Status s = comm.broadcast(const_cast<uint8_t*>(payload.data()), payload.size(),
+                                ElementType::kU8, 0, nullptr);
+      !s.ok()) {
+    return broke(s);
+  }
+  const Status mine = on_rank0(extra);
+  if (Status s = exchange(comm, mine, extra, &replies_); !s.ok()) return broke(s);
+  const size_t record = kStatusBytes + extra_bytes;
+  if (out != nullptr) out->resize(extra_bytes * options_.tp);
+  Status first = Status::Ok();
+  for (int r = 0; r < options_.tp; ++r) {
+    std::span<const uint8_t> rec(replies_.data() + r * record, record);
+    if (Status s = decode_reply(rec, r); !s.ok() && first.ok()) first = s;
+    if (out != nullptr && extra_bytes > 0) {
+      std::memcpy(out->data() + r * extra_bytes, rec.data() + kStatusBytes, extra_bytes);
     }
   }
-  return Status::Ok();
-}
-
-void Engine::worker_loop(RankExecutor* rank) {
-  Communicator& comm = rank->communicator();
-  std::vector<int32_t> words;
-  Batch batch;
-  while (true) {
-    uint64_t n = 0;
-    if (!comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr).ok() || n == kStop) return;
-    words.resize(n);
-    if (!comm.broadcast(words.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr).ok()) {
-      return;  // the group is broken; rank 0 knows it too
-    }
-    Status s = deserialize(words, &batch);
-    if (!s.ok()) {
-      // Rank 0 serialised these words itself: a batch this rank cannot read means the group is
-      // broken, and running on would leave the other ranks waiting in collectives forever.
-      spdlog::critical("TP rank {}: {}", rank->rank(), s.message());
-      std::abort();
-    }
-    s = rank->forward(batch, nullptr);  // only rank 0 writes logits
-    bool group_failed = false;
-    (void)gather_status(comm, s, &group_failed);
-    if (group_failed) return;
-  }
+  return first;
 }
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weights,
@@ -96,6 +265,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
     return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
   }
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
+  if (options.group != nullptr && options.group->size() != options.tp) {
+    return Status::InvalidArgument("the TP group has " + std::to_string(options.group->size()) +
+                                   " ranks, tp.size is " + std::to_string(options.tp));
+  }
   const model::ModelConfig& c = weights.model_config();
   Result<const model::ArchitectureFamily*> family = model::find_architecture(c);
   if (!family.ok()) return family.status();
@@ -107,19 +280,32 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   // threads would spin against them on the same cores.
   openblas_set_num_threads(1);
   std::unique_ptr<Engine> engine(new Engine(c, options));
+  if (options.group == nullptr) {
+    engine->own_group_ = std::make_unique<ThreadGroup>(options.tp);
+    engine->group_ = engine->own_group_.get();
+  } else {
+    engine->group_ = options.group;
+  }
+  TpGroup& group = *engine->group_;
   const int cores = options.threads > 0 ? options.threads : default_threads();
-  const int threads_per_rank = std::max(1, cores / options.tp);
-  for (int r = 0; r < options.tp; ++r) {
+  const int threads_per_rank = group.threads_per_rank(cores);
+  for (int r : group.local_ranks()) {
     kvrt_kv_geometry g = *geometry;
     g.tp_rank = static_cast<uint32_t>(r);
     Result<std::unique_ptr<RankExecutor>> rank = RankExecutor::create(
         **family, weights, std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank),
-        engine->group_.communicator(r), options.plugins, g, options.num_pages);
+        group.communicator(r), options.plugins, g, options.num_pages);
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
   }
-  for (size_t r = 1; r < engine->ranks_.size(); ++r) {
-    engine->workers_.emplace_back([e = engine.get(), r] { e->worker_loop(e->ranks_[r].get()); });
+  engine->local_ = engine->ranks_.front().get();
+  engine->leader_tier_ = std::make_unique<TierState>();
+  engine->leads_ = engine->local_->rank() == 0;
+  engine->has_tier_ = engine->local_->store().tier() != nullptr;
+  for (size_t i = 1; i < engine->ranks_.size(); ++i) {
+    engine->followers_.emplace_back([e = engine.get(), i] {
+      (void)e->follow_loop(e->ranks_[i].get());  // rank 0 sees a failure in its collectives
+    });
   }
   return engine;
 }
@@ -157,43 +343,68 @@ Status Engine::check(const Batch& batch) const {
 Result<std::vector<float>> Engine::step(const Batch& batch) {
   if (Status s = check(batch); !s.ok()) return s;
   std::vector<float> logits;
-  RankExecutor& rank0 = *ranks_[0];
-  if (workers_.empty()) {
-    if (Status s = rank0.forward(batch, &logits); !s.ok()) return s;
-    return logits;
+  std::span<const uint8_t> payload;
+  if (options_.tp > 1) {
+    serialize(batch, &words_);
+    payload = std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(words_.data()),
+                                       words_.size() * sizeof(int32_t));
   }
-  if (!broken_.ok()) return broken_;
-  Communicator& comm = rank0.communicator();
-  serialize(batch, &words_);
-  uint64_t n = words_.size();
-  // A collective that fails leaves the group unusable (communicator.h): later steps say so
-  // instead of waiting on ranks that may have left.
-  auto broke = [this](const Status& s) {
-    broken_ = s.WithContext("the TP group failed; the engine cannot step again");
-    return broken_;
-  };
-  if (Status s = comm.broadcast(&n, sizeof(n), ElementType::kU8, 0, nullptr); !s.ok()) {
-    return broke(s);
-  }
-  if (Status s = comm.broadcast(words_.data(), n * sizeof(int32_t), ElementType::kU8, 0, nullptr);
-      !s.ok()) {
-    return broke(s);
-  }
-  Status mine = rank0.forward(batch, &logits);
-  bool group_failed = false;
-  if (Status s = gather_status(comm, mine, &group_failed); !s.ok()) {
-    return group_failed ? broke(s) : s;
-  }
+  Status s = lead(kStep, payload, 0,
+                  [&](std::span<uint8_t>) { return local_->forward(batch, &logits); }, nullptr);
+  ++steps_;
+  if (!s.ok()) return s;
   return logits;
 }
 
-std::vector<plugin::StoreTier*> Engine::store_tiers() {
-  std::vector<plugin::StoreTier*> tiers;
-  for (const auto& rank : ranks_) {
-    if (rank->store().tier() == nullptr) return {};
-    tiers.push_back(rank->store().tier());
+Status Engine::tier_command(uint64_t op, std::span<const uint64_t> hashes,
+                            std::span<const int32_t> pages, uint32_t reason,
+                            std::vector<uint8_t>* out) {
+  if (!has_tier_) return Status::Internal(local_->store().name() + " has no tier");
+  encode_pages(hashes, pages, reason, &command_);
+  const size_t extra = reply_bytes(op, command_);
+  return lead(op, command_, extra,
+              [&](std::span<uint8_t> mine) {
+                return execute(*local_, *leader_tier_, op, command_, mine);
+              },
+              out);
+}
+
+Result<uint64_t> Engine::tier_lookup(std::span<const uint64_t> hashes) {
+  std::vector<uint8_t> counts;
+  if (Status s = tier_command(kTierLookup, hashes, {}, 0, &counts); !s.ok()) return s;
+  uint64_t hits = hashes.size();
+  for (int r = 0; r < options_.tp; ++r) {
+    uint64_t n = 0;
+    std::memcpy(&n, counts.data() + r * 8, 8);
+    hits = std::min(hits, n);
   }
-  return tiers;
+  return hits;
+}
+
+Status Engine::tier_save(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
+                         kvrt_tier_reason reason) {
+  return tier_command(kTierSave, hashes, pages, static_cast<uint32_t>(reason), nullptr);
+}
+
+Status Engine::tier_load(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
+                         std::vector<uint8_t>* loaded) {
+  std::vector<uint8_t> all;
+  Status s = tier_command(kTierLoad, hashes, pages, 0, &all);
+  loaded->assign(hashes.size(), 0);
+  if (!s.ok()) return s;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    uint8_t every = 1;
+    for (int r = 0; r < options_.tp; ++r) every &= all[r * hashes.size() + i];
+    (*loaded)[i] = every;
+  }
+  return Status::Ok();
+}
+
+Status Engine::tier_wait() { return tier_command(kTierWait, {}, {}, 0, nullptr); }
+
+Result<kvrt_tier_info> Engine::tier_info() const {
+  if (!has_tier_) return Status::Internal(local_->store().name() + " has no tier");
+  return local_->store().tier()->info();
 }
 
 }  // namespace kvrt::exec

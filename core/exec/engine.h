@@ -1,11 +1,13 @@
 // The execution engine: a model sharded over TP ranks, each a RankExecutor (architecture +
-// backend + its KV store and attention handle + its communicator), stepping together. Ranks
-// 1..tp-1 run on threads of their own here (ThreadGroup); rank 0 runs on the caller's thread
-// and broadcasts each step's batch to the others as bytes, so the same loop serves ranks in
-// other processes. It knows nothing of requests or scheduling: the caller owns page allocation
-// and hands it batches.
+// backend + its KV store and attention handle + its communicator), stepping together. Where the
+// ranks run is the TP group's (tp_group.h): threads of this process, or one process each under
+// an MPI launcher. Rank 0 leads: it takes the caller's batches and KV-tier requests and
+// broadcasts each as a command (bytes) to the other ranks, which follow -- on threads of their
+// own here, or in follow() in their own processes -- so the same loop serves both. It knows
+// nothing of requests or scheduling: the caller owns page allocation and hands it batches.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -18,55 +20,102 @@
 
 namespace kvrt::exec {
 
+struct TierState;
+
 struct EngineOptions {
   int tp = 1;
   uint32_t page_size = 16;
   uint64_t num_pages = 0;
   bool bf16_weights = false;  // hold matrices in bf16 instead of f32
-  int threads = 0;  // threads for all ranks' products; 0 = OMP_NUM_THREADS, else the cores
+  int threads = 0;  // threads for this process's ranks' products; 0 = OMP_NUM_THREADS or cores
   RankPlugins plugins;
+  // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size
+  // must be tp.
+  TpGroup* group = nullptr;
 };
 
 class Engine {
  public:
   // The architecture comes from the weights' config (model::find_architecture), each rank's KV
-  // geometry from capacity::kv_geometry, the backend is the CPU's. `weights` may go once
-  // create returns: every rank holds its own shard.
+  // geometry from capacity::kv_geometry, the backend is the CPU's. Builds this process's ranks
+  // only. `weights` may go once create returns: every rank holds its own shard.
   static Result<std::unique_ptr<Engine>> create(const model::LoadedWeights& weights,
                                                 const EngineOptions& options);
   ~Engine();
 
+  // Whether this process runs rank 0, which steps; else it runs another rank and follows.
+  bool leads() const { return leads_; }
+  // The group is unusable from now on (a rank failed to start, or the process is being
+  // stopped): later commands fail with `why`, and rank 0 no longer tells followers to stop.
+  void mark_broken(const Status& why) { broken_ = why; }
+  // Whether the group failed (a collective timed out or failed, a rank was lost): the engine
+  // cannot step again, and broken_reason() says why.
+  bool broken() const { return !broken_.ok(); }
+  const Status& broken_reason() const { return broken_; }
+  // A following process's work: runs rank 0's commands until rank 0 stops the group (OK) or the
+  // group fails (the reason, naming the rank).
+  Status follow();
+
   // One forward step on every rank; logits [num_sequences][vocab] of each sequence's last new
   // token. The batch is checked first (tokens in the vocabulary, pages in range and covering
-  // every position), so a bad batch fails before any rank starts.
+  // every position), so a bad batch fails before any rank starts. Leader only.
   Result<std::vector<float>> step(const Batch& batch);
 
-  // Each rank's KV store tier (rank r at index r), or empty when the store has none.
-  std::vector<plugin::StoreTier*> store_tiers();
-  // Rank 0's KV store (every rank's has the same format and size).
-  const plugin::KvStore& store() const { return ranks_.front()->store(); }
+  // The KV store's host tier on every rank at once (each rank's tier keys the pages with its
+  // rank, sched::rank_hash). Leader only, and only when has_tier().
+  bool has_tier() const { return has_tier_; }
+  // Leading pages of `hashes` every rank's tier holds (the least over ranks).
+  Result<uint64_t> tier_lookup(std::span<const uint64_t> hashes);
+  Status tier_save(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
+                   kvrt_tier_reason reason);
+  // Copies the pages in on every rank and waits; loaded[i] = 1 for a page every rank loaded.
+  Status tier_load(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
+                   std::vector<uint8_t>* loaded);
+  // Every rank's copies so far are done.
+  Status tier_wait();
+  // What rank 0's tier holds and has done (every rank's saves and loads the same pages).
+  Result<kvrt_tier_info> tier_info() const;
+
+  // This process's first rank's KV store (every rank's has the same format and size).
+  const plugin::KvStore& store() const { return local_->store(); }
+  // This process's first rank's communicator: the collectives' time and bytes.
+  const Communicator& communicator() const { return local_->communicator(); }
   const model::ModelConfig& config() const { return config_; }
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
   uint64_t num_pages() const { return options_.num_pages; }
+  // Forward steps run so far.
+  uint64_t steps() const { return steps_; }
 
  private:
-  Engine(const model::ModelConfig& config, const EngineOptions& options)
-      : config_(config), options_(options), group_(options.tp) {}
+  Engine(const model::ModelConfig& config, const EngineOptions& options);
   Status check(const Batch& batch) const;
-  // Every rank's status after a step, gathered on every rank; the first failure.
-  // *group_failed is set when the gathering itself failed.
-  static Status gather_status(Communicator& comm, const Status& mine, bool* group_failed);
-  // Ranks 1..: receive each step's batch from rank 0, run it, report; until rank 0 says stop.
-  void worker_loop(RankExecutor* rank);
+  // Rank 0: sends a command to the other ranks, runs it on its own and gathers every rank's
+  // reply. *out gets the replies' extra bytes, rank by rank.
+  // on_rank0 runs the command on rank 0 and fills its extra reply bytes.
+  Status lead(uint64_t op, std::span<const uint8_t> payload, size_t reply_bytes,
+              const std::function<Status(std::span<uint8_t>)>& on_rank0,
+              std::vector<uint8_t>* out);
+  Status tier_command(uint64_t op, std::span<const uint64_t> hashes,
+                      std::span<const int32_t> pages, uint32_t reason, std::vector<uint8_t>* out);
+  // Ranks 1..: receive commands from rank 0 and run them, until rank 0 says stop.
+  Status follow_loop(RankExecutor* rank);
 
   model::ModelConfig config_;
   EngineOptions options_;
-  ThreadGroup group_;
-  std::vector<std::unique_ptr<RankExecutor>> ranks_;
-  std::vector<std::thread> workers_;
-  std::vector<int32_t> words_;  // rank 0's serialised batch
-  Status broken_;               // why the TP group cannot step any more (OK while it can)
+  std::unique_ptr<ThreadGroup> own_group_;  // when options.group is null
+  TpGroup* group_ = nullptr;
+  bool leads_ = true;
+  bool has_tier_ = false;
+  std::vector<std::unique_ptr<RankExecutor>> ranks_;  // this process's, ascending
+  RankExecutor* local_ = nullptr;  // ranks_[0]: rank 0 when leading
+  std::vector<std::thread> followers_;
+  std::unique_ptr<TierState> leader_tier_;  // rank 0's side of the tier commands
+  std::vector<uint8_t> command_;  // rank 0's serialised command
+  std::vector<uint8_t> replies_;
+  std::vector<int32_t> words_;
+  uint64_t steps_ = 0;
+  Status broken_;  // why the TP group cannot step any more (OK while it can)
 };
 
 }  // namespace kvrt::exec

@@ -1,23 +1,12 @@
 #include "core/exec/thread_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "kernels/cpu/convert.h"
 
 namespace kvrt::exec {
-
-size_t element_bytes(ElementType type) {
-  switch (type) {
-    case ElementType::kF32:
-      return 4;
-    case ElementType::kBF16:
-      return 2;
-    case ElementType::kU8:
-      return 1;
-  }
-  return 1;
-}
 
 void SpinBarrier::arrive_and_wait() {
   const uint32_t generation = generation_.load(std::memory_order_acquire);
@@ -49,6 +38,14 @@ ThreadGroup::ThreadGroup(int size)
       barrier_(size, static_cast<unsigned>(size) <= std::thread::hardware_concurrency()),
       slots_(size, nullptr) {}
 
+std::vector<int> ThreadGroup::local_ranks() const {
+  std::vector<int> ranks(size_);
+  for (int r = 0; r < size_; ++r) ranks[r] = r;
+  return ranks;
+}
+
+int ThreadGroup::threads_per_rank(int cores) const { return std::max(1, cores / size_); }
+
 std::unique_ptr<Communicator> ThreadGroup::communicator(int rank) {
   return std::make_unique<ThreadCommunicator>(this, rank);
 }
@@ -59,6 +56,7 @@ Status ThreadCommunicator::all_reduce_sum(void* data, size_t n, ElementType type
   if (type == ElementType::kU8) {
     return Status::InvalidArgument("all_reduce_sum: bytes cannot be summed");
   }
+  const auto start = std::chrono::steady_clock::now();
   // Each rank publishes a private f32 copy of its input, then sums all copies in rank order.
   if (type == ElementType::kF32) {
     mine_.assign(static_cast<const float*>(data), static_cast<const float*>(data) + n);
@@ -78,6 +76,7 @@ Status ThreadCommunicator::all_reduce_sum(void* data, size_t n, ElementType type
   }
   group_->barrier_.arrive_and_wait();  // nobody still reads `mine_`
   if (type == ElementType::kBF16) kernels::f32_to_bf16(out, static_cast<uint16_t*>(data), n);
+  count(all_reduce_bytes_sent(n, type, size, rank_), start);
   return Status::Ok();
 }
 
@@ -88,6 +87,7 @@ Status ThreadCommunicator::all_gather(const void* in, std::span<const size_t> co
     return Status::InvalidArgument("all_gather: " + std::to_string(counts.size()) + " counts for " +
                                    std::to_string(size) + " ranks");
   }
+  const auto start = std::chrono::steady_clock::now();
   const size_t bytes = element_bytes(type);
   std::vector<const void*>& slots = group_->slots_;
   slots[rank_] = in;
@@ -101,16 +101,19 @@ Status ThreadCommunicator::all_gather(const void* in, std::span<const size_t> co
     offset += counts[r];
   }
   group_->barrier_.arrive_and_wait();
+  count(all_gather_bytes_sent(counts, type, rank_), start);
   return Status::Ok();
 }
 
-Status ThreadCommunicator::broadcast(void* data, size_t count, ElementType type, int root, Stream) {
+Status ThreadCommunicator::broadcast(void* data, size_t n, ElementType type, int root, Stream) {
   if (group_->size_ == 1) return Status::Ok();
+  const auto start = std::chrono::steady_clock::now();
   std::vector<const void*>& slots = group_->slots_;
   if (rank_ == root) slots[root] = data;
   group_->barrier_.arrive_and_wait();
-  if (rank_ != root && count > 0) std::memcpy(data, slots[root], count * element_bytes(type));
+  if (rank_ != root && n > 0) std::memcpy(data, slots[root], n * element_bytes(type));
   group_->barrier_.arrive_and_wait();
+  this->count(broadcast_bytes_sent(n, type, group_->size_, rank_, root), start);
   return Status::Ok();
 }
 

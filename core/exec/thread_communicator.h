@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/exec/communicator.h"
+#include "core/exec/tp_group.h"
 
 namespace kvrt::exec {
 
@@ -29,14 +30,17 @@ class SpinBarrier {
 };
 
 // What the ranks of one process share: the barrier and each rank's published buffer.
-class ThreadGroup {
+class ThreadGroup : public TpGroup {
  public:
   explicit ThreadGroup(int size);
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;
-  int size() const { return size_; }
+  int size() const override { return size_; }
+  std::vector<int> local_ranks() const override;
   // Rank r's communicator; the group must outlive it. Each rank's is used by one thread.
-  std::unique_ptr<Communicator> communicator(int rank);
+  std::unique_ptr<Communicator> communicator(int rank) override;
+  // The cores shared out over the ranks, one at least.
+  int threads_per_rank(int cores) const override;
 
  private:
   friend class ThreadCommunicator;
@@ -48,6 +52,7 @@ class ThreadGroup {
 class ThreadCommunicator : public Communicator {
  public:
   ThreadCommunicator(ThreadGroup* group, int rank) : group_(group), rank_(rank) {}
+  const char* backend() const override { return "threads"; }
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
   Status all_reduce_sum(void* data, size_t count, ElementType type, Stream stream) override;

@@ -128,7 +128,8 @@ Status check_runtime(const config::Config& cfg, plugin::Registry& registry) {
   return plan(cfg, registry, rt, planned);
 }
 
-Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry) {
+Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry,
+                              exec::TpGroup* group) {
   Runtime rt;
   Planned planned;
   if (Status s = plan(cfg, registry, rt, planned); !s.ok()) return s;
@@ -172,6 +173,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
   options.plugins = planned.plugins;
+  options.group = group;
   Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();
   rt.engine = std::move(*engine);

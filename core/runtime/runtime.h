@@ -41,7 +41,9 @@ void wire_plugins(plugin::Registry& registry, const config::Config& cfg);
 // Loads and checks everything in order, failing before the KV pool is allocated when the
 // configuration cannot fit (the message gives the shortfall in bytes). `registry` must outlive
 // the runtime and already know the config's plugin tables (set_config_source).
-Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry);
+// `group` is where the TP ranks run (null: threads of this process); it must outlive the runtime.
+Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry,
+                              exec::TpGroup* group = nullptr);
 // build_runtime's checks without reading or generating weights and without allocating: the
 // device, the model's shape, the plugins and their tables (verified when asked), TP and the
 // capacity plan. OK when build_runtime would get as far as loading the weights.

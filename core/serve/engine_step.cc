@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/sched/page_hash.h"
 
 namespace kvrt::serve {
 
@@ -29,75 +28,30 @@ Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32
 }
 
 std::unique_ptr<EngineTier> EngineTier::create(exec::Engine* engine) {
-  std::vector<plugin::StoreTier*> tiers = engine->store_tiers();
-  if (tiers.empty()) return nullptr;
-  return std::unique_ptr<EngineTier>(new EngineTier(std::move(tiers)));
-}
-
-EngineTier::EngineTier(std::vector<plugin::StoreTier*> tiers)
-    : tiers_(std::move(tiers)), last_ticket_(tiers_.size(), 0) {}
-
-std::span<const uint64_t> EngineTier::for_rank(std::span<const uint64_t> hashes, size_t rank) {
-  rank_hashes_.resize(hashes.size());
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    rank_hashes_[i] = sched::rank_hash(hashes[i], static_cast<uint32_t>(rank));
-  }
-  return rank_hashes_;
+  if (!engine->has_tier()) return nullptr;
+  return std::unique_ptr<EngineTier>(new EngineTier(engine));
 }
 
 uint64_t EngineTier::lookup(std::span<const uint64_t> hashes) {
-  uint64_t hits = hashes.size();
-  for (size_t r = 0; r < tiers_.size(); ++r) {
-    Result<uint32_t> n = tiers_[r]->lookup(for_rank(hashes, r));
-    if (!n.ok()) {
-      // A lookup is a hint: without it the pages are recomputed.
-      spdlog::warn("{}; the prefix is recomputed", n.status().message());
-      return 0;
-    }
-    hits = std::min<uint64_t>(hits, *n);
+  Result<uint64_t> hits = engine_->tier_lookup(hashes);
+  if (!hits.ok()) {
+    // A lookup is a hint: without it the pages are recomputed.
+    spdlog::warn("{}; the prefix is recomputed", hits.status().message());
+    return 0;
   }
-  return hits;
+  return *hits;
 }
 
 Status EngineTier::save(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
                         kvrt_tier_reason reason) {
-  pages_.assign(pages.begin(), pages.end());
-  for (size_t r = 0; r < tiers_.size(); ++r) {
-    Result<uint64_t> ticket = tiers_[r]->save(for_rank(hashes, r), pages_, reason);
-    if (!ticket.ok()) return ticket.status();
-    last_ticket_[r] = *ticket;
-  }
-  return Status::Ok();
+  return engine_->tier_save(hashes, pages, reason);
 }
 
 Status EngineTier::load(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
                         std::vector<uint8_t>* loaded) {
-  pages_.assign(pages.begin(), pages.end());
-  loaded->assign(hashes.size(), 1);
-  rank_loaded_.resize(hashes.size());
-  for (size_t r = 0; r < tiers_.size(); ++r) {
-    Result<uint64_t> ticket = tiers_[r]->load(for_rank(hashes, r), pages_, rank_loaded_);
-    if (!ticket.ok()) {
-      // The ranks before this one may still be copying into the pages, which the caller is
-      // about to recompute into: let their copies finish first.
-      (void)wait();
-      return ticket.status();
-    }
-    last_ticket_[r] = *ticket;
-    for (size_t i = 0; i < hashes.size(); ++i) (*loaded)[i] &= rank_loaded_[i];
-  }
-  return wait();
+  return engine_->tier_load(hashes, pages, loaded);
 }
 
-Status EngineTier::wait() {
-  Status first = Status::Ok();
-  for (size_t r = 0; r < tiers_.size(); ++r) {
-    Status s = tiers_[r]->wait(last_ticket_[r]);
-    if (!s.ok() && first.ok()) first = s;
-  }
-  return first;
-}
-
-Result<kvrt_tier_info> EngineTier::info() const { return tiers_.front()->info(); }
+Status EngineTier::wait() { return engine_->tier_wait(); }
 
 }  // namespace kvrt::serve

@@ -31,7 +31,8 @@ class EngineExecutor : public sched::StepExecutor {
 class EngineTier : public sched::KvTier {
  public:
   // nullptr when the engine's KV store has no tier callbacks. Lookup failures are logged and
-  // read as misses (the pages are recomputed); save / load / wait failures are returned.
+  // read as misses (the pages are recomputed); save / load / wait failures are returned. The
+  // engine drives every TP rank's tier at once (Engine::tier_*).
   static std::unique_ptr<EngineTier> create(exec::Engine* engine);
 
   uint64_t lookup(std::span<const uint64_t> hashes) override;
@@ -41,18 +42,11 @@ class EngineTier : public sched::KvTier {
               std::vector<uint8_t>* loaded) override;
   Status wait() override;
   // What rank 0's tier holds and has done (every rank's saves and loads the same pages).
-  Result<kvrt_tier_info> info() const;
+  Result<kvrt_tier_info> info() const { return engine_->tier_info(); }
 
  private:
-  explicit EngineTier(std::vector<plugin::StoreTier*> tiers);
-  // The hashes as rank r's tier keys them (sched::rank_hash), in rank_hashes_.
-  std::span<const uint64_t> for_rank(std::span<const uint64_t> hashes, size_t rank);
-
-  std::vector<plugin::StoreTier*> tiers_;  // rank r's at index r
-  std::vector<uint64_t> rank_hashes_;
-  std::vector<uint64_t> last_ticket_;  // per rank; waiting on it covers every earlier copy
-  std::vector<int64_t> pages_;
-  std::vector<uint8_t> rank_loaded_;
+  explicit EngineTier(exec::Engine* engine) : engine_(engine) {}
+  exec::Engine* engine_;
 };
 
 }  // namespace kvrt::serve

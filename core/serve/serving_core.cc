@@ -9,6 +9,7 @@ namespace kvrt::serve {
 
 ServingCore::ServingCore(const ServingOptions& options, exec::Engine* engine)
     : options_(options),
+      engine_(engine),
       engine_executor_(std::make_unique<EngineExecutor>(
           engine, [this](const sched::Request& r) -> exec::Sampler& { return sampler_of(r); })),
       engine_tier_(EngineTier::create(engine)),

@@ -66,6 +66,8 @@ class ServingCore {
   // diagnosis. An engine failure is returned and leaves every request as it was.
   Result<sched::StepStats> step();
   bool idle() const { return scheduler_.idle(); }
+  // Whether the engine can never step again (its TP group failed): every request is lost.
+  bool engine_broken() const { return engine_ != nullptr && engine_->broken(); }
 
   const ServingOptions& options() const { return options_; }
   const sched::Scheduler& scheduler() const { return scheduler_; }
@@ -87,6 +89,7 @@ class ServingCore {
 
   ServingOptions options_;
   std::unordered_map<uint64_t, exec::Sampler> samplers_;
+  exec::Engine* engine_ = nullptr;  // null over another executor
   std::unique_ptr<EngineExecutor> engine_executor_;
   std::unique_ptr<EngineTier> engine_tier_;
   sched::Scheduler scheduler_;

@@ -20,7 +20,7 @@ StepLoop::StepLoop(serve::ServingCore& core, size_t max_unfinished)
     sinks_.erase(it);
     unfinished_.fetch_sub(1);
     const Fault fault = r.spec.id == submitting_ ? Fault::kRequest
-                        : r.spec.id == failing_  ? Fault::kEngine
+                        : r.spec.id == failing_ || engine_broken_ ? Fault::kEngine
                                                  : Fault::kNone;
     if (sink.on_finish) sink.on_finish(r, kind, why, fault);
   });
@@ -119,6 +119,12 @@ void StepLoop::run() {
       }
       failing_ = 0;
       if (failed.empty()) abort_all("the engine failed: " + step.status().message());
+      if (core_.engine_broken() && !engine_broken_) {
+        // No step can run again: nothing unfinished will finish.
+        engine_broken_ = true;
+        abort_all("the engine failed: " + step.status().message());
+        if (on_engine_broken_) on_engine_broken_(step.status().message());
+      }
     }
   }
 }

@@ -68,6 +68,11 @@ class StepLoop {
     return result.get();
   }
   size_t unfinished() const { return unfinished_.load(); }
+  // Called once, on the step thread, when the engine breaks for good (its TP group failed):
+  // every unfinished request has then ended as an engine failure. Set before start().
+  void on_engine_broken(std::function<void(const std::string& why)> fn) {
+    on_engine_broken_ = std::move(fn);
+  }
 
  private:
   // Queues a command for the step thread; false once stopped (or, for new work, stopping).
@@ -88,6 +93,8 @@ class StepLoop {
   // Step thread only.
   std::unordered_map<uint64_t, RequestSink> sinks_;
   uint64_t submitting_ = 0;  // the request inside core_.submit(), 0 when none
+  bool engine_broken_ = false;  // every abort from now on is the engine's fault
+  std::function<void(const std::string&)> on_engine_broken_;
   uint64_t failing_ = 0;     // the request being aborted for an engine failure, 0 when none
 };
 

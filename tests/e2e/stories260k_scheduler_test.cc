@@ -53,7 +53,7 @@ TEST_P(Stories260kScheduler, EveryRequestGetsTheReferenceIds) {
   options.check_invariants = true;
   // Every request fits alone, but not all at once.
   ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 32 / 3);
-  ASSERT_EQ(!rt->engine->store_tiers().empty(), store == "kv_host_tiered");
+  ASSERT_EQ(rt->engine->has_tier(), store == "kv_host_tiered");
   serve::ServingCore core(serving, rt->engine.get());
   std::map<uint64_t, std::vector<int32_t>> outputs;
   core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
