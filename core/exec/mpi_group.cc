@@ -54,8 +54,11 @@ class MpiCommunicator : public Communicator {
         // Waiting ranks spin only when every rank on this host has a core of its own.
         spin_(static_cast<unsigned>(ranks_on_host) <= std::thread::hardware_concurrency()) {}
   ~MpiCommunicator() override {
-    // A broken group's requests may still be pending: the process is about to abort.
-    if (!g_broken.load()) MPI_Comm_free(&comm_);
+    // A broken group's requests may still be pending: the process is about to abort. After
+    // MPI_Finalize (a communicator a static still held) there is nothing left to free.
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (!g_broken.load() && !finalised) MPI_Comm_free(&comm_);
   }
 
   const char* backend() const override { return "mpi"; }
@@ -385,7 +388,12 @@ std::unique_ptr<Communicator> MpiGroup::communicator(int rank) {
   return make(&comm, timeout_s_);
 }
 
-std::unique_ptr<Communicator> MpiGroup::startup_communicator() { return std::move(startup_); }
+std::unique_ptr<Communicator> MpiGroup::startup_communicator() {
+  if (startup_ != nullptr) return std::move(startup_);
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  return make(&comm, 10 * timeout_s_);
+}
 
 int MpiGroup::threads_per_rank(int cores) const { return std::max(1, cores / local_size_); }
 

@@ -39,8 +39,8 @@ class MpiGroup : public TpGroup {
   // waiting in MPI_Comm_dup; later ones are made on demand (collective: every rank must ask in
   // the same order). `rank` must be this process's.
   std::unique_ptr<Communicator> communicator(int rank) override;
-  // The start-up's communicator (made with the group too), whose waits are ten times longer:
-  // the ranks wait there for each other to load their weights. Once.
+  // The start-up's communicator, whose waits are ten times longer: the ranks wait there for each
+  // other to load their weights. The first is made with the group, later ones on demand.
   std::unique_ptr<Communicator> startup_communicator();
   // The cores shared out over the ranks on this host.
   int threads_per_rank(int cores) const override;

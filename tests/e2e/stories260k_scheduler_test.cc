@@ -7,20 +7,17 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <tuple>
 
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
 #include "core/sched/scheduler.h"
 #include "core/serve/serving_core.h"
-#include "tests/e2e/stories260k_reference.h"
+#include "tests/e2e/stories260k_continuations.h"
 
 namespace kvrt {
 namespace {
 
-using stories260k::kExpected;
-using stories260k::kPrompt;
 using stories260k::model_dir;
 
 class Stories260kScheduler : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
@@ -55,34 +52,9 @@ TEST_P(Stories260kScheduler, EveryRequestGetsTheReferenceIds) {
   ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 32 / 3);
   ASSERT_EQ(rt->engine->has_tier(), store == "kv_host_tiered");
   serve::ServingCore core(serving, rt->engine.get());
-  std::map<uint64_t, std::vector<int32_t>> outputs;
-  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
-    EXPECT_EQ(kind, sched::FinishKind::kLength) << why;
-    outputs[r.spec.id].assign(r.output().begin(), r.output().end());
-  });
-  for (int i = 0; i < kRequests; ++i) {
-    // The prompt, then the first k reference ids: the answer is the remaining ones.
-    const int k = (i * 5) % 13;
-    serve::GenerateRequest spec;
-    spec.id = static_cast<uint64_t>(i);
-    spec.input_ids = kPrompt;
-    spec.input_ids.insert(spec.input_ids.end(), kExpected.begin(), kExpected.begin() + k);
-    spec.max_new_tokens = static_cast<int32_t>(kExpected.size()) - k;
-    core.submit(std::move(spec));
-  }
   int steps = 0;
-  while (!core.idle() && steps < 5000) {
-    Result<sched::StepStats> s = core.step();
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    ++steps;
-  }
-  ASSERT_TRUE(core.idle());
-  ASSERT_EQ(outputs.size(), static_cast<size_t>(kRequests));
-  for (int i = 0; i < kRequests; ++i) {
-    const int k = (i * 5) % 13;
-    EXPECT_EQ(outputs[i], std::vector<int32_t>(kExpected.begin() + k, kExpected.end()))
-        << "request " << i << " (prompt + " << k << " reference ids)";
-  }
+  stories260k::expect_continuations(stories260k::run_continuations(core, kRequests, &steps),
+                                    kRequests);
   const sched::SchedulerCounters& c = core.counters();
   std::printf(
       "%s TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from "

@@ -1,0 +1,155 @@
+// stories260k with its TP ranks as MPI processes, run by ctest under mpirun -np 2, 4 and 8
+// (tests/CMakeLists.txt: kvrt_mpi_test). Every rank starts the same session (runtime::start);
+// rank 0 runs the requests and the others follow. Greedy ids equal the TP-1 ids: the 27
+// reference ids with kv_bf16_paged and kv_host_tiered, fp8's own TP-1 ids (threads, rank 0's
+// process) with kv_fp8_e4m3, at page sizes 1 and 16; and through the scheduler, with many
+// requests on a pool too small for them, retracted and recomputed (and reloaded from the host
+// tier).
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <tuple>
+
+#include "core/exec/generate.h"
+#include "core/exec/mpi_group.h"
+#include "core/runtime/start.h"
+#include "tests/e2e/stories260k_continuations.h"
+
+namespace kvrt {
+namespace {
+
+using stories260k::kExpected;
+using stories260k::kPrompt;
+using stories260k::model_dir;
+
+std::vector<std::string> settings(const std::string& store, int page_size) {
+  return {"model.path=\"" + model_dir() + "\"", "kv.store=" + store,
+          "scheduler.page_size=" + std::to_string(page_size)};
+}
+
+// Greedy ids of the reference prompt through a session's serving core (what kvrt generate does).
+std::vector<int32_t> greedy(runtime::Session& s) {
+  serve::ServingOptions options = runtime::serving_options(s.cfg, s.rt, {});
+  options.scheduler.log_interval = 0;
+  serve::ServingCore core(options, s.rt.engine.get());
+  std::vector<int32_t> out;
+  core.on_token([&](const sched::Request&, int32_t token) { out.push_back(token); });
+  serve::GenerateRequest request;
+  request.input_ids = kPrompt;
+  request.max_new_tokens = static_cast<int32_t>(kExpected.size());
+  core.submit(std::move(request));
+  while (!core.idle()) {
+    Result<sched::StepStats> st = core.step();
+    EXPECT_TRUE(st.ok()) << st.status().message();
+    if (!st.ok()) break;
+  }
+  return out;
+}
+
+// The same ids with TP 1 in this process (threads), for the store's own reference.
+std::vector<int32_t> tp1_ids(const std::string& store, int page_size) {
+  Result<config::Config> cfg = config::load("", settings(store, page_size));
+  EXPECT_TRUE(cfg.ok()) << cfg.status().message();
+  plugin::Registry registry;
+  runtime::wire_plugins(registry, *cfg);
+  Result<runtime::Runtime> rt = runtime::build_runtime(*cfg, registry);
+  EXPECT_TRUE(rt.ok()) << rt.status().message();
+  if (!rt.ok()) return {};
+  exec::GenerateOptions options;
+  options.max_new_tokens = static_cast<int32_t>(kExpected.size());
+  Result<exec::GenerateResult> out = exec::generate(*rt->engine, kPrompt, options);
+  EXPECT_TRUE(out.ok()) << out.status().message();
+  return out.ok() ? out->ids : std::vector<int32_t>{};
+}
+
+bool have_model() { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
+
+class Stories260kMpi : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(Stories260kMpi, GreedyIdsEqualTp1) {
+  if (!have_model()) GTEST_SKIP() << model_dir() << " not found";
+  const auto& [store, page_size] = GetParam();
+  Result<std::unique_ptr<runtime::Session>> s =
+      runtime::start("", settings(store, page_size));
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  runtime::Session& session = **s;
+  ASSERT_NE(session.mpi, nullptr);
+  ASSERT_EQ(session.cfg.tp.size, session.mpi->size());  // one rank per process
+  if (!session.leads()) {
+    EXPECT_EQ(runtime::follow(session), 0);
+    return;
+  }
+  EXPECT_EQ(std::string(session.rt.engine->communicator().backend()), "mpi");
+  const std::vector<int32_t> ids = greedy(session);
+  if (store == "kv_fp8_e4m3") {
+    EXPECT_EQ(ids, tp1_ids(store, page_size));
+  } else {
+    EXPECT_EQ(ids, kExpected);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Stories260kMpi,
+                         ::testing::Combine(::testing::Values("kv_bf16_paged", "kv_fp8_e4m3",
+                                                              "kv_host_tiered"),
+                                            ::testing::Values(1, 16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_page" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+class Stories260kMpiScheduler : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
+  if (!have_model()) GTEST_SKIP() << model_dir() << " not found";
+  const std::string store = GetParam();
+  const int tp = exec::launcher_world_size();
+  // The f32 weights split over the ranks, the reserve, and a KV budget of a few KiB per rank: a
+  // pool of about 64 tokens (the weights' share is what changes with the rank count).
+  const std::string memory = tp == 2 ? "590KiB" : tp == 4 ? "295KiB" : "156KiB";
+  std::vector<std::string> overrides = settings(store, 4);
+  overrides.insert(overrides.end(),
+                   {"device.memory=\"" + memory + "\"", "scheduler.chunked_prefill_size=8",
+                    "scheduler.new_token_ratio=0.2", "scheduler.min_new_token_ratio=0.05",
+                    "scheduler.new_token_ratio_decay=0.05"});
+  Result<std::unique_ptr<runtime::Session>> s = runtime::start("", overrides);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  runtime::Session& session = **s;
+  if (!session.leads()) {
+    EXPECT_EQ(runtime::follow(session), 0);
+    return;
+  }
+  constexpr int kRequests = 24;
+  serve::ServingOptions serving = runtime::serving_options(session.cfg, session.rt, {});
+  serving.scheduler.check_invariants = true;
+  ASSERT_LT(serving.scheduler.num_pages * serving.scheduler.page_size,
+            uint64_t{kRequests} * 32 / 3);
+  ASSERT_EQ(session.rt.engine->has_tier(), store == "kv_host_tiered");
+  serve::ServingCore core(serving, session.rt.engine.get());
+  int steps = 0;
+  stories260k::expect_continuations(stories260k::run_continuations(core, kRequests, &steps),
+                                    kRequests);
+  const sched::SchedulerCounters& c = core.counters();
+  std::printf("%s over MPI, TP %d: %llu pages, %d steps, %llu retractions, %llu cached tokens "
+              "(%llu from the tier)\n",
+              store.c_str(), tp, static_cast<unsigned long long>(serving.scheduler.num_pages),
+              steps, static_cast<unsigned long long>(c.retractions),
+              static_cast<unsigned long long>(c.cached_tokens),
+              static_cast<unsigned long long>(c.tier_loaded_tokens));
+  EXPECT_GT(c.retractions, 0u);
+  EXPECT_GT(c.cached_tokens, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Stories260kMpiScheduler,
+                         ::testing::Values("kv_bf16_paged", "kv_fp8_e4m3", "kv_host_tiered"));
+
+}  // namespace
+}  // namespace kvrt
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  spdlog::set_level(spdlog::level::warn);
+  const int rc = RUN_ALL_TESTS();
+  return kvrt::exec::mpi_finish(rc);
+}
