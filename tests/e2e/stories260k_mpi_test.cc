@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <tuple>
 
 #include "core/exec/generate.h"
@@ -112,7 +113,12 @@ TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
   overrides.insert(overrides.end(),
                    {"device.memory=\"" + memory + "\"", "scheduler.chunked_prefill_size=8",
                     "scheduler.new_token_ratio=0.2", "scheduler.min_new_token_ratio=0.05",
-                    "scheduler.new_token_ratio_decay=0.05"});
+                    "scheduler.new_token_ratio_decay=0.05",
+                    // Every page the host tier holds is worth loading back: the tier's commands
+                    // cross the processes too.
+                    "scheduler.tier_min_load_pages=1",
+                    // A host tier that keeps everything this test writes.
+                    "kv.kv_host_tiered.host_pool_ratio=64"});
   Result<std::unique_ptr<runtime::Session>> s = runtime::start("", overrides);
   ASSERT_TRUE(s.ok()) << s.status().message();
   runtime::Session& session = **s;
@@ -139,6 +145,32 @@ TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
               static_cast<unsigned long long>(c.tier_loaded_tokens));
   EXPECT_GT(c.retractions, 0u);
   EXPECT_GT(c.cached_tokens, 0u);
+  if (store != "kv_host_tiered") return;
+  // Other prompts push the cached continuations off the device; the longest one then comes back
+  // from every rank's host tier, and still gives the reference ids.
+  std::map<uint64_t, std::vector<int32_t>> outputs;
+  core.on_finish([&](const sched::Request& r, sched::FinishKind, const std::string&) {
+    outputs[r.spec.id].assign(r.output().begin(), r.output().end());
+  });
+  for (int i = 0; i < 12; ++i) {
+    serve::GenerateRequest filler;
+    filler.id = 100 + static_cast<uint64_t>(i);
+    for (int t = 0; t < 24; ++t) filler.input_ids.push_back(1 + (37 * i + 11 * t) % 500);
+    filler.max_new_tokens = 4;
+    core.submit(std::move(filler));
+  }
+  while (!core.idle()) ASSERT_TRUE(core.step().ok());
+  serve::GenerateRequest again;
+  again.id = 200;
+  again.input_ids = kPrompt;
+  again.input_ids.insert(again.input_ids.end(), kExpected.begin(), kExpected.begin() + 12);
+  again.max_new_tokens = static_cast<int32_t>(kExpected.size()) - 12;
+  core.submit(std::move(again));
+  while (!core.idle()) ASSERT_TRUE(core.step().ok());
+  EXPECT_EQ(outputs[200], std::vector<int32_t>(kExpected.begin() + 12, kExpected.end()));
+  std::printf("then %llu tokens from the host tier\n",
+              static_cast<unsigned long long>(core.counters().tier_loaded_tokens));
+  EXPECT_GT(core.counters().tier_loaded_tokens, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, Stories260kMpiScheduler,
