@@ -26,6 +26,7 @@ std::unique_ptr<MpiGroup> g_world;
 std::atomic<bool> g_abandoned{false};
 std::atomic<bool> g_broken{false};
 std::string g_abandon_reason;  // under g_mutex
+std::string g_broken_reason;   // the first failure, under g_mutex
 
 std::string abandon_reason() {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -181,7 +182,10 @@ class MpiCommunicator : public Communicator {
  private:
   Status usable() const {
     if (g_abandoned.load()) return Status::Internal(abandon_reason());
-    if (g_broken.load()) return Status::Internal("the TP group is broken");
+    if (g_broken.load()) {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      return Status::Internal(g_broken_reason);
+    }
     return Status::Ok();
   }
 
@@ -246,6 +250,10 @@ class MpiCommunicator : public Communicator {
   // The group is broken from here on: pending receives are cancelled (their buffers are the
   // caller's), sends are left to the abort.
   Status fail(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      if (g_broken_reason.empty()) g_broken_reason = s.message();
+    }
     g_broken.store(true);
     for (MPI_Request& r : requests_) {
       if (r != MPI_REQUEST_NULL) {
@@ -417,6 +425,7 @@ int mpi_finish(int exit_code) {
     // MPI_Finalize would wait for ranks that are gone or hung; the launcher ends them all.
     MPI_Abort(MPI_COMM_WORLD, exit_code != 0 ? exit_code : 1);
   }
+  g_world.reset();  // its unused communicators go before MPI does
   MPI_Finalize();
   return exit_code;
 }
