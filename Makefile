@@ -54,6 +54,10 @@ demo: build
 	  echo "./$(BUILD)/bin/kvrt generate (stories260k, TP 2, kv_fp8_e4m3)"; \
 	  ./$(BUILD)/bin/kvrt generate --set 'model.path="$(STORIES)"' --set tp.size=2 \
 	    --set kv.store=kv_fp8_e4m3 --prompt "Once upon a time" --max-new-tokens 40 -v; \
+	  echo "mpirun -np 2 ./$(BUILD)/bin/kvrt generate (the same, its two TP ranks as processes)"; \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 \
+	    ./$(BUILD)/bin/kvrt generate --set 'model.path="$(STORIES)"' \
+	    --set kv.store=kv_fp8_e4m3 --prompt "Once upon a time" --max-new-tokens 40; \
 	else echo "($(STORIES) not found: skipping the generation demo)"; fi
 	@echo "./$(BUILD)/bin/kvrt bench --matrix: the KV-bound scenario (150 clients, long answers) with each store"
 	./$(BUILD)/bin/kvrt bench --config configs/kv-bound.toml \

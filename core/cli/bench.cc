@@ -148,6 +148,8 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   WorkloadPlan plan(workload, vocab_size);
   BenchReport report;
   report.store = core.options().store;
+  const exec::Communicator* comm =
+      core.engine() != nullptr ? &core.engine()->communicator() : nullptr;
   report.max_total_num_tokens = core.max_total_num_tokens();
   report.requests = plan.total_requests();
 
@@ -235,12 +237,24 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
       }
       continue;
     }
+    const exec::CommStats comm_before = comm != nullptr ? comm->stats() : exec::CommStats{};
+    const Clock::time_point step_start = Clock::now();
     Result<sched::StepStats> st = core.step();
     if (!st.ok()) return st.status();
     const sched::StepStats& s = *st;
     if (!s.ran) continue;
     ++report.steps;
     report.decode_steps += s.prefill ? 0 : 1;
+    if (!s.prefill) {
+      report.decode.step_s += seconds(Clock::now() - step_start);
+      if (comm != nullptr) {
+        const exec::CommStats& after = comm->stats();
+        report.decode.comm_s += after.seconds - comm_before.seconds;
+        report.decode.collectives +=
+            static_cast<double>(after.collectives - comm_before.collectives);
+        report.decode.bytes_sent += static_cast<double>(after.bytes_sent - comm_before.bytes_sent);
+      }
+    }
     report.max_running = std::max(report.max_running, s.running);
     running_sum += s.running;
     usage_sum += s.token_usage;
@@ -257,6 +271,17 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
 
   const sched::SchedulerCounters& c = core.counters();
   report.duration_s = seconds(Clock::now() - start);
+  if (comm != nullptr) {
+    report.decode.tp_backend = comm->backend();
+    report.decode.tp = core.engine()->tp();
+  }
+  if (report.decode_steps > 0) {
+    const double n = static_cast<double>(report.decode_steps);
+    report.decode.step_s /= n;
+    report.decode.comm_s /= n;
+    report.decode.collectives /= n;
+    report.decode.bytes_sent /= n;
+  }
   report.prompt_tokens = c.prompt_tokens;
   report.generated_tokens = c.generated_tokens;
   report.cached_tokens = c.cached_tokens;
@@ -318,6 +343,17 @@ std::string format_report(const BenchReport& r) {
     add("%-38s %.1f (%llu steps)", "scheduler steps per second",
         r.duration_s > 0 ? static_cast<double>(r.steps) / r.duration_s : 0.0,
         static_cast<ull>(r.steps));
+  }
+  if (r.endpoint.empty() && r.decode_steps > 0) {
+    add("%-38s %.2f", "decode step, mean (ms)", r.decode.step_s * 1e3);
+    if (r.decode.tp > 1) {
+      add("%-38s %.2f ms (%.1f%% of the step), %.0f collectives, %.1f KiB sent by rank 0 "
+          "(TP %d over %s)",
+          "TP communication per decode step", r.decode.comm_s * 1e3,
+          r.decode.step_s > 0 ? 100 * r.decode.comm_s / r.decode.step_s : 0.0,
+          r.decode.collectives, r.decode.bytes_sent / 1024, r.decode.tp,
+          r.decode.tp_backend.c_str());
+    }
   }
   add("%-38s mean %.1f  p50 %.1f  p90 %.1f  p99 %.1f", "TTFT (ms)", r.ttft_s.mean * 1e3,
       r.ttft_s.p50 * 1e3, r.ttft_s.p90 * 1e3, r.ttft_s.p99 * 1e3);

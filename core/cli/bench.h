@@ -48,6 +48,14 @@ struct BenchReport {
   bool all_aborted() const { return completed == 0 && aborted > 0; }
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, tier_loaded_tokens = 0;
   uint64_t retractions = 0, steps = 0, decode_steps = 0;
+  // The decode steps' mean wall time, and what TP rank 0's communicator did in them: time inside
+  // collectives (waiting for the other ranks included), their count and the bytes it sent.
+  // In process only; tp_backend is "threads" or "mpi".
+  struct DecodeComm {
+    std::string tp_backend;
+    int tp = 1;
+    double step_s = 0, comm_s = 0, collectives = 0, bytes_sent = 0;
+  } decode;
   // Server side: generated tokens per second of wall time while requests ran -- the figure
   // the scheduler's log prints. Client side: what one request experienced, its output tokens
   // over its whole latency including the wait for admission; and all clients together.

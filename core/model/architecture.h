@@ -66,8 +66,9 @@ struct ArchitectureFamily {
   // Refuses a TP size the model cannot be sharded over, naming the counts.
   Status (*check_tp)(const ModelConfig& config, int tp);
   // The family's tensors from a Hugging Face directory (config.json and safetensors). A missing
-  // or misshapen tensor is an error naming it.
-  Result<std::unique_ptr<LoadedWeights>> (*load)(const std::string& dir);
+  // or misshapen tensor is an error naming it. With tp > 1, only rank `rank`'s shard of each
+  // tensor (a process that runs one rank); create() must then be asked for that rank.
+  Result<std::unique_ptr<LoadedWeights>> (*load)(const std::string& dir, int rank, int tp);
   // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's, and must be
   // this family's type) into `backend`'s memory.
   Result<std::unique_ptr<Architecture>> (*create)(const LoadedWeights& weights, int rank, int tp,

@@ -57,8 +57,20 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
   head_dim_ = c.head_dim;
   nq_ = shard.q_heads.size();
   nkv_ = shard.kv_heads.size();
-  const Range q_rows{shard.q_heads.begin * head_dim_, shard.q_heads.end * head_dim_};
-  const Range kv_rows{shard.kv_heads.begin * head_dim_, shard.kv_heads.end * head_dim_};
+  // The shard's rows and columns within the tensors as held: all of each, or one rank's part.
+  const HeldPart& held = weights.held;
+  auto within = [&](Range want, Range have) {
+    return held.whole ? want : Range{want.begin - have.begin, want.end - have.begin};
+  };
+  const Range q_heads = within(shard.q_heads, held.q_heads);
+  const Range kv_heads = within(shard.kv_heads, held.kv_heads);
+  const Range q_rows{q_heads.begin * head_dim_, q_heads.end * head_dim_};
+  const Range kv_rows{kv_heads.begin * head_dim_, kv_heads.end * head_dim_};
+  const Range mlp = within(shard.intermediate, held.intermediate);
+  const Range vocab = within(shard.vocab, held.vocab);
+  const int64_t o_cols = held.whole ? c.num_attention_heads * head_dim_
+                                    : held.q_heads.size() * head_dim_;
+  const int64_t down_cols = held.whole ? c.intermediate_size : held.intermediate.size();
   const int64_t qkv_rows = (nq_ + 2 * nkv_) * head_dim_, I = shard.intermediate.size();
   for (const LayerWeights& lw : weights.layers) {
     Layer l;
@@ -75,19 +87,17 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
       append_rows(lw.v_bias, 1, kv_rows, &bias);
       l.qkv_bias = backend.upload(bias);
     }
-    l.o = backend.upload_matrix(columns(lw.o, hidden, c.num_attention_heads * head_dim_, q_rows),
-                                hidden, nq_ * head_dim_);
-    append_rows(lw.gate, hidden, shard.intermediate, &gate_up);
-    append_rows(lw.up, hidden, shard.intermediate, &gate_up);
+    l.o = backend.upload_matrix(columns(lw.o, hidden, o_cols, q_rows), hidden, nq_ * head_dim_);
+    append_rows(lw.gate, hidden, mlp, &gate_up);
+    append_rows(lw.up, hidden, mlp, &gate_up);
     l.gate_up = backend.upload_matrix(std::move(gate_up), 2 * I, hidden);
-    l.down = backend.upload_matrix(
-        columns(lw.down, hidden, c.intermediate_size, shard.intermediate), hidden, I);
+    l.down = backend.upload_matrix(columns(lw.down, hidden, down_cols, mlp), hidden, I);
     layers_.push_back(std::move(l));
   }
   std::vector<float> embed, lm_head;
-  append_rows(weights.embed, hidden, shard.vocab, &embed);
+  append_rows(weights.embed, hidden, vocab, &embed);
   embed_ = backend.upload(embed);
-  append_rows(weights.output_embedding(), hidden, shard.vocab, &lm_head);
+  append_rows(weights.output_embedding(), hidden, vocab, &lm_head);
   lm_head_ = backend.upload_matrix(std::move(lm_head), shard.vocab.size(), hidden);
   final_norm_ = backend.upload(weights.final_norm);
 }
@@ -193,8 +203,17 @@ Status check_tp(const ModelConfig& c, int tp) {
       .status();
 }
 
-Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir) {
-  Result<Weights> weights = load_hf(dir);
+Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, int tp) {
+  HeldPart part;
+  if (tp > 1) {
+    Result<ModelConfig> c = parse_hf_config(dir + "/config.json");
+    if (!c.ok()) return c.status();
+    Result<LlamaShard> shard = llama_shard(c->num_attention_heads, c->num_key_value_heads,
+                                           c->intermediate_size, c->vocab_size, rank, tp);
+    if (!shard.ok()) return shard.status();
+    part = {false, shard->q_heads, shard->kv_heads, shard->intermediate, shard->vocab};
+  }
+  Result<Weights> weights = load_hf(dir, tp > 1 ? &part : nullptr);
   if (!weights.ok()) return weights.status();
   return std::unique_ptr<LoadedWeights>(new Weights(std::move(*weights)));
 }
@@ -211,6 +230,14 @@ Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int ra
   Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
                                          c.intermediate_size, c.vocab_size, rank, tp);
   if (!shard.ok()) return shard.status();
+  const HeldPart& held = weights.held;
+  auto same = [](Range a, Range b) { return a.begin == b.begin && a.end == b.end; };
+  if (!held.whole &&
+      !(same(held.q_heads, shard->q_heads) && same(held.kv_heads, shard->kv_heads) &&
+        same(held.intermediate, shard->intermediate) && same(held.vocab, shard->vocab))) {
+    return Status::Internal("weights loaded for another TP rank than rank " +
+                            std::to_string(rank) + " of " + std::to_string(tp));
+  }
   return std::unique_ptr<Architecture>(new Llama(weights, *shard, backend));
 }
 

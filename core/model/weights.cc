@@ -18,8 +18,10 @@ class Loader {
  public:
   Loader(const SafetensorsCheckpoint& ck, const std::string& dir) : ck_(ck), dir_(dir) {}
 
-  // Reads `name` into out as f32 after checking it has exactly `shape`.
-  Status Load(const std::string& name, std::vector<int64_t> shape, std::vector<float>& out) const {
+  // Rows `rows` and columns `cols` of the 2-D (or, with cols empty, 1-D) tensor `name` of
+  // `shape`, as f32, row-major [rows][cols]. Only that block is converted.
+  Status LoadBlock(const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
+                   std::vector<float>& out) const {
     if (!ck_.contains(name)) {
       return Status::NotFound(dir_ + ": tensor '" + name + "' is missing (expected shape " +
                               shape_string(shape) + ")");
@@ -30,8 +32,17 @@ class Loader {
       return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
                                      shape_string(shape) + ", found " + shape_string(t->shape));
     }
-    out.resize(static_cast<size_t>(t->numel()));
-    to_f32(*t, out.data());
+    const int64_t width = shape.size() > 1 ? shape[1] : 1;
+    if (shape.size() == 1) cols = {0, 1};
+    const size_t elem = dtype_size(t->dtype);
+    out.resize(static_cast<size_t>(rows.size() * cols.size()));
+    TensorView piece = *t;
+    piece.shape = {cols.size()};
+    piece.bytes = static_cast<size_t>(cols.size()) * elem;
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      piece.data = static_cast<const char*>(t->data) + (r * width + cols.begin) * elem;
+      to_f32(piece, out.data() + (r - rows.begin) * cols.size());
+    }
     return Status::Ok();
   }
 
@@ -136,7 +147,7 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 
 }  // namespace
 
-Result<Weights> load_hf(const std::string& dir) {
+Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   auto config = parse_hf_config(config_path);
   if (!config.ok()) return config.status();
@@ -147,41 +158,56 @@ Result<Weights> load_hf(const std::string& dir) {
   w.config = std::move(config.value());
   const ModelConfig& c = w.config;
   const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), in = c.intermediate_size;
+  const int64_t d = c.head_dim;
+  if (part != nullptr) w.held = *part;
+  // Every tensor's rows and columns this Weights keeps (all of them when whole).
+  const HeldPart& held = w.held;
+  auto all = [](int64_t n) { return Range{0, n}; };
+  auto heads = [&](Range r, int64_t n) { return held.whole ? all(n) : Range{r.begin * d, r.end * d}; };
+  const Range q_rows = heads(held.q_heads, q), kv_rows = heads(held.kv_heads, kv);
+  const Range mlp = held.whole ? all(in) : held.intermediate;
+  const Range vocab = held.whole ? all(c.vocab_size) : held.vocab;
   Loader ld(*ck, dir);
-  Status s = ld.Load("model.embed_tokens.weight", {c.vocab_size, h}, w.embed);
+  Status s = ld.LoadBlock("model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), w.embed);
   if (!s.ok()) return s;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& l = w.layers[static_cast<size_t>(i)];
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    const std::vector<std::tuple<std::string, std::vector<int64_t>, std::vector<float>*>> plan = {
-        {"input_layernorm.weight", {h}, &l.input_norm},
-        {"self_attn.q_proj.weight", {q, h}, &l.q},
-        {"self_attn.k_proj.weight", {kv, h}, &l.k},
-        {"self_attn.v_proj.weight", {kv, h}, &l.v},
-        {"self_attn.o_proj.weight", {h, q}, &l.o},
-        {"post_attention_layernorm.weight", {h}, &l.post_norm},
-        {"mlp.gate_proj.weight", {in, h}, &l.gate},
-        {"mlp.up_proj.weight", {in, h}, &l.up},
-        {"mlp.down_proj.weight", {h, in}, &l.down},
+    struct Block {
+      const char* name;
+      std::vector<int64_t> shape;
+      Range rows, cols;
+      std::vector<float>* out;
     };
-    for (const auto& [name, shape, out] : plan) {
-      s = ld.Load(p + name, shape, *out);
+    const std::vector<Block> plan = {
+        {"input_layernorm.weight", {h}, all(h), {}, &l.input_norm},
+        {"self_attn.q_proj.weight", {q, h}, q_rows, all(h), &l.q},
+        {"self_attn.k_proj.weight", {kv, h}, kv_rows, all(h), &l.k},
+        {"self_attn.v_proj.weight", {kv, h}, kv_rows, all(h), &l.v},
+        {"self_attn.o_proj.weight", {h, q}, all(h), q_rows, &l.o},
+        {"post_attention_layernorm.weight", {h}, all(h), {}, &l.post_norm},
+        {"mlp.gate_proj.weight", {in, h}, mlp, all(h), &l.gate},
+        {"mlp.up_proj.weight", {in, h}, mlp, all(h), &l.up},
+        {"mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down},
+    };
+    for (const Block& b : plan) {
+      s = ld.LoadBlock(p + b.name, b.shape, b.rows, b.cols, *b.out);
       if (!s.ok()) return s;
     }
     if (c.attention_bias) {
-      for (const auto& [name, n, out] : {std::tuple{"self_attn.q_proj.bias", q, &l.q_bias},
-                                         std::tuple{"self_attn.k_proj.bias", kv, &l.k_bias},
-                                         std::tuple{"self_attn.v_proj.bias", kv, &l.v_bias}}) {
-        s = ld.Load(p + name, {n}, *out);
+      for (const Block& b : {Block{"self_attn.q_proj.bias", {q}, q_rows, {}, &l.q_bias},
+                             Block{"self_attn.k_proj.bias", {kv}, kv_rows, {}, &l.k_bias},
+                             Block{"self_attn.v_proj.bias", {kv}, kv_rows, {}, &l.v_bias}}) {
+        s = ld.LoadBlock(p + b.name, b.shape, b.rows, b.cols, *b.out);
         if (!s.ok()) return s;
       }
     }
   }
-  s = ld.Load("model.norm.weight", {h}, w.final_norm);
+  s = ld.LoadBlock("model.norm.weight", {h}, all(h), {}, w.final_norm);
   if (!s.ok()) return s;
   if (!c.tie_word_embeddings) {
-    s = ld.Load("lm_head.weight", {c.vocab_size, h}, w.lm_head);
+    s = ld.LoadBlock("lm_head.weight", {c.vocab_size, h}, vocab, all(h), w.lm_head);
     if (!s.ok()) return s;
   }
   return w;

@@ -11,6 +11,7 @@
 
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
+#include "core/model/parallel.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
@@ -26,8 +27,17 @@ struct LayerWeights {
   std::vector<float> down;                    // [H][I]
 };
 
+// The part of each tensor a Weights holds: all of it, or one TP rank's (load_hf with a part):
+// q rows and o columns of q_heads, k / v rows of kv_heads, gate / up rows and down columns of
+// intermediate, embed and lm_head rows of vocab. The ranges are global heads and rows.
+struct HeldPart {
+  bool whole = true;
+  Range q_heads, kv_heads, intermediate, vocab;
+};
+
 struct Weights : LoadedWeights {
   ModelConfig config;
+  HeldPart held;  // whole unless loaded for one rank
   const ModelConfig& model_config() const override { return config; }
   std::vector<float> embed;  // [vocab][H]
   std::vector<LayerWeights> layers;
@@ -43,7 +53,9 @@ struct Weights : LoadedWeights {
 // (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...). A missing tensor or
 // a wrong shape is an error naming the tensor, the expected shape and what was found. Tensors
 // the model does not use are ignored, as is lm_head.weight when the embeddings are tied.
-Result<Weights> load_hf(const std::string& dir);
+// With `part`, only that part of each sharded tensor is converted (and, the files being mapped,
+// read): a TP rank in its own process holds its shard and no more.
+Result<Weights> load_hf(const std::string& dir, const HeldPart* part = nullptr);
 
 // Synthetic presets: the Llama shape of a named model with seeded random weights, the same on
 // every run and platform for a given (name, seed). Projections and embeddings are drawn from a

@@ -154,7 +154,11 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                                  "/config.json)");
     }
     rt.tokenizer = std::move(*tok);
-    Result<std::unique_ptr<model::LoadedWeights>> loaded = family->load(cfg.model.path);
+    // A process that runs one rank of several (MPI) reads only that rank's shard.
+    const std::vector<int> local = group != nullptr ? group->local_ranks() : std::vector<int>{};
+    const bool one_rank = tp > 1 && local.size() == 1;
+    Result<std::unique_ptr<model::LoadedWeights>> loaded =
+        family->load(cfg.model.path, one_rank ? local[0] : 0, one_rank ? tp : 1);
     if (!loaded.ok()) return loaded.status();
     weights = std::move(*loaded);
   } else {

@@ -194,7 +194,8 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
     } else {
       s = Status::ConfigError(cfg.source + ": tp.size = " + std::to_string(cfg.tp.size) +
                               ", but the MPI launcher started " + std::to_string(g.size()) +
-                              " processes: run one process per TP rank (mpirun -np " +
+                              (g.size() == 1 ? " process" : " processes") +
+                              ": run one process per TP rank (mpirun -np " +
                               std::to_string(cfg.tp.size) + ")");
     }
   }

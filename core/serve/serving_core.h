@@ -68,6 +68,8 @@ class ServingCore {
   bool idle() const { return scheduler_.idle(); }
   // Whether the engine can never step again (its TP group failed): every request is lost.
   bool engine_broken() const { return engine_ != nullptr && engine_->broken(); }
+  // The engine it steps; null over another executor.
+  const exec::Engine* engine() const { return engine_; }
 
   const ServingOptions& options() const { return options_; }
   const sched::Scheduler& scheduler() const { return scheduler_; }

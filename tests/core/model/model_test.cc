@@ -585,6 +585,55 @@ TEST(WeightsTest, LoadsStories260k) {
   EXPECT_EQ(raw, w->layers[3].k);
 }
 
+// One TP rank's part (what a rank in its own process loads) is exactly that part of the whole:
+// rows of q / k / v, gate / up, embed; columns of o and down; norms whole.
+TEST(WeightsTest, LoadsOneRanksPartOfStories260k) {
+  REQUIRE_STORIES260K(dir);
+  auto whole = load_hf(dir);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  const int64_t d = 8, h = 64;
+  auto rows = [](const std::vector<float>& m, int64_t cols, Range r) {
+    return std::vector<float>(m.begin() + r.begin * cols, m.begin() + r.end * cols);
+  };
+  auto columns = [](const std::vector<float>& m, int64_t nrows, int64_t cols, Range c) {
+    std::vector<float> out;
+    for (int64_t i = 0; i < nrows; ++i) {
+      out.insert(out.end(), m.begin() + i * cols + c.begin, m.begin() + i * cols + c.end);
+    }
+    return out;
+  };
+  for (int tp : {2, 4}) {
+    for (int rank = 0; rank < tp; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(tp));
+      HeldPart part;
+      part.whole = false;
+      part.kv_heads = split(4, tp, rank);
+      part.q_heads = {part.kv_heads.begin * 2, part.kv_heads.end * 2};
+      part.intermediate = split(172, tp, rank);
+      part.vocab = split(512, tp, rank);
+      auto w = load_hf(dir, &part);
+      ASSERT_TRUE(w.ok()) << w.status().message();
+      EXPECT_FALSE(w->held.whole);
+      const Range q{part.q_heads.begin * d, part.q_heads.end * d};
+      const Range kv{part.kv_heads.begin * d, part.kv_heads.end * d};
+      EXPECT_EQ(w->embed, rows(whole->embed, h, part.vocab));
+      EXPECT_EQ(w->final_norm, whole->final_norm);
+      for (size_t i = 0; i < w->layers.size(); ++i) {
+        const LayerWeights& a = w->layers[i];
+        const LayerWeights& b = whole->layers[i];
+        EXPECT_EQ(a.input_norm, b.input_norm);
+        EXPECT_EQ(a.q, rows(b.q, h, q));
+        EXPECT_EQ(a.k, rows(b.k, h, kv));
+        EXPECT_EQ(a.v, rows(b.v, h, kv));
+        EXPECT_EQ(a.o, columns(b.o, h, 64, q));
+        EXPECT_EQ(a.gate, rows(b.gate, h, part.intermediate));
+        EXPECT_EQ(a.up, rows(b.up, h, part.intermediate));
+        EXPECT_EQ(a.down, columns(b.down, h, 172, part.intermediate));
+      }
+    }
+  }
+}
+
 // A complete one-layer model in a temp dir whose tensors a test can drop, reshape or retype.
 class TinyHfModel {
  public:
