@@ -57,11 +57,16 @@ void block_serve_signals() {
 }  // namespace
 
 int run_serve(const std::string& config_path, const std::vector<std::string>& overrides) {
-  Result<std::unique_ptr<runtime::Session>> session =
-      runtime::start(config_path, overrides, block_serve_signals);
+  // Before any thread starts (MPI's own included), so that every thread inherits the mask.
+  block_serve_signals();
+  Result<std::unique_ptr<runtime::Session>> session = runtime::start(config_path, overrides);
   if (!session.ok()) return fail(session.status());
-  if (!(*session)->leads()) return runtime::follow(**session);
   const sigset_t signals = serve_signals();
+  if (!(*session)->leads()) {
+    // A following rank serves nothing: signals end it as they end any process.
+    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+    return runtime::follow(**session);
+  }
   const config::Config& cfg = (*session)->cfg;
   plugin::Registry& registry = (*session)->registry;
   runtime::Runtime& rt = (*session)->rt;

@@ -222,27 +222,22 @@ class MpiCommunicator : public Communicator {
   }
 
   Status post_send(const void* data, size_t bytes, int peer, int tag) {
-    if (Status s = check_size(bytes); !s.ok()) return s;
-    requests_.emplace_back();
-    peers_.push_back(peer);
-    const int rc = MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_,
-                             &requests_.back());
-    if (rc != MPI_SUCCESS) {
-      return fail(Status::Internal("sending to TP rank " + std::to_string(peer) + ": " +
-                                   mpi_error(rc)));
-    }
-    return Status::Ok();
+    return post(true, const_cast<void*>(data), bytes, peer, tag);
+  }
+  Status post_recv(void* data, size_t bytes, int peer, int tag) {
+    return post(false, data, bytes, peer, tag);
   }
 
-  Status post_recv(void* data, size_t bytes, int peer, int tag) {
+  Status post(bool send, void* data, size_t bytes, int peer, int tag) {
     if (Status s = check_size(bytes); !s.ok()) return s;
     requests_.emplace_back();
     peers_.push_back(peer);
-    const int rc = MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_,
-                             &requests_.back());
+    const int n = static_cast<int>(bytes);
+    const int rc = send ? MPI_Isend(data, n, MPI_BYTE, peer, tag, comm_, &requests_.back())
+                        : MPI_Irecv(data, n, MPI_BYTE, peer, tag, comm_, &requests_.back());
     if (rc != MPI_SUCCESS) {
-      return fail(Status::Internal("receiving from TP rank " + std::to_string(peer) + ": " +
-                                   mpi_error(rc)));
+      return fail(Status::Internal(std::string(send ? "sending to" : "receiving from") +
+                                   " TP rank " + std::to_string(peer) + ": " + mpi_error(rc)));
     }
     return Status::Ok();
   }

@@ -154,8 +154,7 @@ Status refuse_under_launcher(const std::string& what) {
 }
 
 Result<std::unique_ptr<Session>> start(const std::string& config_path,
-                                       const std::vector<std::string>& overrides,
-                                       void (*before_build)()) {
+                                       const std::vector<std::string>& overrides) {
   auto session = std::make_unique<Session>();
   config::Config& cfg = session->cfg;
   const int launched = exec::launcher_world_size();
@@ -174,7 +173,6 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
   const bool mpi = launched > 1 || (s.ok() && cfg.tp.backend == "mpi");
   if (!mpi) {
     if (!s.ok()) return s;
-    if (before_build != nullptr) before_build();
     wire_plugins(session->registry, cfg);
     Result<Runtime> rt = build_runtime(cfg, session->registry);
     if (!rt.ok()) return rt.status();
@@ -200,7 +198,6 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
     }
   }
   if (s.ok()) {
-    if (before_build != nullptr) before_build();
     wire_plugins(session->registry, cfg);
     Result<Runtime> rt = build_runtime(cfg, session->registry, &g);
     if (rt.ok()) {

@@ -32,11 +32,9 @@ struct Session {
   bool leads() const { return rt.engine->leads(); }
 };
 
-// `before_build` runs after the config is read and before the model is built (serve masks its
-// signals there, so every thread started later inherits the mask).
+// `config_path` may be empty (the defaults); `overrides` are --set's.
 Result<std::unique_ptr<Session>> start(const std::string& config_path,
-                                       const std::vector<std::string>& overrides,
-                                       void (*before_build)() = nullptr);
+                                       const std::vector<std::string>& overrides);
 
 // A following rank's whole job: runs rank 0's commands until rank 0 stops the group. Returns the
 // process's exit code (0 when rank 0 stopped it, 1 when the group failed: the reason, naming the

@@ -2,7 +2,8 @@
 # removed with the server (if still running) on exit; check DESCRIPTION COMMAND..., which prints
 # ok/FAILED and sets failed=1; and start_serve, which runs `"$kvrt" serve --set server.port=0 ARGS`
 # with its output in $out/serve.out and serve.err, and sets pid, port and url once it listens
-# (up to 60 s: sanitizer builds start slowly), or port "" when it died or never listened.
+# (up to 60 s: sanitizer builds start slowly), or port "" when it died or never listened;
+# wait_listening is its second half, for a server started otherwise (under mpirun).
 out=$(mktemp -d)
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$out"' EXIT
@@ -16,6 +17,12 @@ check() {  # check <description> <command...>
 start_serve() {
   "$kvrt" serve --set server.port=0 "$@" >"$out/serve.out" 2>"$out/serve.err" &
   pid=$!
+  wait_listening
+}
+
+# After starting a server as $pid (writing $out/serve.out): waits until it listens, then sets
+# port and url (port "" when it died or never listened).
+wait_listening() {
   for _ in $(seq 600); do
     grep -q "^listening on" "$out/serve.out" && break
     kill -0 "$pid" 2>/dev/null || break

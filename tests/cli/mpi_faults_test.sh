@@ -56,14 +56,7 @@ serve_mpi() {
   $mpirun -np 2 "$kvrt" serve --set "model.preset=\"synth-76m\"" --set server.port=0 \
     --set tp.timeout_s=3 "$@" >"$out/serve.out" 2>"$out/serve.err" &
   pid=$!
-  port=
-  for _ in $(seq 600); do
-    grep -q "^listening on" "$out/serve.out" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  port=$(sed -n 's/^listening on .*:\([0-9]*\)$/\1/p' "$out/serve.out")
-  url=http://127.0.0.1:$port
+  wait_listening
   rank1=$(sed -n 's/.*TP 2 over MPI: ranks 0 on .*; 1 on [^,]*, pid \([0-9]*\).*/\1/p' \
     "$out/serve.err")
 }
