@@ -51,7 +51,7 @@ void encode_pages(std::span<const uint64_t> hashes, std::span<const int32_t> pag
   out->resize(8 + n * 8 + pages.size() * 4);
   std::memcpy(out->data(), &reason, 4);
   std::memcpy(out->data() + 4, &n, 4);
-  std::memcpy(out->data() + 8, hashes.data(), n * 8);
+  if (n > 0) std::memcpy(out->data() + 8, hashes.data(), n * 8);
   if (!pages.empty()) std::memcpy(out->data() + 8 + n * 8, pages.data(), pages.size() * 4);
 }
 
@@ -65,7 +65,7 @@ bool decode_pages(std::span<const uint8_t> in, uint32_t rank, bool with_pages, u
   std::memcpy(&n, in.data() + 4, 4);
   if (in.size() != 8 + size_t{n} * (with_pages ? 12 : 8)) return false;
   t->hashes.resize(n);
-  std::memcpy(t->hashes.data(), in.data() + 8, size_t{n} * 8);
+  if (n > 0) std::memcpy(t->hashes.data(), in.data() + 8, size_t{n} * 8);
   for (uint64_t& h : t->hashes) h = sched::rank_hash(h, rank);
   t->pages.resize(with_pages ? n : 0);
   for (size_t i = 0; i < t->pages.size(); ++i) {
@@ -88,7 +88,7 @@ Status execute(RankExecutor& rank, TierState& tier, uint64_t op, std::span<const
   switch (op) {
     case kStep: {
       std::vector<int32_t> words(payload.size() / 4);
-      std::memcpy(words.data(), payload.data(), words.size() * 4);
+      if (!words.empty()) std::memcpy(words.data(), payload.data(), words.size() * 4);
       Batch batch;
       if (Status s = deserialize(words, &batch); !s.ok() || payload.size() % 4 != 0) {
         // Rank 0 serialised these words itself: a batch this rank cannot read means the group
@@ -124,7 +124,7 @@ Status execute(RankExecutor& rank, TierState& tier, uint64_t op, std::span<const
         return ticket.status();
       }
       tier.last_ticket = *ticket;
-      std::memcpy(extra.data(), tier.loaded.data(), tier.loaded.size());
+      if (!tier.loaded.empty()) std::memcpy(extra.data(), tier.loaded.data(), tier.loaded.size());
       return st->wait(tier.last_ticket);
     }
     case kTierWait:

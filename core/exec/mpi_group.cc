@@ -110,7 +110,9 @@ class MpiCommunicator : public Communicator {
         for (size_t i = 0; i < m; ++i) sums_[i] += converted_[i];
       }
     }
-    if (type == ElementType::kF32) {
+    if (m == 0) {
+      // A buffer shorter than the group: this rank owns no part of it.
+    } else if (type == ElementType::kF32) {
       std::memcpy(base + mine.begin * bytes, sums_.data(), m * bytes);
     } else {
       kernels::f32_to_bf16(sums_.data(), reinterpret_cast<uint16_t*>(base + mine.begin * bytes),
