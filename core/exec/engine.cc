@@ -137,18 +137,9 @@ Status execute(RankExecutor& rank, TierState& tier, uint64_t op, std::span<const
   std::abort();
 }
 
-// A reply record: the status, then `extra` bytes.
-void encode_reply(const Status& s, std::span<uint8_t> record) {
-  std::fill(record.begin(), record.begin() + kStatusBytes, 0);
-  record[0] = static_cast<uint8_t>(s.code());
-  const std::string& message = s.message();
-  std::memcpy(record.data() + 1, message.data(), std::min(message.size(), kStatusBytes - 2));
-}
-
+// A reply record's rank-named status (status_to_record wrote it; the extra bytes follow).
 Status decode_reply(std::span<const uint8_t> record, int rank) {
-  if (record[0] == 0) return Status::Ok();
-  return Status::FromCode(static_cast<Status::Code>(record[0]),
-                          std::string(reinterpret_cast<const char*>(record.data() + 1)))
+  return status_from_record(record.first(kStatusBytes))
       .WithContext("TP rank " + std::to_string(rank));
 }
 
@@ -168,7 +159,7 @@ Status exchange(Communicator& comm, const Status& mine, std::span<const uint8_t>
                 std::vector<uint8_t>* all) {
   const size_t record = kStatusBytes + extra.size();
   std::vector<uint8_t> own(record);
-  encode_reply(mine, own);
+  status_to_record(mine, std::span<uint8_t>(own).first(kStatusBytes));
   if (!extra.empty()) std::memcpy(own.data() + kStatusBytes, extra.data(), extra.size());
   all->resize(record * comm.size());
   const std::vector<size_t> counts(comm.size(), record);
@@ -301,7 +292,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   engine->local_ = engine->ranks_.front().get();
   engine->leader_tier_ = std::make_unique<TierState>();
   engine->leads_ = engine->local_->rank() == 0;
-  engine->has_tier_ = engine->local_->store().tier() != nullptr;
   for (size_t i = 1; i < engine->ranks_.size(); ++i) {
     engine->followers_.emplace_back([e = engine.get(), i] {
       (void)e->follow_loop(e->ranks_[i].get());  // rank 0 sees a failure in its collectives
@@ -351,7 +341,6 @@ Result<std::vector<float>> Engine::step(const Batch& batch) {
   }
   Status s = lead(kStep, payload, 0,
                   [&](std::span<uint8_t>) { return local_->forward(batch, &logits); }, nullptr);
-  ++steps_;
   if (!s.ok()) return s;
   return logits;
 }
@@ -359,7 +348,7 @@ Result<std::vector<float>> Engine::step(const Batch& batch) {
 Status Engine::tier_command(uint64_t op, std::span<const uint64_t> hashes,
                             std::span<const int32_t> pages, uint32_t reason,
                             std::vector<uint8_t>* out) {
-  if (!has_tier_) return Status::Internal(local_->store().name() + " has no tier");
+  if (!has_tier()) return Status::Internal(local_->store().name() + " has no tier");
   encode_pages(hashes, pages, reason, &command_);
   const size_t extra = reply_bytes(op, command_);
   return lead(op, command_, extra,
@@ -403,7 +392,7 @@ Status Engine::tier_load(std::span<const uint64_t> hashes, std::span<const int32
 Status Engine::tier_wait() { return tier_command(kTierWait, {}, {}, 0, nullptr); }
 
 Result<kvrt_tier_info> Engine::tier_info() const {
-  if (!has_tier_) return Status::Internal(local_->store().name() + " has no tier");
+  if (!has_tier()) return Status::Internal(local_->store().name() + " has no tier");
   return local_->store().tier()->info();
 }
 

@@ -63,7 +63,7 @@ class Engine {
 
   // The KV store's host tier on every rank at once (each rank's tier keys the pages with its
   // rank, sched::rank_hash). Leader only, and only when has_tier().
-  bool has_tier() const { return has_tier_; }
+  bool has_tier() const { return local_->store().tier() != nullptr; }
   // Leading pages of `hashes` every rank's tier holds (the least over ranks).
   Result<uint64_t> tier_lookup(std::span<const uint64_t> hashes);
   Status tier_save(std::span<const uint64_t> hashes, std::span<const int32_t> pages,
@@ -84,8 +84,6 @@ class Engine {
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
   uint64_t num_pages() const { return options_.num_pages; }
-  // Forward steps run so far.
-  uint64_t steps() const { return steps_; }
 
  private:
   Engine(const model::ModelConfig& config, const EngineOptions& options);
@@ -106,7 +104,6 @@ class Engine {
   std::unique_ptr<ThreadGroup> own_group_;  // when options.group is null
   TpGroup* group_ = nullptr;
   bool leads_ = true;
-  bool has_tier_ = false;
   std::vector<std::unique_ptr<RankExecutor>> ranks_;  // this process's, ascending
   RankExecutor* local_ = nullptr;  // ranks_[0]: rank 0 when leading
   std::vector<std::thread> followers_;
@@ -114,7 +111,6 @@ class Engine {
   std::vector<uint8_t> command_;  // rank 0's serialised command
   std::vector<uint8_t> replies_;
   std::vector<int32_t> words_;
-  uint64_t steps_ = 0;
   Status broken_;  // why the TP group cannot step any more (OK while it can)
 };
 

@@ -44,8 +44,8 @@ class MpiGroup : public TpGroup {
   std::unique_ptr<Communicator> startup_communicator();
   // The cores shared out over the ranks on this host.
   int threads_per_rank(int cores) const override;
+  // This process's host (MPI_Get_processor_name).
   const std::string& host() const { return host_; }
-  int ranks_on_host() const { return local_size_; }
 
  private:
   MpiGroup() = default;

@@ -79,16 +79,14 @@ std::vector<std::pair<std::string, std::string>> lines(const std::string& text) 
   return out;
 }
 
-// Every rank's record on every rank, then the same verdict on every rank.
-Status handshake(exec::Communicator& comm, const Status& mine, const std::string& print) {
+// Every rank's record on every rank, then the same verdict on every rank. `host` is where this
+// rank runs (MpiGroup::host).
+Status handshake(exec::Communicator& comm, const std::string& host, const Status& mine,
+                 const std::string& print) {
   const int rank = comm.rank(), size = comm.size();
   std::vector<uint8_t> record(kRecordBytes, 0), all(kRecordBytes * size);
-  record[0] = static_cast<uint8_t>(mine.code());
-  std::memcpy(record.data() + 1, mine.message().data(),
-              std::min(mine.message().size(), kStatusBytes - 2));
-  char host[64] = {0};
-  gethostname(host, sizeof(host) - 1);
-  const std::string where = std::string(host) + ", pid " + std::to_string(getpid());
+  status_to_record(mine, std::span<uint8_t>(record).first(kStatusBytes));
+  const std::string where = host + ", pid " + std::to_string(getpid());
   std::memcpy(record.data() + kStatusBytes, where.data(), std::min(where.size(), kWhereBytes - 1));
   const size_t print_at = kStatusBytes + kWhereBytes, print_bytes = kRecordBytes - print_at - 1;
   if (print.size() > print_bytes) {
@@ -107,13 +105,14 @@ Status handshake(exec::Communicator& comm, const Status& mine, const std::string
            field(all, r, kStatusBytes, kWhereBytes) + ")";
   };
   for (int r = 0; r < size; ++r) {
-    if (all[r * kRecordBytes] == 0) continue;
+    const Status theirs =
+        status_from_record(std::span<const uint8_t>(all).subspan(r * kRecordBytes, kStatusBytes));
+    if (theirs.ok()) continue;
     if (rank != 0 && r != rank) {
       return Status::Internal("TP rank " + std::to_string(rank) + ": not starting: TP rank " +
                               std::to_string(r) + " failed (rank 0 says why)");
     }
-    return Status::FromCode(static_cast<Status::Code>(all[r * kRecordBytes]),
-                            name(r) + " failed to start: " + field(all, r, 1, kStatusBytes));
+    return theirs.WithContext(name(r) + " failed to start");
   }
   const auto reference = lines(field(all, 0, print_at, print_bytes));
   for (int r = 1; r < size; ++r) {
@@ -207,7 +206,7 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
     }
   }
   const std::string print = s.ok() ? fingerprint(*session) : "";
-  Status verdict = handshake(*startup, s, print);
+  Status verdict = handshake(*startup, g.host(), s, print);
   if (!verdict.ok()) {
     if (session->rt.engine != nullptr) session->rt.engine->mark_broken(verdict);
     return verdict;

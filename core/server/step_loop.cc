@@ -110,21 +110,20 @@ void StepLoop::run() {
     Result<sched::StepStats> step = core_.step();
     if (!step.ok()) {
       // The engine failed: the requests of the failed batch end with the reason (a retry would
-      // fail the same way); the rest, and the loop, go on.
+      // fail the same way); the rest, and the loop, go on -- unless the engine broke for good
+      // (its TP group failed), when nothing unfinished can finish and every request ends.
+      const std::string why = "the engine failed: " + step.status().message();
+      const bool newly_broken = !engine_broken_ && core_.engine_broken();
+      engine_broken_ = engine_broken_ || newly_broken;
       const std::vector<uint64_t> failed = core_.scheduler().failed_batch();
       spdlog::error("step failed for {} requests: {}", failed.size(), step.status().message());
       for (uint64_t id : failed) {
         failing_ = id;
-        core_.abort(id, "the engine failed: " + step.status().message());
+        core_.abort(id, why);
       }
       failing_ = 0;
-      if (failed.empty()) abort_all("the engine failed: " + step.status().message());
-      if (core_.engine_broken() && !engine_broken_) {
-        // No step can run again: nothing unfinished will finish.
-        engine_broken_ = true;
-        abort_all("the engine failed: " + step.status().message());
-        if (on_engine_broken_) on_engine_broken_(step.status().message());
-      }
+      if (failed.empty() || engine_broken_) abort_all(why);
+      if (newly_broken && on_engine_broken_) on_engine_broken_(step.status().message());
     }
   }
 }

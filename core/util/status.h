@@ -2,7 +2,11 @@
 // predicates. Messages are one line a user can act on: they name the file, key, plugin or field.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <variant>
@@ -61,6 +65,21 @@ class Status {
       : state_(std::make_shared<const State>(State{code, std::move(message)})) {}
   std::shared_ptr<const State> state_;
 };
+
+// A status as a fixed-size record (at least 2 bytes), for one that crosses a rank boundary as
+// bytes: its code, then its message, truncated to fit and NUL-terminated.
+inline void status_to_record(const Status& s, std::span<uint8_t> record) {
+  std::fill(record.begin(), record.end(), uint8_t{0});
+  record[0] = static_cast<uint8_t>(s.code());
+  const std::string& message = s.message();
+  std::memcpy(record.data() + 1, message.data(), std::min(message.size(), record.size() - 2));
+}
+// The inverse.
+inline Status status_from_record(std::span<const uint8_t> record) {
+  if (record[0] == 0) return Status::Ok();
+  return Status::FromCode(static_cast<Status::Code>(record[0]),
+                          std::string(reinterpret_cast<const char*>(record.data() + 1)));
+}
 
 // A value or the Status saying why there is none.
 template <class T>
