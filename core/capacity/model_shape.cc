@@ -39,47 +39,17 @@ constexpr NamedShape kNamedShapes[] = {
                               "weight_block_size": [128, 128]}})"},
 };
 
-// Parameters of a DeepSeek-V2/V3-style model (MLA attention, optional MoE), split into those
-// an fp8 checkpoint quantizes (the projections) and the rest (embeddings, norms, routers).
-// The multi-token-prediction layers (num_nextn_predict_layers) are not counted: a server
-// loads them only for speculative decoding.
+// Parameters of a DeepSeek-V2/V3-style model (MLA attention, optional MoE), counted by
+// model::ModelConfig, when its config gives every size the count needs.
 void count_mla(const model::ModelConfig& c, ModelShape& shape) {
   const model::ModelConfig::Mla& mla = c.mla;
-  const model::ModelConfig::Moe& moe = c.moe;
-  const uint64_t h = c.hidden_size, vocab = c.vocab_size, inter = c.intermediate_size;
-  const uint64_t nope = mla.qk_nope_head_dim, v = mla.v_head_dim;
-  if (h == 0 || vocab == 0 || inter == 0 || nope == 0 || v == 0) return;
-  const uint64_t rope = mla.qk_rope_head_dim, kv_rank = mla.kv_lora_rank;
-  const uint64_t q_rank = mla.q_lora_rank, heads = c.num_attention_heads;
-  const uint64_t experts = moe.n_routed_experts, shared = moe.n_shared_experts;
-  const uint64_t moe_inter = moe.moe_intermediate_size;
-  const uint64_t first_dense = moe.first_k_dense_replace;
-  const uint64_t moe_freq = std::max<int64_t>(1, moe.moe_layer_freq);
-  if (experts > 0 && moe_inter == 0) return;
-
-  const uint64_t q_head = nope + rope;
-  uint64_t proj = 0, other = 0;
-  for (uint64_t i = 0; i < static_cast<uint64_t>(c.num_hidden_layers); ++i) {
-    if (q_rank > 0) {
-      proj += h * q_rank + q_rank * heads * q_head;  // q_a_proj, q_b_proj
-      other += q_rank;                               // q_a_layernorm
-    } else {
-      proj += h * heads * q_head;  // q_proj
-    }
-    proj += h * (kv_rank + rope) + kv_rank * heads * (nope + v);  // kv_a (with MQA rope), kv_b
-    proj += heads * v * h;                                        // o_proj
-    other += kv_rank + 2 * h;  // kv_a_layernorm, input and post-attention norms
-    if (experts > 0 && i >= first_dense && i % moe_freq == 0) {
-      proj += (experts + shared) * 3 * h * moe_inter;  // routed and shared experts
-      other += experts * h;                            // the router
-    } else {
-      proj += 3 * h * inter;  // gate, up, down
-    }
+  if (c.hidden_size <= 0 || c.vocab_size <= 0 || c.intermediate_size <= 0 ||
+      mla.qk_nope_head_dim <= 0 || mla.v_head_dim <= 0) {
+    return;
   }
-  other += vocab * h + h;  // embeddings, final norm
-  if (!c.tie_word_embeddings) other += vocab * h;
-  shape.parameters = other;
-  shape.fp8_parameters = proj;
+  if (c.moe.n_routed_experts > 0 && c.moe.moe_intermediate_size <= 0) return;
+  shape.fp8_parameters = static_cast<uint64_t>(c.projection_parameter_count());
+  shape.parameters = static_cast<uint64_t>(c.parameter_count()) - shape.fp8_parameters;
 }
 
 // Parameters of a Llama-family dense model, counted by model::ModelConfig.

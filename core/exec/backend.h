@@ -96,11 +96,25 @@ class Backend {
                            float* out) = 0;
   // y[m][w.rows] = x[m][w.cols] * w^T.
   virtual void matmul(const float* x, int64_t m, const Matrix& w, float* y) = 0;
+  // The same with x's rows x_stride floats apart and y's y_stride apart (one head's slice of
+  // a wider row: MLA's per-head products).
+  virtual void matmul_strided(const float* x, int64_t m, int64_t x_stride, const Matrix& w,
+                              float* y, int64_t y_stride) = 0;
+  // dst row i (dst_stride apart) = src row i (src_stride apart), `width` floats, `rows` rows.
+  virtual void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                         int64_t rows, int64_t width) = 0;
+  // dst[rows[i]] += weights[i] * src[i] for rows of `width` (a mixture of experts' combine;
+  // rows and weights are host arrays).
+  virtual void scatter_add_rows(const float* src, std::span<const int64_t> rows,
+                                std::span<const float> weights, int64_t width, float* dst) = 0;
   // x[r] += bias for each of `rows` rows of bias.size() floats at `row_stride` apart.
   virtual void add_bias(float* x, int64_t rows, int64_t row_stride, const Buffer& bias) = 0;
   virtual void add(float* x, const float* y, size_t n) = 0;
   virtual void rms_norm(const float* x, const Buffer& weight, float* out, int64_t rows, int64_t dim,
                         float eps) = 0;
+  // The same over the first `dim` floats of rows x_stride (in) and out_stride (out) apart.
+  virtual void rms_norm_strided(const float* x, int64_t x_stride, const Buffer& weight, float* out,
+                                int64_t out_stride, int64_t rows, int64_t dim, float eps) = 0;
   // out[r] = silu(x[r][0..n)) * x[r][n..2n) for `rows` rows of 2n.
   virtual void silu_mul(const float* x, int64_t rows, int64_t n, float* out) = 0;
   // Rotate-half RoPE tables for host `positions` ([tokens][head_dim / 2] each) and their
@@ -109,6 +123,15 @@ class Backend {
                            float* cos, float* sin) = 0;
   virtual void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                           int64_t row_stride, const float* cos, const float* sin) = 0;
+  // Tables from explicit inverse frequencies ([head_dim / 2], host; YaRN's), cos and sin
+  // multiplied by `scale` (YaRN's attention factor).
+  virtual void rope_tables_from(std::span<const int32_t> positions, std::span<const float> inv_freq,
+                                float scale, float* cos, float* sin) = 0;
+  // RoPE on interleaved pairs (x[2i], x[2i+1]) with angle i, each head's result written
+  // de-interleaved (the rotated firsts, then the seconds), as transformers' DeepSeek-V3
+  // applies it with rope_interleave. q and k get the same order, so q.k is interleaved RoPE's.
+  virtual void apply_rope_interleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                                      int64_t row_stride, const float* cos, const float* sin) = 0;
 };
 
 }  // namespace kvrt::exec

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -124,6 +125,36 @@ void CpuBackend::matmul(const float* x, int64_t m, const Matrix& matrix, float* 
   }
 }
 
+void CpuBackend::matmul_strided(const float* x, int64_t m, int64_t x_stride, const Matrix& w,
+                                float* y, int64_t y_stride) {
+  if (x_stride == w.cols && y_stride == w.rows) return matmul(x, m, w, y);
+  // The rows are small (one head's), so they are made dense around one product, which reads
+  // the weights once for all m rows.
+  rows_in_.resize(static_cast<size_t>(m * w.cols));
+  rows_out_.resize(static_cast<size_t>(m * w.rows));
+  copy_rows(x, x_stride, rows_in_.data(), w.cols, m, w.cols);
+  matmul(rows_in_.data(), m, w, rows_out_.data());
+  copy_rows(rows_out_.data(), w.rows, y, y_stride, m, w.rows);
+}
+
+void CpuBackend::copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                           int64_t rows, int64_t width) {
+  if (width <= 0) return;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, width * sizeof(float));
+  }
+}
+
+void CpuBackend::scatter_add_rows(const float* src, std::span<const int64_t> rows,
+                                  std::span<const float> weights, int64_t width, float* dst) {
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float* s = src + static_cast<int64_t>(i) * width;
+    float* d = dst + rows[i] * width;
+    const float w = weights[i];
+    for (int64_t j = 0; j < width; ++j) d[j] += w * s[j];
+  }
+}
+
 void CpuBackend::add_bias(float* x, int64_t rows, int64_t row_stride, const Buffer& bias) {
   for (int64_t r = 0; r < rows; ++r)
     kernels::add_inplace(x + r * row_stride, bias.data(), bias.size());
@@ -134,6 +165,14 @@ void CpuBackend::add(float* x, const float* y, size_t n) { kernels::add_inplace(
 void CpuBackend::rms_norm(const float* x, const Buffer& weight, float* out, int64_t rows,
                           int64_t dim, float eps) {
   kernels::rms_norm(x, weight.data(), out, rows, dim, eps);
+}
+
+void CpuBackend::rms_norm_strided(const float* x, int64_t x_stride, const Buffer& weight,
+                                  float* out, int64_t out_stride, int64_t rows, int64_t dim,
+                                  float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    kernels::rms_norm(x + r * x_stride, weight.data(), out + r * out_stride, 1, dim, eps);
+  }
 }
 
 void CpuBackend::silu_mul(const float* x, int64_t rows, int64_t n, float* out) {
@@ -150,6 +189,37 @@ void CpuBackend::rope_tables(std::span<const int32_t> positions, int64_t head_di
 void CpuBackend::apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                             int64_t row_stride, const float* cos, const float* sin) {
   kernels::apply_rope(x, tokens, heads, head_dim, row_stride, cos, sin);
+}
+
+void CpuBackend::rope_tables_from(std::span<const int32_t> positions,
+                                  std::span<const float> inv_freq, float scale, float* cos,
+                                  float* sin) {
+  const size_t half = inv_freq.size();
+  for (size_t t = 0; t < positions.size(); ++t) {
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+      cos[t * half + i] = std::cos(angle) * scale;
+      sin[t * half + i] = std::sin(angle) * scale;
+    }
+  }
+}
+
+void CpuBackend::apply_rope_interleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                                        int64_t row_stride, const float* cos, const float* sin) {
+  const int64_t half = head_dim / 2;
+  std::vector<float> pair(static_cast<size_t>(head_dim));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * row_stride + h * head_dim;
+      std::copy_n(v, head_dim, pair.data());
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = pair[2 * i], b = pair[2 * i + 1];
+        const float c = cos[t * half + i], s = sin[t * half + i];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
 }
 
 }  // namespace kvrt::exec

@@ -32,20 +32,33 @@ class CpuBackend : public Backend {
   void gather_rows(const float* src, std::span<const int64_t> rows, int64_t width,
                    float* out) override;
   void matmul(const float* x, int64_t m, const Matrix& w, float* y) override;
+  void matmul_strided(const float* x, int64_t m, int64_t x_stride, const Matrix& w, float* y,
+                      int64_t y_stride) override;
+  void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
+                 int64_t rows, int64_t width) override;
+  void scatter_add_rows(const float* src, std::span<const int64_t> rows,
+                        std::span<const float> weights, int64_t width, float* dst) override;
   void add_bias(float* x, int64_t rows, int64_t row_stride, const Buffer& bias) override;
   void add(float* x, const float* y, size_t n) override;
   void rms_norm(const float* x, const Buffer& weight, float* out, int64_t rows, int64_t dim,
                 float eps) override;
+  void rms_norm_strided(const float* x, int64_t x_stride, const Buffer& weight, float* out,
+                        int64_t out_stride, int64_t rows, int64_t dim, float eps) override;
   void silu_mul(const float* x, int64_t rows, int64_t n, float* out) override;
   void rope_tables(std::span<const int32_t> positions, int64_t head_dim, float theta, float* cos,
                    float* sin) override;
   void apply_rope(float* x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t row_stride,
                   const float* cos, const float* sin) override;
+  void rope_tables_from(std::span<const int32_t> positions, std::span<const float> inv_freq,
+                        float scale, float* cos, float* sin) override;
+  void apply_rope_interleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
+                              int64_t row_stride, const float* cos, const float* sin) override;
 
  private:
   bool bf16_weights_;
   int threads_;
   std::vector<float> scratch_;  // bf16 weights widened for large products
+  std::vector<float> rows_in_, rows_out_;  // strided products' rows, made dense
 };
 
 }  // namespace kvrt::exec

@@ -1,23 +1,28 @@
 #include "core/model/architecture.h"
 
+#include "core/model/deepseek_v3.h"
 #include "core/model/llama.h"
+#include "core/model/weights.h"
 
 namespace kvrt::model {
 
 Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config) {
-  // parse_hf_config accepts only the Llama family's names so far, and presets are Llama shapes.
-  for (const std::string& name : supported_architectures()) {
-    if (config.architecture == name) return &llama_family();
+  if (config.architecture == "DeepseekV3ForCausalLM") return &deepseek_v3_family();
+  for (const char* llama : {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}) {
+    if (config.architecture == llama) return &llama_family();
   }
+  std::string names;
+  for (const std::string& n : supported_architectures()) names += (names.empty() ? "" : ", ") + n;
   return Status::Unsupported("architecture '" + config.architecture +
-                             "' has no implementation; there is: llama (" +
-                             [] {
-                               std::string names;
-                               for (const std::string& n : supported_architectures())
-                                 names += (names.empty() ? "" : ", ") + n;
-                               return names;
-                             }() +
-                             ")");
+                             "' has no implementation; there is: " + names);
+}
+
+Result<std::unique_ptr<LoadedWeights>> make_preset_weights(std::string_view name, uint64_t seed) {
+  Result<ModelConfig> config = preset_config(name);
+  if (!config.ok()) return config.status();
+  Result<const ArchitectureFamily*> family = find_architecture(*config);
+  if (!family.ok()) return family.status();
+  return (*family)->generate(*config, seed);
 }
 
 }  // namespace kvrt::model

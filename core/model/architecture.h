@@ -1,13 +1,15 @@
 // The architecture interface: one model family's tensors, how they shard over TP ranks, and a
 // step's forward written in a compute backend's ops (core/exec/backend.h). One instance holds
-// one rank's shard. Llama-family models are llama.h; a new family (DeepSeek-V3's MLA + MoE) is a
-// new file registered in architecture.cc, with no change to the others or to the backends.
+// one rank's shard. Llama-family models are llama.h, DeepSeek-V3's MLA + MoE deepseek_v3.h; a
+// new family is a new file registered in architecture.cc, with no change to the others or to
+// the backends.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/exec/backend.h"
@@ -62,13 +64,15 @@ class Architecture {
 // A model family: which tensors it has (its LoadedWeights type, and their names in a
 // checkpoint), how they shard, and how to build one rank.
 struct ArchitectureFamily {
-  const char* name;  // "llama"
+  const char* name;  // "llama", "deepseek_v3"
   // Refuses a TP size the model cannot be sharded over, naming the counts.
   Status (*check_tp)(const ModelConfig& config, int tp);
   // The family's tensors from a Hugging Face directory (config.json and safetensors). A missing
   // or misshapen tensor is an error naming it. With tp > 1, only rank `rank`'s shard of each
   // tensor (a process that runs one rank); create() must then be asked for that rank.
   Result<std::unique_ptr<LoadedWeights>> (*load)(const std::string& dir, int rank, int tp);
+  // Seeded weights of `config`'s shape, whole (a synthetic preset, weights.h).
+  Result<std::unique_ptr<LoadedWeights>> (*generate)(const ModelConfig& config, uint64_t seed);
   // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's, and must be
   // this family's type) into `backend`'s memory.
   Result<std::unique_ptr<Architecture>> (*create)(const LoadedWeights& weights, int rank, int tp,
@@ -77,5 +81,9 @@ struct ArchitectureFamily {
 
 // The family serving config.architecture, or an error naming it and the families there are.
 Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config);
+
+// A synthetic preset's weights (preset_config(name), weights.h), by its family.
+Result<std::unique_ptr<LoadedWeights>> make_preset_weights(std::string_view name,
+                                                           uint64_t seed = 0);
 
 }  // namespace kvrt::model

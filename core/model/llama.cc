@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/model/vocab_parallel.h"
 #include "core/model/weights.h"
 
 namespace kvrt::model {
@@ -43,11 +44,9 @@ class Llama : public Architecture {
   LlamaShard shard_;
   int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
   std::vector<Layer> layers_;
-  exec::Buffer embed_;                     // [V_r][H] rows of this rank's vocab range
-  std::unique_ptr<exec::Matrix> lm_head_;  // [V_r][H]
-  exec::Buffer final_norm_;
+  std::unique_ptr<VocabParallel> vocab_;  // the embedding, the final norm and the LM head
   // Activations, grown to the largest step seen.
-  exec::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_, last_, local_, gathered_;
+  exec::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_;
 };
 
 Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend)
@@ -96,10 +95,9 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
   }
   std::vector<float> embed, lm_head;
   append_rows(weights.embed, hidden, vocab, &embed);
-  embed_ = backend.upload(embed);
   append_rows(weights.output_embedding(), hidden, vocab, &lm_head);
-  lm_head_ = backend.upload_matrix(std::move(lm_head), shard.vocab.size(), hidden);
-  final_norm_ = backend.upload(weights.final_norm);
+  vocab_ = std::make_unique<VocabParallel>(backend, shard.rank, shard.tp, c.vocab_size, hidden,
+                                           embed, std::move(lm_head), weights.final_norm);
 }
 
 AttentionShape Llama::attention_shape() const {
@@ -116,7 +114,6 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, D = head_dim_, T = static_cast<int64_t>(in.ids.size());
   const int64_t qkv_width = (nq_ + 2 * nkv_) * D, I = shard_.intermediate.size();
-  const int64_t B = static_cast<int64_t>(in.last_rows.size());
   const float eps = static_cast<float>(c.rms_norm_eps);
   const exec::Stream stream = be.stream();
   Status status;  // the first failure; collectives go on regardless
@@ -128,8 +125,7 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
 
   // Vocab-parallel embedding: each rank fills its rows, the all-reduce completes them.
   be.reserve(&x_, T * H);
-  be.embed(embed_, shard_.vocab.begin, in.ids, H, x_.data());
-  check(comm.all_reduce_sum(x_.data(), T * H, ElementType::kF32, stream));
+  check(vocab_->embed(be, comm, in.ids, x_.data()));
 
   for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
   be.rope_tables(in.positions, D, static_cast<float>(c.rope_theta), cos_.data(), sin_.data());
@@ -169,31 +165,7 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
   }
 
   // Logits of each sequence's last token: this rank's vocab slice, gathered on every rank.
-  be.reserve(&last_, B * H);
-  be.gather_rows(x, in.last_rows, H, last_.data());
-  be.rms_norm(last_.data(), final_norm_, last_.data(), B, H, eps);
-  const int64_t Vr = shard_.vocab.size();
-  be.reserve(&local_, B * Vr);
-  be.matmul(last_.data(), B, *lm_head_, local_.data());
-  std::vector<size_t> counts(shard_.tp);
-  for (int r = 0; r < shard_.tp; ++r) counts[r] = B * split(c.vocab_size, shard_.tp, r).size();
-  be.reserve(&gathered_, B * c.vocab_size);
-  check(comm.all_gather(local_.data(), counts, gathered_.data(), ElementType::kF32, stream));
-  if (shard_.rank == 0) {
-    // gathered is [rank][B][V_r]; logits are [B][V].
-    std::vector<float> host(B * c.vocab_size);
-    be.download(gathered_.data(), host.size(), host.data());
-    logits->assign(B * c.vocab_size, 0.0f);
-    int64_t offset = 0;
-    for (int r = 0; r < shard_.tp; ++r) {
-      const Range vr = split(c.vocab_size, shard_.tp, r);
-      for (int64_t b = 0; b < B; ++b) {
-        std::copy_n(host.data() + offset + b * vr.size(), vr.size(),
-                    logits->data() + b * c.vocab_size + vr.begin);
-      }
-      offset += B * vr.size();
-    }
-  }
+  check(vocab_->logits(be, comm, x, in.last_rows, eps, logits));
   return status;
 }
 
@@ -216,6 +188,10 @@ Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, in
   Result<Weights> weights = load_hf(dir, tp > 1 ? &part : nullptr);
   if (!weights.ok()) return weights.status();
   return std::unique_ptr<LoadedWeights>(new Weights(std::move(*weights)));
+}
+
+Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& config, uint64_t seed) {
+  return std::unique_ptr<LoadedWeights>(new Weights(generate_llama(config, seed)));
 }
 
 Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int rank, int tp,
@@ -276,7 +252,7 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
 }
 
 const ArchitectureFamily& llama_family() {
-  static const ArchitectureFamily kFamily{"llama", check_tp, load, create};
+  static const ArchitectureFamily kFamily{"llama", check_tp, load, generate, create};
   return kFamily;
 }
 

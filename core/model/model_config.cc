@@ -12,7 +12,47 @@ namespace kvrt::model {
 
 using nlohmann::json;
 
+namespace {
+
+// An MLA model's parameters (DeepSeek-V2/V3, Kimi-K2): the projections an fp8 checkpoint
+// quantizes, and the rest (embeddings, norms, routers and their biases).
+struct MlaCounts {
+  int64_t projections = 0, other = 0;
+};
+MlaCounts count_mla(const ModelConfig& c) {
+  const ModelConfig::Mla& mla = c.mla;
+  const ModelConfig::Moe& moe = c.moe;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = mla.qk_nope_head_dim, rope = mla.qk_rope_head_dim, v = mla.v_head_dim;
+  const int64_t kv_rank = mla.kv_lora_rank, q_rank = mla.q_lora_rank;
+  MlaCounts n;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (q_rank > 0) {
+      n.projections += h * q_rank + q_rank * heads * (nope + rope);  // q_a_proj, q_b_proj
+      n.other += q_rank;                                             // q_a_layernorm
+    } else {
+      n.projections += h * heads * (nope + rope);  // q_proj
+    }
+    n.projections += h * (kv_rank + rope) + kv_rank * heads * (nope + v);  // kv_a (MQA), kv_b
+    n.projections += heads * v * h;                                        // o_proj
+    n.other += kv_rank + 2 * h;  // kv_a_layernorm, input and post-attention norms
+    if (c.moe_layer(i)) {
+      n.projections += (moe.n_routed_experts + moe.n_shared_experts) * 3 * h *
+                       moe.moe_intermediate_size;  // routed and shared experts
+      n.other += moe.n_routed_experts * (h + 1);   // the router and its correction bias
+    } else {
+      n.projections += 3 * h * c.intermediate_size;  // gate, up, down
+    }
+  }
+  n.other += c.vocab_size * h + h;  // embeddings, final norm
+  if (!c.tie_word_embeddings) n.other += c.vocab_size * h;
+  return n;
+}
+
+}  // namespace
+
 int64_t ModelConfig::projection_parameter_count() const {
+  if (is_mla()) return count_mla(*this).projections;
   const int64_t h = hidden_size;
   return num_hidden_layers * (h * q_dim()                    // q_proj
                               + 2 * kv_dim() * h             // k_proj, v_proj
@@ -21,6 +61,10 @@ int64_t ModelConfig::projection_parameter_count() const {
 }
 
 int64_t ModelConfig::parameter_count() const {
+  if (is_mla()) {
+    const MlaCounts n = count_mla(*this);
+    return n.projections + n.other;
+  }
   const int64_t h = hidden_size;
   int64_t per_layer = 2 * h;  // input and post-attention norms
   if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
@@ -71,7 +115,8 @@ Status ModelConfig::validate(const std::string& source) const {
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> kSupported = {"LlamaForCausalLM", "Qwen2ForCausalLM",
-                                                      "MistralForCausalLM"};
+                                                      "MistralForCausalLM",
+                                                      "DeepseekV3ForCausalLM"};
   return kSupported;
 }
 
@@ -266,6 +311,34 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
         std::tuple{"num_experts_per_tok", &moe.num_experts_per_tok, 0}}) {
     KVRT_ASSIGN(*field, f.Int(key, fallback));
   }
+  KVRT_ASSIGN(mla.rope_interleave, f.Bool("rope_interleave", true));
+  KVRT_ASSIGN(moe.n_group, f.Int("n_group", 1));
+  KVRT_ASSIGN(moe.topk_group, f.Int("topk_group", 1));
+  KVRT_ASSIGN(moe.norm_topk_prob, f.Bool("norm_topk_prob", true));
+  KVRT_ASSIGN(moe.routed_scaling_factor, f.Double("routed_scaling_factor", 1.0));
+  KVRT_ASSIGN(moe.scoring_func, f.String("scoring_func", "sigmoid"));
+  KVRT_ASSIGN(moe.topk_method, f.String("topk_method", "noaux_tc"));
+  if (const json* scaling = f.Find("rope_scaling")) {
+    if (!scaling->is_object()) {
+      return f.Error("rope_scaling", "expected an object or null, found " + Show(*scaling));
+    }
+    const Fields r(source + ": rope_scaling", *scaling);
+    KVRT_ASSIGN(c.rope_scaling_type, r.String("type", ""));
+    if (c.rope_scaling_type.empty()) KVRT_ASSIGN(c.rope_scaling_type, r.String("rope_type", ""));
+    if (c.rope_scaling_type == "yarn") {
+      ModelConfig::Yarn& y = c.yarn;
+      KVRT_ASSIGN(y.factor, r.Double("factor", 0));
+      if (y.factor <= 0) return r.Error("factor", "a positive number is required for yarn");
+      KVRT_ASSIGN(y.original_max_position_embeddings,
+                  r.Int("original_max_position_embeddings", c.max_position_embeddings));
+      KVRT_ASSIGN(y.beta_fast, r.Double("beta_fast", 32));
+      KVRT_ASSIGN(y.beta_slow, r.Double("beta_slow", 1));
+      KVRT_ASSIGN(y.mscale, r.Double("mscale", 0));
+      KVRT_ASSIGN(y.mscale_all_dim, r.Double("mscale_all_dim", 0));
+      KVRT_ASSIGN(y.attention_factor, r.Double("attention_factor", 0));
+      KVRT_ASSIGN(y.truncate, r.Bool("truncate", true));
+    }
+  }
   c.other_moe = f.Find("num_local_experts") != nullptr || f.Find("num_experts") != nullptr;
   c.fp8_checkpoint = is_fp8_quantized(*object) || is_fp8_quantized(root);
 
@@ -319,6 +392,53 @@ Result<ModelConfig> read_hf_config_file(const std::string& path) {
   return read_hf_config(*text, path);
 }
 
+namespace {
+
+// DeepSeek-V3's MLA and router fields, as the executor (core/model/deepseek_v3.cc) runs them.
+Status check_deepseek(const ModelConfig& c, const std::string& source) {
+  auto error = [&](const std::string& key, const std::string& why) {
+    return Status::Unsupported(source + ": " + key + ": " + why);
+  };
+  for (auto [key, value] : {std::pair{"kv_lora_rank", c.mla.kv_lora_rank},
+                            std::pair{"qk_rope_head_dim", c.mla.qk_rope_head_dim},
+                            std::pair{"qk_nope_head_dim", c.mla.qk_nope_head_dim},
+                            std::pair{"v_head_dim", c.mla.v_head_dim}}) {
+    if (value <= 0) return error(key, "a positive value is required (MLA)");
+  }
+  if (c.mla.qk_rope_head_dim % 2 != 0) return error("qk_rope_head_dim", "must be even");
+  const ModelConfig::Moe& m = c.moe;
+  if (m.n_routed_experts == 0) return Status::Ok();
+  if (m.moe_intermediate_size <= 0) return error("moe_intermediate_size", "must be positive");
+  if (m.num_experts_per_tok <= 0 || m.num_experts_per_tok > m.n_routed_experts) {
+    return error("num_experts_per_tok", "must lie in 1..n_routed_experts (" +
+                                            std::to_string(m.n_routed_experts) + "), found " +
+                                            std::to_string(m.num_experts_per_tok));
+  }
+  if (m.n_group <= 0 || m.n_routed_experts % m.n_group != 0) {
+    return error("n_group", std::to_string(m.n_group) + " does not divide n_routed_experts " +
+                                std::to_string(m.n_routed_experts));
+  }
+  if (m.topk_group <= 0 || m.topk_group > m.n_group) {
+    return error("topk_group", "must lie in 1..n_group (" + std::to_string(m.n_group) +
+                                   "), found " + std::to_string(m.topk_group));
+  }
+  if (m.n_group > 1 && m.n_routed_experts / m.n_group < 2) {
+    return error("n_group", "a group's score sums its two best experts: groups need two");
+  }
+  if (m.num_experts_per_tok > m.topk_group * (m.n_routed_experts / m.n_group)) {
+    return error("num_experts_per_tok", "exceeds the experts of topk_group groups");
+  }
+  if (m.scoring_func != "sigmoid") {
+    return error("scoring_func", "unsupported '" + m.scoring_func + "' (DeepSeek-V3: sigmoid)");
+  }
+  if (m.topk_method != "noaux_tc") {
+    return error("topk_method", "unsupported '" + m.topk_method + "' (DeepSeek-V3: noaux_tc)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status check_runnable(const ModelConfig& c, const std::string& source) {
   auto error = [&](const std::string& key, const std::string& why) {
     return Status::ConfigError(source + ": " + key + ": " + why);
@@ -334,7 +454,7 @@ Status check_runnable(const ModelConfig& c, const std::string& source) {
     return error("architectures", "unsupported '" + c.architecture + "' (supported: " + list + ")");
   }
   for (const std::string& key : c.missing) return error(key, "missing required field");
-  if (c.head_dim_inexact) {
+  if (c.head_dim_inexact && !c.is_mla()) {
     return error("head_dim", "absent, and hidden_size = " + std::to_string(c.hidden_size) +
                                  " is not a multiple of num_attention_heads = " +
                                  std::to_string(c.num_attention_heads));
@@ -343,9 +463,16 @@ Status check_runnable(const ModelConfig& c, const std::string& source) {
     return Status::Unsupported(source + ": hidden_act: unsupported '" + c.hidden_act +
                                "' (only silu, i.e. SwiGLU, is implemented)");
   }
-  if (c.rope_scaling) {
-    return Status::Unsupported(source +
-                               ": rope_scaling: unsupported (only plain RoPE is implemented)");
+  const bool deepseek = c.architecture == "DeepseekV3ForCausalLM";
+  if (c.rope_scaling && !(deepseek && c.rope_scaling_type == "yarn")) {
+    return Status::Unsupported(
+        source + ": rope_scaling: unsupported type '" + c.rope_scaling_type + "' (" +
+        (deepseek ? "DeepSeek-V3 models run with plain RoPE or yarn" : "only plain RoPE is "
+                                                                       "implemented") +
+        ")");
+  }
+  if (deepseek) {
+    if (Status s = check_deepseek(c, source); !s.ok()) return s;
   }
   if (c.mlp_bias) return Status::Unsupported(source + ": mlp_bias: true is not implemented");
   if (c.use_sliding_window) {

@@ -5,6 +5,7 @@
 // Synthetic presets (weights.h) build one directly.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -43,6 +44,9 @@ struct ModelConfig {
     int64_t qk_nope_head_dim = 0;
     int64_t v_head_dim = 0;
     int64_t q_lora_rank = 0;  // 0: q_proj without a low-rank factorisation
+    // RoPE on interleaved pairs (x0, x1), (x2, x3), ... as DeepSeek-V3 applies it; false:
+    // rotate-half, as Llama. transformers' DeepseekV3Config defaults to true.
+    bool rope_interleave = true;
   } mla;
   // DeepSeek-style mixture of experts (n_routed_experts > 0).
   struct Moe {
@@ -52,7 +56,28 @@ struct ModelConfig {
     int64_t first_k_dense_replace = 0;  // the first layers keep a dense MLP
     int64_t moe_layer_freq = 1;
     int64_t num_experts_per_tok = 0;
+    // The router (DeepSeek-V3): sigmoid scores; e_score_correction_bias only chooses experts;
+    // the experts are chosen within the topk_group best of n_group groups (a group's score is
+    // the sum of its two best); the chosen weights are normalised when norm_topk_prob, then
+    // multiplied by routed_scaling_factor.
+    int64_t n_group = 1;
+    int64_t topk_group = 1;
+    bool norm_topk_prob = true;
+    double routed_scaling_factor = 1.0;
+    std::string scoring_func = "sigmoid";
+    std::string topk_method = "noaux_tc";
   } moe;
+  // rope_scaling of type "yarn" (DeepSeek-V3, Kimi-K2), as transformers computes it; factor 0
+  // when rope_scaling is null or of another type (`rope_scaling_type` says which).
+  struct Yarn {
+    double factor = 0;
+    int64_t original_max_position_embeddings = 0;
+    double beta_fast = 32, beta_slow = 1;
+    double mscale = 0, mscale_all_dim = 0;  // 0: absent
+    double attention_factor = 0;            // 0: absent (derived from mscale)
+    bool truncate = true;
+  } yarn;
+  std::string rope_scaling_type;  // "" when rope_scaling is null
   bool other_moe = false;       // num_local_experts / num_experts: another MoE layout
   bool fp8_checkpoint = false;  // quantization_config.quant_method = "fp8"
 
@@ -64,14 +89,23 @@ struct ModelConfig {
   bool head_dim_inexact = false;     // head_dim absent and hidden_size % heads != 0
   std::vector<std::string> missing;  // required fields absent from config.json, in order
 
+  bool is_mla() const { return mla.kv_lora_rank > 0; }
+  // Whether layer `layer` has DeepSeek's mixture of experts instead of a dense MLP.
+  bool moe_layer(int64_t layer) const {
+    return moe.n_routed_experts > 0 && layer >= moe.first_k_dense_replace &&
+           layer % std::max<int64_t>(1, moe.moe_layer_freq) == 0;
+  }
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }
 
   // Number of stored parameters: embeddings, every layer's projections, norms and biases, the final
-  // norm, and lm_head unless tied (a tied head is not counted twice).
+  // norm, and lm_head unless tied (a tied head is not counted twice). An MLA model counts its
+  // low-rank projections, routers, routed and shared experts; the multi-token-prediction layers
+  // (num_nextn_predict_layers) are not counted, as a server loads them only to speculate.
   int64_t parameter_count() const;
-  // Of which the layers' projections (q, k, v, o, gate, up, down): what an fp8 checkpoint
-  // stores in one byte each.
+  // Of which the layers' projections (Llama: q, k, v, o, gate, up, down; MLA: q_a, q_b or q,
+  // kv_a, kv_b, o and every expert's gate, up, down): what an fp8 checkpoint stores in one byte
+  // each.
   int64_t projection_parameter_count() const;
   // Bytes of weights at `dtype_bytes` per parameter (4 for f32, 2 for bf16).
   int64_t weight_bytes(int64_t dtype_bytes) const { return parameter_count() * dtype_bytes; }
@@ -92,8 +126,9 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
 Result<ModelConfig> read_hf_config_file(const std::string& path);
 
 // Whether the executor can run `config`: a supported architecture (supported_architectures()),
-// the required fields present, hidden_act silu, no rope_scaling, no mlp_bias, no Qwen2 sliding
-// window, and validate(). Errors name `source` and the field.
+// the required fields present, hidden_act silu, no rope_scaling (DeepSeek-V3: yarn only), no
+// mlp_bias, no Qwen2 sliding window, DeepSeek-V3's MLA and router fields usable, and
+// validate(). Errors name `source` and the field.
 Status check_runnable(const ModelConfig& config, const std::string& source);
 
 // read_hf_config_file, then check_runnable.

@@ -14,43 +14,6 @@ namespace {
 
 // ---- Loading from a Hugging Face directory ----
 
-class Loader {
- public:
-  Loader(const SafetensorsCheckpoint& ck, const std::string& dir) : ck_(ck), dir_(dir) {}
-
-  // Rows `rows` and columns `cols` of the 2-D (or, with cols empty, 1-D) tensor `name` of
-  // `shape`, as f32, row-major [rows][cols]. Only that block is converted.
-  Status LoadBlock(const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
-                   std::vector<float>& out) const {
-    if (!ck_.contains(name)) {
-      return Status::NotFound(dir_ + ": tensor '" + name + "' is missing (expected shape " +
-                              shape_string(shape) + ")");
-    }
-    auto t = ck_.get(name);
-    if (!t.ok()) return t.status();
-    if (t->shape != shape) {
-      return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
-                                     shape_string(shape) + ", found " + shape_string(t->shape));
-    }
-    const int64_t width = shape.size() > 1 ? shape[1] : 1;
-    if (shape.size() == 1) cols = {0, 1};
-    const size_t elem = dtype_size(t->dtype);
-    out.resize(static_cast<size_t>(rows.size() * cols.size()));
-    TensorView piece = *t;
-    piece.shape = {cols.size()};
-    piece.bytes = static_cast<size_t>(cols.size()) * elem;
-    for (int64_t r = rows.begin; r < rows.end; ++r) {
-      piece.data = static_cast<const char*>(t->data) + (r * width + cols.begin) * elem;
-      to_f32(piece, out.data() + (r - rows.begin) * cols.size());
-    }
-    return Status::Ok();
-  }
-
- private:
-  const SafetensorsCheckpoint& ck_;
-  const std::string& dir_;
-};
-
 // ---- Synthetic presets ----
 
 // splitmix64 (Steele, Lea, Flood 2014): a tiny generator whose output is defined by integer
@@ -147,6 +110,37 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 
 }  // namespace
 
+Status load_block(const SafetensorsCheckpoint& ck, const std::string& dir, const std::string& name,
+                  std::vector<int64_t> shape, Range rows, Range cols, std::vector<float>& out) {
+  if (!ck.contains(name)) {
+    return Status::NotFound(dir + ": tensor '" + name + "' is missing (expected shape " +
+                            shape_string(shape) + ")");
+  }
+  auto t = ck.get(name);
+  if (!t.ok()) return t.status();
+  if (t->shape != shape) {
+    return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
+                                   shape_string(shape) + ", found " + shape_string(t->shape));
+  }
+  const int64_t width = shape.size() > 1 ? shape[1] : 1;
+  if (shape.size() == 1) cols = {0, 1};
+  const size_t elem = dtype_size(t->dtype);
+  out.resize(static_cast<size_t>(rows.size() * cols.size()));
+  TensorView piece = *t;
+  piece.shape = {cols.size()};
+  piece.bytes = static_cast<size_t>(cols.size()) * elem;
+  for (int64_t r = rows.begin; r < rows.end; ++r) {
+    piece.data = static_cast<const char*>(t->data) + (r * width + cols.begin) * elem;
+    to_f32(piece, out.data() + (r - rows.begin) * cols.size());
+  }
+  return Status::Ok();
+}
+
+void fill_random(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
+                 const std::string& name) {
+  FillRandom(v, n, stddev, seed, name);
+}
+
 Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   auto config = parse_hf_config(config_path);
@@ -167,8 +161,11 @@ Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
   const Range q_rows = heads(held.q_heads, q), kv_rows = heads(held.kv_heads, kv);
   const Range mlp = held.whole ? all(in) : held.intermediate;
   const Range vocab = held.whole ? all(c.vocab_size) : held.vocab;
-  Loader ld(*ck, dir);
-  Status s = ld.LoadBlock("model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), w.embed);
+  auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
+                   std::vector<float>& out) {
+    return load_block(*ck, dir, name, std::move(shape), rows, cols, out);
+  };
+  Status s = block("model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), w.embed);
   if (!s.ok()) return s;
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
@@ -192,28 +189,87 @@ Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
         {"mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down},
     };
     for (const Block& b : plan) {
-      s = ld.LoadBlock(p + b.name, b.shape, b.rows, b.cols, *b.out);
+      s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
       if (!s.ok()) return s;
     }
     if (c.attention_bias) {
       for (const Block& b : {Block{"self_attn.q_proj.bias", {q}, q_rows, {}, &l.q_bias},
                              Block{"self_attn.k_proj.bias", {kv}, kv_rows, {}, &l.k_bias},
                              Block{"self_attn.v_proj.bias", {kv}, kv_rows, {}, &l.v_bias}}) {
-        s = ld.LoadBlock(p + b.name, b.shape, b.rows, b.cols, *b.out);
+        s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
         if (!s.ok()) return s;
       }
     }
   }
-  s = ld.LoadBlock("model.norm.weight", {h}, all(h), {}, w.final_norm);
+  s = block("model.norm.weight", {h}, all(h), {}, w.final_norm);
   if (!s.ok()) return s;
   if (!c.tie_word_embeddings) {
-    s = ld.LoadBlock("lm_head.weight", {c.vocab_size, h}, vocab, all(h), w.lm_head);
+    s = block("lm_head.weight", {c.vocab_size, h}, vocab, all(h), w.lm_head);
     if (!s.ok()) return s;
   }
   return w;
 }
 
+namespace {
+
+// MLA + MoE presets: DeepSeek-V3 / Kimi-K2's proportions scaled down.
+struct MlaPreset {
+  std::string_view name;
+  int64_t hidden, layers, heads, q_lora, kv_lora, nope, rope, v, intermediate;
+  int64_t experts, shared, expert_width, top_k, groups, top_groups;
+  double yarn_factor;
+  int64_t original_max, max_positions;
+};
+
+constexpr MlaPreset kMlaPresets[] = {
+    // Kimi-K2's attention (16 heads of 128 + 64 over a 512 + 64 latent) on a 1024 hidden, one
+    // dense layer then three of 64 experts, top 8, one shared; yarn as Kimi-K2 sets it.
+    {"synth-mla", 1024, 4, 16, 384, 512, 128, 64, 128, 2816, 64, 1, 256, 8, 1, 1, 32, 4096,
+     131072},
+    // For tests: two expert groups (group-limited routing) and yarn, small enough for sanitizers.
+    {"synth-mla-tiny", 64, 3, 4, 32, 32, 16, 8, 16, 128, 8, 1, 32, 2, 2, 1, 4, 512, 2048},
+};
+
+ModelConfig MlaConfigOf(const MlaPreset& p) {
+  ModelConfig c;
+  c.architecture = "DeepseekV3ForCausalLM";
+  c.torch_dtype = "float32";
+  c.hidden_size = p.hidden;
+  c.intermediate_size = p.intermediate;
+  c.num_hidden_layers = p.layers;
+  c.num_attention_heads = c.num_key_value_heads = p.heads;
+  c.head_dim = p.nope + p.rope;
+  c.vocab_size = 512;
+  c.max_position_embeddings = p.max_positions;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 50000.0;
+  c.tie_word_embeddings = false;
+  c.bos_token_id = 1;
+  c.eos_token_ids = {2};
+  c.mla = {p.kv_lora, p.rope, p.nope, p.v, p.q_lora, true};
+  c.moe.n_routed_experts = p.experts;
+  c.moe.n_shared_experts = p.shared;
+  c.moe.moe_intermediate_size = p.expert_width;
+  c.moe.first_k_dense_replace = 1;
+  c.moe.num_experts_per_tok = p.top_k;
+  c.moe.n_group = p.groups;
+  c.moe.topk_group = p.top_groups;
+  c.moe.routed_scaling_factor = 2.827;
+  c.rope_scaling = true;
+  c.rope_scaling_type = "yarn";
+  c.yarn.factor = p.yarn_factor;
+  c.yarn.original_max_position_embeddings = p.original_max;
+  c.yarn.beta_fast = c.yarn.beta_slow = 1;
+  c.yarn.mscale = c.yarn.mscale_all_dim = 1;
+  return c;
+}
+
+}  // namespace
+
 Result<ModelConfig> preset_config(std::string_view name) {
+  for (const MlaPreset& p : kMlaPresets) {
+    if (p.name == name) return MlaConfigOf(p);
+  }
   auto p = FindPreset(name);
   if (!p.ok()) return p.status();
   return ConfigOf(**p);
@@ -222,8 +278,12 @@ Result<ModelConfig> preset_config(std::string_view name) {
 Result<Weights> make_preset(std::string_view name, uint64_t seed) {
   auto p = FindPreset(name);
   if (!p.ok()) return p.status();
+  return generate_llama(ConfigOf(**p), seed);
+}
+
+Weights generate_llama(const ModelConfig& config, uint64_t seed) {
   Weights w;
-  w.config = ConfigOf(**p);
+  w.config = config;
   const ModelConfig& c = w.config;
   const auto h = static_cast<size_t>(c.hidden_size), q = static_cast<size_t>(c.q_dim()),
              kv = static_cast<size_t>(c.kv_dim()), in = static_cast<size_t>(c.intermediate_size),
@@ -250,12 +310,14 @@ Result<Weights> make_preset(std::string_view name, uint64_t seed) {
     }
   }
   w.final_norm.assign(h, 1.0f);
+  if (!c.tie_word_embeddings) FillRandom(w.lm_head, vocab * h, kStd, seed, "lm_head.weight");
   return w;
 }
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> out;
   for (const Preset& p : kPresets) out.emplace_back(p.name);
+  for (const MlaPreset& p : kMlaPresets) out.emplace_back(p.name);
   return out;
 }
 

@@ -138,8 +138,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   const bool bf16 = rt.bf16_weights;
   const kvrt_kv_geometry& g = rt.geometry;
 
-  // The tensors: the architecture family loads its own from the checkpoint; presets are
-  // seeded Llama shapes. A tokenizer goes with each.
+  // The tensors: the architecture family loads its own from the checkpoint or generates a
+  // preset's. A tokenizer goes with each.
   std::unique_ptr<model::LoadedWeights> weights;
   if (!cfg.model.path.empty()) {
     const std::string tokenizer_path = cfg.model.path + "/tokenizer.model";
@@ -162,9 +162,10 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     if (!loaded.ok()) return loaded.status();
     weights = std::move(*loaded);
   } else {
-    Result<model::Weights> preset = model::make_preset(cfg.model.preset);
+    Result<std::unique_ptr<model::LoadedWeights>> preset =
+        model::make_preset_weights(cfg.model.preset);
     if (!preset.ok()) return preset.status().WithContext("model.preset");
-    weights = std::make_unique<model::Weights>(std::move(*preset));
+    weights = std::move(*preset);
     Result<std::unique_ptr<model::Tokenizer>> tok =
         model::make_byte_tokenizer(static_cast<int32_t>(rt.model.vocab_size));
     if (!tok.ok()) return tok.status();

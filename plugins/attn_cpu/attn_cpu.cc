@@ -3,7 +3,8 @@
 // Reads K/V natively through the store's layout when their dtypes are f32, bf16 or FP8 E4M3
 // with no scale, a per-tensor scale or per-token-head scales (the shipped stores' formats), and
 // through the store's gather() otherwise (a third-party format: slower, still correct).
-// v_head_dim 0 (an MLA-like latent) means V is K: the output has qk_head_dim elements per head.
+// v_head_dim 0 in the layout (an MLA latent) means V is in the K row: its first v_width values
+// (the attention's v_head_dim; 0 there means all of K), and the output has that many per head.
 //
 // plan() splits the batch into work items in the caller's workspace: blocks of up to kRowBlock
 // query rows of one sequence, each over the KV positions its rows can see (causal masking
@@ -416,9 +417,16 @@ class CpuAttention : public sdk::AttentionBase {
     };
     if (l.num_kv_heads != p.num_kv_heads) return differs("num_kv_heads", l.num_kv_heads, kv_heads_);
     if (l.k_head_dim != p.qk_head_dim) return differs("k_head_dim", l.k_head_dim, qk_dim_);
-    if (l.v_head_dim != p.v_head_dim) return differs("v_head_dim", l.v_head_dim, p.v_head_dim);
-    // A 1.1 layout names V's width and offset (0 from a 1.0 store: the whole V row).
-    if (l.v_width != 0 && l.v_width != v_dim_) return differs("v_width", l.v_width, v_dim_);
+    if (l.v_head_dim == 0) {
+      // V in the K row (MLA): its first v_width values (all of them from a 1.0 store). The
+      // attention says the same width, or 0 for all of K.
+      const uint32_t width = l.v_width != 0 ? l.v_width : l.k_head_dim;
+      if (width != v_dim_) return differs("v_width", width, v_dim_);
+    } else {
+      if (l.v_head_dim != p.v_head_dim) return differs("v_head_dim", l.v_head_dim, p.v_head_dim);
+      // A 1.1 layout names V's width and offset (0 from a 1.0 store: the whole V row).
+      if (l.v_width != 0 && l.v_width != v_dim_) return differs("v_width", l.v_width, v_dim_);
+    }
     if (l.v_offset != 0) return differs("v_offset", l.v_offset, 0);
     if (l.page_size == 0) return "layout.page_size is 0";
     return "";
@@ -564,8 +572,10 @@ class CpuAttention : public sdk::AttentionBase {
     const bool shared_tile = item.rows >= kSharedTileMinRows;
     const size_t kt_head = size_t{qk_dim_} * kTile, vt_head = size_t{v_dim_} * kTile;
     auto* gathered_k = scratch<float>(layer, scratch_.gathered_k);
-    float* gathered_v =
-        params().v_head_dim == 0 ? gathered_k : scratch<float>(layer, scratch_.gathered_v);
+    // V in the K row (MLA): the V rows are the K rows, read to v_dim_.
+    const bool v_in_k = l.v_head_dim == 0;
+    float* gathered_v = v_in_k ? gathered_k : scratch<float>(layer, scratch_.gathered_v);
+    const size_t gathered_v_row = v_in_k ? qk_dim_ : v_dim_;
     const auto* k_base = static_cast<const uint8_t*>(l.k_base);
     const auto* v_base = static_cast<const uint8_t*>(l.v_base);
     const auto* ks_base = reinterpret_cast<const uint8_t*>(l.k_scale);
@@ -578,7 +588,7 @@ class CpuAttention : public sdk::AttentionBase {
     const size_t k_head_stride =
         layer.native ? static_cast<size_t>(l.k_head_stride) : size_t{qk_dim_} * sizeof(float);
     const size_t v_head_stride =
-        layer.native ? static_cast<size_t>(l.v_head_stride) : size_t{v_dim_} * sizeof(float);
+        layer.native ? static_cast<size_t>(l.v_head_stride) : gathered_v_row * sizeof(float);
     // Software prefetch, because the hardware prefetchers start over at every page and a page
     // table puts pages anywhere:
     //  - prefill (shared tiles): the next tile's K and V rows, into L2, while this one computes;
@@ -642,13 +652,13 @@ class CpuAttention : public sdk::AttentionBase {
           v_rows[i] = v_row(page, offset);
         } else {
           k_rows[i] = gathered_k + size_t{static_cast<uint32_t>(i)} * kv_heads_ * qk_dim_;
-          v_rows[i] = gathered_v + size_t{static_cast<uint32_t>(i)} * kv_heads_ * v_dim_;
+          v_rows[i] = gathered_v + size_t{static_cast<uint32_t>(i)} * kv_heads_ * gathered_v_row;
         }
       }
       if (!layer.native) {
         const kvrt_status s =
             a.store_api->gather(a.store, a.layer, static_cast<uint32_t>(n), slots, gathered_k,
-                                params().v_head_dim == 0 ? nullptr : gathered_v);
+                                v_in_k ? nullptr : gathered_v);
         if (s != KVRT_OK) throw sdk::Forwarded(s);  // the store recorded why
       }
       if (layer.token_scales) {  // [head][position]

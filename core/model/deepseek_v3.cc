@@ -1,0 +1,634 @@
+#include "core/model/deepseek_v3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "core/model/safetensors.h"
+#include "core/model/vocab_parallel.h"
+#include "core/model/weights.h"
+
+namespace kvrt::model {
+namespace {
+
+// Rows [begin, end) of a row-major matrix with `cols` columns.
+std::vector<float> rows_of(const std::vector<float>& m, int64_t cols, Range rows) {
+  return {m.begin() + rows.begin * cols, m.begin() + rows.end * cols};
+}
+
+// Columns [begin, end) of a row-major matrix with `cols` columns.
+std::vector<float> columns_of(const std::vector<float>& m, int64_t cols, Range keep) {
+  const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(m.size()) / cols;
+  std::vector<float> out;
+  out.reserve(rows * keep.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
+  }
+  return out;
+}
+
+// transformers' YaRN (_compute_yarn_parameters) for `dim` rotary values: the inverse
+// frequencies blend interpolation (divided by factor) into extrapolation over the correction
+// range, and cos / sin are scaled by the attention factor.
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv_freq,
+                      float* attention_factor) {
+  const auto base = static_cast<float>(c.rope_theta);
+  const int64_t half = dim / 2;
+  inv_freq->resize(half);
+  *attention_factor = 1;
+  for (int64_t i = 0; i < half; ++i) {
+    (*inv_freq)[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+  }
+  const ModelConfig::Yarn& y = c.yarn;
+  if (y.factor <= 0) return;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(static_cast<double>(y.original_max_position_embeddings) /
+                          (rotations * 2 * M_PI)) /
+           (2 * std::log(static_cast<double>(c.rope_theta)));
+  };
+  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(dim - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < half; ++i) {
+    const float extrapolation = (*inv_freq)[i];
+    const float interpolation = extrapolation / static_cast<float>(y.factor);
+    const float ramp = std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)),
+                                  0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // the share of extrapolation
+    (*inv_freq)[i] = interpolation * (1 - keep) + extrapolation * keep;
+  }
+  if (y.attention_factor > 0) {
+    *attention_factor = static_cast<float>(y.attention_factor);
+  } else if (y.mscale > 0 && y.mscale_all_dim > 0) {
+    *attention_factor =
+        static_cast<float>(yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim));
+  } else {
+    *attention_factor = static_cast<float>(yarn_mscale(y.factor, 1.0));
+  }
+}
+
+// The chosen experts of one token: transformers' DeepseekV3TopkRouter on its logits.
+void route(const ModelConfig::Moe& m, const float* logits, const float* bias, int64_t* chosen,
+           float* weights, std::vector<float>& scores, std::vector<float>& choice,
+           std::vector<int64_t>& order) {
+  const int64_t E = m.n_routed_experts, K = m.num_experts_per_tok;
+  for (int64_t e = 0; e < E; ++e) {
+    scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    choice[e] = scores[e] + bias[e];
+  }
+  // Higher first; ties to the lower index, so every rank and run choose alike.
+  auto better = [](const std::vector<float>& v) {
+    return [&v](int64_t a, int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); };
+  };
+  if (m.n_group > 1) {
+    const int64_t per = E / m.n_group;
+    std::vector<float> group(m.n_group);
+    for (int64_t g = 0; g < m.n_group; ++g) {
+      float first = -INFINITY, second = -INFINITY;
+      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > first) {
+          second = first;
+          first = choice[e];
+        } else if (choice[e] > second) {
+          second = choice[e];
+        }
+      }
+      group[g] = first + second;
+    }
+    std::vector<int64_t> groups(m.n_group);
+    std::iota(groups.begin(), groups.end(), 0);
+    std::partial_sort(groups.begin(), groups.begin() + m.topk_group, groups.end(), better(group));
+    std::vector<bool> kept(m.n_group, false);
+    for (int64_t i = 0; i < m.topk_group; ++i) kept[groups[i]] = true;
+    for (int64_t e = 0; e < E; ++e) {
+      if (!kept[e / per]) choice[e] = 0.0f;
+    }
+  }
+  order.resize(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), better(choice));
+  float sum = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    chosen[k] = order[k];
+    weights[k] = scores[order[k]];
+    sum += weights[k];
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    if (m.norm_topk_prob) weights[k] /= sum + 1e-20f;
+    weights[k] *= static_cast<float>(m.routed_scaling_factor);
+  }
+}
+
+class DeepseekV3 : public Architecture {
+ public:
+  DeepseekV3(const DeepseekV3Weights& weights, const DeepseekV3Shard& shard,
+             exec::Backend& backend);
+  AttentionShape attention_shape() const override;
+  Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
+                 KvAttention& kv, std::vector<float>* logits) override;
+
+ private:
+  struct Mlp {
+    std::unique_ptr<exec::Matrix> gate_up;  // [2 I_r][H]: gate rows, then up rows
+    std::unique_ptr<exec::Matrix> down;     // [H][I_r]
+    int64_t width = 0;                      // I_r
+  };
+  struct Layer {
+    exec::Buffer input_norm, post_norm, q_a_norm, kv_a_norm;
+    std::unique_ptr<exec::Matrix> q_a;  // null without q_lora_rank
+    // [n_r N + n_r R][Lq or H]: the rank's heads' nope rows, then their rope rows, so the
+    // rope parts are contiguous heads.
+    std::unique_ptr<exec::Matrix> q_b;
+    std::unique_ptr<exec::Matrix> kv_a;             // [L+R][H]
+    std::vector<std::unique_ptr<exec::Matrix>> uk;  // per head [L][N]: W_UK^T
+    std::vector<std::unique_ptr<exec::Matrix>> uv;  // per head [V][L]
+    std::unique_ptr<exec::Matrix> o;                // [H][n_r V]
+    bool moe = false;
+    Mlp mlp;                                   // dense
+    std::unique_ptr<exec::Matrix> router;      // [E][H]
+    std::vector<float> router_bias;            // host
+    std::vector<Mlp> experts;
+    Mlp shared;
+  };
+
+  Mlp upload_mlp(exec::Backend& be, const MlpWeights& w, Range keep, bool whole);
+  Status attention(Layer& l, uint32_t layer, int64_t T, exec::Backend& be, KvAttention& kv);
+  void moe(Layer& l, int64_t T, exec::Backend& be);
+  void mlp(const Mlp& m, const float* x, int64_t rows, exec::Backend& be, float* out);
+
+  ModelConfig config_;
+  DeepseekV3Shard shard_;
+  int64_t nh_ = 0, N_ = 0, R_ = 0, V_ = 0, L_ = 0, Lq_ = 0;
+  std::vector<Layer> layers_;
+  std::unique_ptr<VocabParallel> vocab_;
+  std::vector<float> inv_freq_;
+  float rope_scale_ = 1, softmax_scale_ = 1;
+  // Activations, grown to the largest step seen.
+  exec::Buffer x_, h_, cos_, sin_, qa_, q_, lat_, qatt_, olat_, attn_, partial_, gate_up_, act_,
+      rows_, out_, router_;
+  std::vector<float> router_logits_, scores_, choice_;
+  std::vector<int64_t> order_, chosen_;
+  std::vector<float> chosen_weights_;
+  std::vector<std::vector<int64_t>> expert_rows_;
+  std::vector<std::vector<float>> expert_weights_;
+};
+
+DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
+                       exec::Backend& be)
+    : config_(w.config), shard_(shard) {
+  const ModelConfig& c = config_;
+  const ModelConfig::Mla& mla = c.mla;
+  const int64_t H = c.hidden_size;
+  nh_ = shard.heads.size();
+  N_ = mla.qk_nope_head_dim;
+  R_ = mla.qk_rope_head_dim;
+  V_ = mla.v_head_dim;
+  L_ = mla.kv_lora_rank;
+  Lq_ = mla.q_lora_rank;
+  // The shard's heads within what is held.
+  const int64_t first_head = w.whole ? shard.heads.begin : shard.heads.begin - w.part.heads.begin;
+  const int64_t held_heads = w.whole ? c.num_attention_heads : w.part.heads.size();
+  const int64_t q_in = Lq_ > 0 ? Lq_ : H;
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    const DeepseekV3Layer& lw = w.layers[li];
+    Layer l;
+    l.input_norm = be.upload(lw.input_norm);
+    l.post_norm = be.upload(lw.post_norm);
+    if (Lq_ > 0) {
+      l.q_a = be.upload_matrix(lw.q_a, Lq_, H);
+      l.q_a_norm = be.upload(lw.q_a_norm);
+    }
+    std::vector<float> q_b;
+    q_b.reserve(nh_ * (N_ + R_) * q_in);
+    for (const auto& [offset, width] : {std::pair{int64_t{0}, N_}, std::pair{N_, R_}}) {
+      for (int64_t h = first_head; h < first_head + nh_; ++h) {
+        const int64_t row = h * (N_ + R_) + offset;
+        q_b.insert(q_b.end(), lw.q_b.begin() + row * q_in, lw.q_b.begin() + (row + width) * q_in);
+      }
+    }
+    l.q_b = be.upload_matrix(std::move(q_b), nh_ * (N_ + R_), q_in);
+    l.kv_a = be.upload_matrix(lw.kv_a, L_ + R_, H);
+    l.kv_a_norm = be.upload(lw.kv_a_norm);
+    for (int64_t h = first_head; h < first_head + nh_; ++h) {
+      const float* k_part = lw.kv_b.data() + h * (N_ + V_) * L_;  // [N][L]
+      std::vector<float> uk(L_ * N_);
+      for (int64_t n = 0; n < N_; ++n) {
+        for (int64_t j = 0; j < L_; ++j) uk[j * N_ + n] = k_part[n * L_ + j];
+      }
+      l.uk.push_back(be.upload_matrix(std::move(uk), L_, N_));
+      const float* v_part = k_part + N_ * L_;  // [V][L]
+      l.uv.push_back(be.upload_matrix(std::vector<float>(v_part, v_part + V_ * L_), V_, L_));
+    }
+    l.o = be.upload_matrix(
+        columns_of(lw.o, held_heads * V_, {first_head * V_, (first_head + nh_) * V_}), H, nh_ * V_);
+    l.moe = c.moe_layer(static_cast<int64_t>(li));
+    if (l.moe) {
+      l.router = be.upload_matrix(lw.router, c.moe.n_routed_experts, H);
+      l.router_bias = lw.router_bias;
+      for (const MlpWeights& e : lw.experts) {
+        l.experts.push_back(upload_mlp(be, e, shard.expert, w.whole));
+      }
+      if (c.moe.n_shared_experts > 0) l.shared = upload_mlp(be, lw.shared, shard.shared, w.whole);
+    } else {
+      l.mlp = upload_mlp(be, lw.mlp, shard.intermediate, w.whole);
+    }
+    layers_.push_back(std::move(l));
+  }
+  const Range vocab = w.whole ? shard.vocab : Range{0, shard.vocab.size()};
+  vocab_ = std::make_unique<VocabParallel>(
+      be, shard.rank, shard.tp, c.vocab_size, H, rows_of(w.embed, H, vocab),
+      rows_of(w.lm_head.empty() ? w.embed : w.lm_head, H, vocab), w.final_norm);
+  rope_frequencies(c, R_, &inv_freq_, &rope_scale_);
+  softmax_scale_ = 1.0f / std::sqrt(static_cast<float>(N_ + R_));
+  if (c.yarn.factor > 0 && c.yarn.mscale_all_dim > 0) {
+    const auto m = static_cast<float>(yarn_mscale(c.yarn.factor, c.yarn.mscale_all_dim));
+    softmax_scale_ *= m * m;
+  }
+  expert_rows_.resize(c.moe.n_routed_experts);
+  expert_weights_.resize(c.moe.n_routed_experts);
+}
+
+DeepseekV3::Mlp DeepseekV3::upload_mlp(exec::Backend& be, const MlpWeights& w, Range keep,
+                                       bool whole) {
+  const int64_t H = config_.hidden_size;
+  const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
+  const Range cols = whole ? keep : Range{0, keep.size()};
+  Mlp m;
+  m.width = keep.size();
+  std::vector<float> gate_up = rows_of(w.gate, H, cols);
+  const std::vector<float> up = rows_of(w.up, H, cols);
+  gate_up.insert(gate_up.end(), up.begin(), up.end());
+  m.gate_up = be.upload_matrix(std::move(gate_up), 2 * m.width, H);
+  m.down = be.upload_matrix(columns_of(w.down, held, cols), H, m.width);
+  return m;
+}
+
+AttentionShape DeepseekV3::attention_shape() const {
+  AttentionShape s;
+  s.q_heads = nh_;
+  s.kv_heads = 1;            // one latent, shared by every head (MQA in the latent space)
+  s.qk_head_dim = L_ + R_;   // [W_UK^T q_nope | rope(q_pe)] against [c | rope(k_pe)]
+  s.v_head_dim = L_;         // the values are the latent itself
+  s.softmax_scale = softmax_scale_;  // of the unabsorbed qk_nope + qk_rope head
+  return s;
+}
+
+void DeepseekV3::mlp(const Mlp& m, const float* x, int64_t rows, exec::Backend& be, float* out) {
+  be.reserve(&gate_up_, rows * 2 * m.width);
+  be.reserve(&act_, rows * m.width);
+  be.matmul(x, rows, *m.gate_up, gate_up_.data());
+  be.silu_mul(gate_up_.data(), rows, m.width, act_.data());
+  be.matmul(act_.data(), rows, *m.down, out);
+}
+
+Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, exec::Backend& be,
+                             KvAttention& kv) {
+  const int64_t q_width = nh_ * (N_ + R_), row = L_ + R_;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  float* h = h_.data();
+  // The query: nope parts of every head, then rope parts.
+  be.reserve(&q_, T * q_width);
+  if (l.q_a != nullptr) {
+    be.reserve(&qa_, T * Lq_);
+    be.matmul(h, T, *l.q_a, qa_.data());
+    be.rms_norm(qa_.data(), l.q_a_norm, qa_.data(), T, Lq_, eps);
+    be.matmul(qa_.data(), T, *l.q_b, q_.data());
+  } else {
+    be.matmul(h, T, *l.q_b, q_.data());
+  }
+  // The latent row: [kv_a_layernorm(c) | rope(k_pe)], stored for every head.
+  be.reserve(&lat_, T * row);
+  be.matmul(h, T, *l.kv_a, lat_.data());
+  be.rms_norm_strided(lat_.data(), row, l.kv_a_norm, lat_.data(), row, T, L_, eps);
+  float* q_rope = q_.data() + nh_ * N_;
+  if (config_.mla.rope_interleave) {
+    be.apply_rope_interleaved(lat_.data() + L_, T, 1, R_, row, cos_.data(), sin_.data());
+    be.apply_rope_interleaved(q_rope, T, nh_, R_, q_width, cos_.data(), sin_.data());
+  } else {
+    be.apply_rope(lat_.data() + L_, T, 1, R_, row, cos_.data(), sin_.data());
+    be.apply_rope(q_rope, T, nh_, R_, q_width, cos_.data(), sin_.data());
+  }
+  if (Status s = kv.write(layer, lat_.data(), nullptr, row); !s.ok()) return s;
+  // Absorbed queries: per head [W_UK^T q_nope | rope(q_pe)].
+  be.reserve(&qatt_, T * nh_ * row);
+  for (int64_t hd = 0; hd < nh_; ++hd) {
+    be.matmul_strided(q_.data() + hd * N_, T, q_width, *l.uk[hd], qatt_.data() + hd * row,
+                      nh_ * row);
+    be.copy_rows(q_rope + hd * R_, q_width, qatt_.data() + hd * row + L_, nh_ * row, T, R_);
+  }
+  be.reserve(&olat_, T * nh_ * L_);
+  if (Status s = kv.attend(layer, qatt_.data(), nh_ * row, olat_.data(), nh_ * L_); !s.ok()) {
+    return s;
+  }
+  // Out of the latent space by each head's W_UV, then o_proj's columns of this rank's heads.
+  be.reserve(&attn_, T * nh_ * V_);
+  for (int64_t hd = 0; hd < nh_; ++hd) {
+    be.matmul_strided(olat_.data() + hd * L_, T, nh_ * L_, *l.uv[hd], attn_.data() + hd * V_,
+                      nh_ * V_);
+  }
+  be.matmul(attn_.data(), T, *l.o, partial_.data());
+  return Status::Ok();
+}
+
+void DeepseekV3::moe(Layer& l, int64_t T, exec::Backend& be) {
+  const ModelConfig::Moe& m = config_.moe;
+  const int64_t H = config_.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
+  const float* h = h_.data();
+  float* partial = partial_.data();
+  be.reserve(&router_, T * E);
+  be.matmul(h, T, *l.router, router_.data());
+  router_logits_.resize(T * E);
+  be.download(router_.data(), router_logits_.size(), router_logits_.data());
+  scores_.resize(E);
+  choice_.resize(E);
+  chosen_.resize(K);
+  chosen_weights_.resize(K);
+  for (int64_t e = 0; e < E; ++e) {
+    expert_rows_[e].clear();
+    expert_weights_[e].clear();
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    route(m, router_logits_.data() + t * E, l.router_bias.data(), chosen_.data(),
+          chosen_weights_.data(), scores_, choice_, order_);
+    for (int64_t k = 0; k < K; ++k) {
+      expert_rows_[chosen_[k]].push_back(t);
+      expert_weights_[chosen_[k]].push_back(chosen_weights_[k]);
+    }
+  }
+  // Each expert over its tokens, in expert order (as transformers sums them), then the shared.
+  for (int64_t e = 0; e < E; ++e) {
+    const auto n = static_cast<int64_t>(expert_rows_[e].size());
+    if (n == 0 || l.experts[e].width == 0) continue;
+    be.reserve(&rows_, n * H);
+    be.reserve(&out_, n * H);
+    be.gather_rows(h, expert_rows_[e], H, rows_.data());
+    mlp(l.experts[e], rows_.data(), n, be, out_.data());
+    be.scatter_add_rows(out_.data(), expert_rows_[e], expert_weights_[e], H, partial);
+  }
+  if (l.shared.width > 0) {
+    be.reserve(&out_, T * H);
+    mlp(l.shared, h, T, be, out_.data());
+    be.add(partial, out_.data(), T * H);
+  }
+}
+
+Status DeepseekV3::forward(const StepInputs& in, exec::Backend& be, exec::Communicator& comm,
+                           KvAttention& kv, std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, T = static_cast<int64_t>(in.ids.size());
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const exec::Stream stream = be.stream();
+  Status status;  // the first failure; collectives go on regardless
+  auto check = [&status](Status s) {
+    if (status.ok() && !s.ok()) status = s;
+    return status.ok();
+  };
+  using exec::ElementType;
+
+  be.reserve(&x_, T * H);
+  check(vocab_->embed(be, comm, in.ids, x_.data()));
+  for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * R_ / 2);
+  be.rope_tables_from(in.positions, inv_freq_, rope_scale_, cos_.data(), sin_.data());
+  be.reserve(&h_, T * H);
+  be.reserve(&partial_, T * H);
+  float* x = x_.data();
+  float* partial = partial_.data();
+  for (size_t li = 0; li < layers_.size(); ++li) {
+    Layer& l = layers_[li];
+    be.rms_norm(x, l.input_norm, h_.data(), T, H, eps);
+    be.fill_zero(partial, T * H);
+    if (nh_ > 0 && status.ok()) check(attention(l, static_cast<uint32_t>(li), T, be, kv));
+    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    be.add(x, partial, T * H);
+
+    be.rms_norm(x, l.post_norm, h_.data(), T, H, eps);
+    be.fill_zero(partial, T * H);
+    if (l.moe) {
+      moe(l, T, be);
+    } else if (l.mlp.width > 0) {
+      mlp(l.mlp, h_.data(), T, be, partial);
+    }
+    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    be.add(x, partial, T * H);
+  }
+  check(vocab_->logits(be, comm, x, in.last_rows, eps, logits));
+  return status;
+}
+
+Status check_tp(const ModelConfig& c, int tp) { return deepseek_v3_shard(c, 0, tp).status(); }
+
+Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, int tp) {
+  DeepseekV3Shard part;
+  if (tp > 1) {
+    Result<ModelConfig> c = parse_hf_config(dir + "/config.json");
+    if (!c.ok()) return c.status();
+    Result<DeepseekV3Shard> shard = deepseek_v3_shard(*c, rank, tp);
+    if (!shard.ok()) return shard.status();
+    part = *shard;
+  }
+  Result<DeepseekV3Weights> w = load_deepseek_v3(dir, tp > 1 ? &part : nullptr);
+  if (!w.ok()) return w.status();
+  return std::unique_ptr<LoadedWeights>(new DeepseekV3Weights(std::move(*w)));
+}
+
+Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& c, uint64_t seed) {
+  return std::unique_ptr<LoadedWeights>(new DeepseekV3Weights(generate_deepseek_v3(c, seed)));
+}
+
+Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int rank, int tp,
+                                             exec::Backend& backend) {
+  const auto* w = dynamic_cast<const DeepseekV3Weights*>(&loaded);
+  if (w == nullptr) {
+    return Status::Internal("the deepseek_v3 family was given another family's weights (" +
+                            loaded.model_config().architecture + ")");
+  }
+  Result<DeepseekV3Shard> shard = deepseek_v3_shard(w->config, rank, tp);
+  if (!shard.ok()) return shard.status();
+  if (!w->whole && (w->part.rank != rank || w->part.tp != tp)) {
+    return Status::Internal("weights loaded for another TP rank than rank " +
+                            std::to_string(rank) + " of " + std::to_string(tp));
+  }
+  return std::unique_ptr<Architecture>(new DeepseekV3(*w, *shard, backend));
+}
+
+}  // namespace
+
+Result<DeepseekV3Shard> deepseek_v3_shard(const ModelConfig& c, int rank, int tp) {
+  if (tp < 1 || rank < 0 || rank >= tp) return Status::InvalidArgument("bad TP rank");
+  DeepseekV3Shard s;
+  s.rank = rank;
+  s.tp = tp;
+  s.heads = split(c.num_attention_heads, tp, rank);
+  s.intermediate = split(c.intermediate_size, tp, rank);
+  s.expert = split(c.moe.moe_intermediate_size, tp, rank);
+  s.shared = split(c.moe.n_shared_experts * c.moe.moe_intermediate_size, tp, rank);
+  s.vocab = split(c.vocab_size, tp, rank);
+  return s;
+}
+
+Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const DeepseekV3Shard* part) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  Result<ModelConfig> config = parse_hf_config(config_path);
+  if (!config.ok()) return config.status();
+  Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir);
+  if (!ck.ok()) return ck.status();
+  DeepseekV3Weights w;
+  w.config = std::move(*config);
+  const ModelConfig& c = w.config;
+  const ModelConfig::Mla& mla = c.mla;
+  if (part != nullptr) {
+    w.whole = false;
+    w.part = *part;
+  }
+  const int64_t H = c.hidden_size, n = c.num_attention_heads, E = c.moe.n_routed_experts;
+  const int64_t N = mla.qk_nope_head_dim, R = mla.qk_rope_head_dim, V = mla.v_head_dim;
+  const int64_t L = mla.kv_lora_rank, Lq = mla.q_lora_rank, I = c.intermediate_size;
+  const int64_t Ie = c.moe.moe_intermediate_size, Is = c.moe.n_shared_experts * Ie;
+  auto all = [](int64_t size) { return Range{0, size}; };
+  auto held = [&](Range r, int64_t size, int64_t unit) {
+    return w.whole ? all(size) : Range{r.begin * unit, r.end * unit};
+  };
+  const DeepseekV3Shard& p = w.part;
+  const Range q_rows = held(p.heads, n * (N + R), N + R), kv_b_rows = held(p.heads, n * (N + V), N + V);
+  const Range o_cols = held(p.heads, n * V, V), vocab = held(p.vocab, c.vocab_size, 1);
+  auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
+                   std::vector<float>& out) {
+    return load_block(*ck, dir, name, std::move(shape), rows, cols, out);
+  };
+  struct Block {
+    std::string name;
+    std::vector<int64_t> shape;
+    Range rows, cols;
+    std::vector<float>* out;
+  };
+  // An MLP under `prefix` holding columns `keep` of `width`.
+  auto mlp_blocks = [&](const std::string& prefix, MlpWeights& m, int64_t width, Range keep) {
+    const Range cols = w.whole ? all(width) : keep;
+    return std::vector<Block>{{prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
+                              {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
+                              {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
+  };
+  std::vector<Block> plan = {{"model.embed_tokens.weight", {c.vocab_size, H}, vocab, all(H), &w.embed},
+                             {"model.norm.weight", {H}, all(H), {}, &w.final_norm}};
+  if (!c.tie_word_embeddings) {
+    plan.push_back({"lm_head.weight", {c.vocab_size, H}, vocab, all(H), &w.lm_head});
+  }
+  w.layers.resize(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    DeepseekV3Layer& l = w.layers[i];
+    const std::string pre = "model.layers." + std::to_string(i) + ".";
+    const std::string at = pre + "self_attn.";
+    std::vector<Block> layer = {
+        {pre + "input_layernorm.weight", {H}, all(H), {}, &l.input_norm},
+        {pre + "post_attention_layernorm.weight", {H}, all(H), {}, &l.post_norm},
+        {at + "kv_a_proj_with_mqa.weight", {L + R, H}, all(L + R), all(H), &l.kv_a},
+        {at + "kv_a_layernorm.weight", {L}, all(L), {}, &l.kv_a_norm},
+        {at + "kv_b_proj.weight", {n * (N + V), L}, kv_b_rows, all(L), &l.kv_b},
+        {at + "o_proj.weight", {H, n * V}, all(H), o_cols, &l.o}};
+    if (Lq > 0) {
+      layer.push_back({at + "q_a_proj.weight", {Lq, H}, all(Lq), all(H), &l.q_a});
+      layer.push_back({at + "q_a_layernorm.weight", {Lq}, all(Lq), {}, &l.q_a_norm});
+      layer.push_back({at + "q_b_proj.weight", {n * (N + R), Lq}, q_rows, all(Lq), &l.q_b});
+    } else {
+      layer.push_back({at + "q_proj.weight", {n * (N + R), H}, q_rows, all(H), &l.q_b});
+    }
+    if (c.moe_layer(i)) {
+      layer.push_back({pre + "mlp.gate.weight", {E, H}, all(E), all(H), &l.router});
+      layer.push_back({pre + "mlp.gate.e_score_correction_bias", {E}, all(E), {}, &l.router_bias});
+      l.experts.resize(E);
+      for (int64_t e = 0; e < E; ++e) {
+        for (Block& b : mlp_blocks(pre + "mlp.experts." + std::to_string(e) + ".", l.experts[e],
+                                   Ie, p.expert)) {
+          layer.push_back(std::move(b));
+        }
+      }
+      if (Is > 0) {
+        for (Block& b : mlp_blocks(pre + "mlp.shared_experts.", l.shared, Is, p.shared)) {
+          layer.push_back(std::move(b));
+        }
+      }
+    } else {
+      for (Block& b : mlp_blocks(pre + "mlp.", l.mlp, I, p.intermediate)) {
+        layer.push_back(std::move(b));
+      }
+    }
+    for (Block& b : layer) plan.push_back(std::move(b));
+  }
+  for (const Block& b : plan) {
+    if (Status s = block(b.name, b.shape, b.rows, b.cols, *b.out); !s.ok()) return s;
+  }
+  return w;
+}
+
+DeepseekV3Weights generate_deepseek_v3(const ModelConfig& c, uint64_t seed) {
+  DeepseekV3Weights w;
+  w.config = c;
+  const ModelConfig::Mla& mla = c.mla;
+  const auto H = static_cast<size_t>(c.hidden_size), n = static_cast<size_t>(c.num_attention_heads);
+  const auto N = static_cast<size_t>(mla.qk_nope_head_dim), R = static_cast<size_t>(mla.qk_rope_head_dim);
+  const auto V = static_cast<size_t>(mla.v_head_dim), L = static_cast<size_t>(mla.kv_lora_rank);
+  const auto Lq = static_cast<size_t>(mla.q_lora_rank), I = static_cast<size_t>(c.intermediate_size);
+  const auto E = static_cast<size_t>(c.moe.n_routed_experts);
+  const auto Ie = static_cast<size_t>(c.moe.moe_intermediate_size);
+  const size_t Is = static_cast<size_t>(c.moe.n_shared_experts) * Ie;
+  constexpr double kStd = 0.02;
+  auto draw = [&](std::vector<float>& v, size_t size, const std::string& name) {
+    fill_random(v, size, kStd, seed, name);
+  };
+  auto draw_mlp = [&](MlpWeights& m, size_t width, const std::string& prefix) {
+    draw(m.gate, width * H, prefix + "gate_proj.weight");
+    draw(m.up, width * H, prefix + "up_proj.weight");
+    draw(m.down, H * width, prefix + "down_proj.weight");
+  };
+  draw(w.embed, c.vocab_size * H, "model.embed_tokens.weight");
+  w.layers.resize(c.num_hidden_layers);
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    DeepseekV3Layer& l = w.layers[i];
+    const std::string pre = "model.layers." + std::to_string(i) + ".";
+    const std::string at = pre + "self_attn.";
+    l.input_norm.assign(H, 1.0f);
+    l.post_norm.assign(H, 1.0f);
+    if (Lq > 0) {
+      draw(l.q_a, Lq * H, at + "q_a_proj.weight");
+      l.q_a_norm.assign(Lq, 1.0f);
+      draw(l.q_b, n * (N + R) * Lq, at + "q_b_proj.weight");
+    } else {
+      draw(l.q_b, n * (N + R) * H, at + "q_proj.weight");
+    }
+    draw(l.kv_a, (L + R) * H, at + "kv_a_proj_with_mqa.weight");
+    l.kv_a_norm.assign(L, 1.0f);
+    draw(l.kv_b, n * (N + V) * L, at + "kv_b_proj.weight");
+    draw(l.o, H * n * V, at + "o_proj.weight");
+    if (c.moe_layer(static_cast<int64_t>(i))) {
+      draw(l.router, E * H, pre + "mlp.gate.weight");
+      draw(l.router_bias, E, pre + "mlp.gate.e_score_correction_bias");
+      l.experts.resize(E);
+      for (size_t e = 0; e < E; ++e) {
+        draw_mlp(l.experts[e], Ie, pre + "mlp.experts." + std::to_string(e) + ".");
+      }
+      if (Is > 0) draw_mlp(l.shared, Is, pre + "mlp.shared_experts.");
+    } else {
+      draw_mlp(l.mlp, I, pre + "mlp.");
+    }
+  }
+  w.final_norm.assign(H, 1.0f);
+  if (!c.tie_word_embeddings) draw(w.lm_head, c.vocab_size * H, "lm_head.weight");
+  return w;
+}
+
+const ArchitectureFamily& deepseek_v3_family() {
+  static const ArchitectureFamily kFamily{"deepseek_v3", check_tp, load, generate, create};
+  return kFamily;
+}
+
+}  // namespace kvrt::model
