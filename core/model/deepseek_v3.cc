@@ -12,28 +12,11 @@
 namespace kvrt::model {
 namespace {
 
-// Rows [begin, end) of a row-major matrix with `cols` columns.
-std::vector<float> rows_of(const std::vector<float>& m, int64_t cols, Range rows) {
-  return {m.begin() + rows.begin * cols, m.begin() + rows.end * cols};
-}
-
-// Columns [begin, end) of a row-major matrix with `cols` columns.
-std::vector<float> columns_of(const std::vector<float>& m, int64_t cols, Range keep) {
-  const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(m.size()) / cols;
-  std::vector<float> out;
-  out.reserve(rows * keep.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
-  }
-  return out;
-}
-
-// transformers' YaRN (_compute_yarn_parameters) for `dim` rotary values: the inverse
-// frequencies blend interpolation (divided by factor) into extrapolation over the correction
-// range, and cos / sin are scaled by the attention factor.
 double yarn_mscale(double scale, double mscale) {
   return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
 }
+
+}  // namespace
 
 void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv_freq,
                       float* attention_factor) {
@@ -75,6 +58,25 @@ void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv
   } else {
     *attention_factor = static_cast<float>(yarn_mscale(y.factor, 1.0));
   }
+}
+
+namespace {
+
+
+// Rows [begin, end) of a row-major matrix with `cols` columns.
+std::vector<float> rows_of(const std::vector<float>& m, int64_t cols, Range rows) {
+  return {m.begin() + rows.begin * cols, m.begin() + rows.end * cols};
+}
+
+// Columns [begin, end) of a row-major matrix with `cols` columns.
+std::vector<float> columns_of(const std::vector<float>& m, int64_t cols, Range keep) {
+  const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(m.size()) / cols;
+  std::vector<float> out;
+  out.reserve(rows * keep.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
+  }
+  return out;
 }
 
 // The chosen experts of one token: transformers' DeepseekV3TopkRouter on its logits.
@@ -249,11 +251,7 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       be, shard.rank, shard.tp, c.vocab_size, H, rows_of(w.embed, H, vocab),
       rows_of(w.lm_head.empty() ? w.embed : w.lm_head, H, vocab), w.final_norm);
   rope_frequencies(c, R_, &inv_freq_, &rope_scale_);
-  softmax_scale_ = 1.0f / std::sqrt(static_cast<float>(N_ + R_));
-  if (c.yarn.factor > 0 && c.yarn.mscale_all_dim > 0) {
-    const auto m = static_cast<float>(yarn_mscale(c.yarn.factor, c.yarn.mscale_all_dim));
-    softmax_scale_ *= m * m;
-  }
+  softmax_scale_ = mla_softmax_scale(c);
   expert_rows_.resize(c.moe.n_routed_experts);
   expert_weights_.resize(c.moe.n_routed_experts);
 }
@@ -462,6 +460,15 @@ Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int ra
 }
 
 }  // namespace
+
+float mla_softmax_scale(const ModelConfig& c) {
+  float scale = 1.0f / std::sqrt(static_cast<float>(c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim));
+  if (c.yarn.factor > 0 && c.yarn.mscale_all_dim > 0) {
+    const auto m = static_cast<float>(yarn_mscale(c.yarn.factor, c.yarn.mscale_all_dim));
+    scale *= m * m;
+  }
+  return scale;
+}
 
 Result<DeepseekV3Shard> deepseek_v3_shard(const ModelConfig& c, int rank, int tp) {
   if (tp < 1 || rank < 0 || rank >= tp) return Status::InvalidArgument("bad TP rank");

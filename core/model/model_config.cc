@@ -322,7 +322,8 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
     if (!scaling->is_object()) {
       return f.Error("rope_scaling", "expected an object or null, found " + Show(*scaling));
     }
-    const Fields r(source + ": rope_scaling", *scaling);
+    const std::string where = source + ": rope_scaling";  // Fields keeps a reference
+    const Fields r(where, *scaling);
     KVRT_ASSIGN(c.rope_scaling_type, r.String("type", ""));
     if (c.rope_scaling_type.empty()) KVRT_ASSIGN(c.rope_scaling_type, r.String("rope_type", ""));
     if (c.rope_scaling_type == "yarn") {

@@ -90,7 +90,7 @@ Result<const Preset*> FindPreset(std::string_view name) {
     if (p.name == name) return &p;
   }
   std::string known;
-  for (const Preset& p : kPresets) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  for (const std::string& p : preset_names()) known += (known.empty() ? "" : ", ") + p;
   return Status::NotFound("unknown model preset '" + std::string(name) + "' (known: " + known +
                           ")");
 }

@@ -64,7 +64,9 @@ std::string describe(const AttentionCase& c) {
   }
   return c.store + (c.force_gather ? " (gather)" : "") + ", heads " +
          std::to_string(c.num_q_heads) + "/" + std::to_string(c.num_kv_heads) + ", dims " +
-         std::to_string(c.qk_head_dim) + "/" + std::to_string(c.v_head_dim) + ", page " +
+         std::to_string(c.qk_head_dim) + "/" + std::to_string(c.v_head_dim) +
+         (c.v_width != 0 ? " (V the first " + std::to_string(c.v_width) + " of K)" : "") +
+         ", page " +
          std::to_string(c.page_size) + ", kv/q " + seqs + (c.causal ? "" : ", non-causal") +
          (c.q_dtype == KVRT_DTYPE_BF16 ? ", bf16 Q" : "") +
          (c.out_dtype == KVRT_DTYPE_BF16 ? ", bf16 out" : "");
@@ -80,7 +82,11 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
   const LoadedPlugin& store_plugin = **loaded;
   const kvrt_kv_store_api& kv = store_plugin.kv;
   if (kv.gather == nullptr) throw Skip(c.store + " has no gather() to check against");
-  const uint32_t v_dim = c.v_head_dim == 0 ? c.qk_head_dim : c.v_head_dim;
+  // V's width, and its row's: the K row's when V is in it.
+  const uint32_t v_dim = c.v_head_dim != 0 ? c.v_head_dim
+                         : c.v_width != 0  ? c.v_width
+                                           : c.qk_head_dim;
+  const uint32_t v_row_dim = c.v_head_dim == 0 ? c.qk_head_dim : v_dim;
   const uint32_t ps = c.page_size;
 
   // Pages: each sequence's in order of position, drawn from a shuffled pool with spare pages,
@@ -102,6 +108,7 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
   g.num_kv_heads = g.total_kv_heads = c.num_kv_heads;
   g.k_head_dim = c.qk_head_dim;
   g.v_head_dim = c.v_head_dim;
+  g.v_width = v_dim;
   g.page_size = ps;
   g.input_dtype = KVRT_DTYPE_F32;
   g.tp_size = 1;
@@ -182,7 +189,7 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
   params.num_q_heads = c.num_q_heads;
   params.num_kv_heads = c.num_kv_heads;
   params.qk_head_dim = c.qk_head_dim;
-  params.v_head_dim = c.v_head_dim;
+  params.v_head_dim = c.v_head_dim != 0 ? c.v_head_dim : c.v_width;
   params.softmax_scale = 1.0f / std::sqrt(static_cast<float>(c.qk_head_dim));
   params.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
   const kvrt_config* attention_config = plugin::as_config(
@@ -279,7 +286,7 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
           std::fill(want.begin(), want.end(), 0.0);
           double* w = want.data();
           for (uint32_t t = 0; t <= limit; ++t) {
-            const float* v = V + ((slot_base + t) * c.num_kv_heads + kvh) * v_dim;
+            const float* v = V + ((slot_base + t) * c.num_kv_heads + kvh) * v_row_dim;
             const double weight = p[t] / sum;
             for (uint32_t d = 0; d < v_dim; ++d) {
               w[d] += weight * v[d];
@@ -429,6 +436,15 @@ class Suite {
     bool unsupported = false;
     expect(c, &unsupported);
     if (unsupported) throw Skip("the plugin does not serve v_head_dim 0 (V is K)");
+    // MLA's latent (DeepSeek-V3 / Kimi-K2: 512 + 64; V its first 512 values), decode and a
+    // prefill chunk after earlier context, across page boundaries.
+    c.num_q_heads = 16;
+    c.qk_head_dim = 576;
+    c.v_width = 512;
+    c.page_size = 64;
+    c.sequences = {{1, 1}, {129, 1}, {70, 6}};
+    expect(c, &unsupported);
+    if (unsupported) throw Skip("the plugin does not serve an MLA latent (V the first 512 of 576)");
   }
 
   void bad_arguments();

@@ -36,7 +36,10 @@ struct AttentionCase {
   uint32_t num_q_heads = 8;
   uint32_t num_kv_heads = 2;
   uint32_t qk_head_dim = 64;
-  uint32_t v_head_dim = 64;  // 0: V is K (MLA-like), the output has qk_head_dim per head
+  uint32_t v_head_dim = 64;  // 0: V is in the K row (MLA), the output has v_width per head
+  // With v_head_dim 0: V is the K row's first v_width values (MLA: the latent's kv_lora_rank
+  // of kv_lora_rank + qk_rope); 0: all of it.
+  uint32_t v_width = 0;
   uint32_t page_size = 16;
   std::vector<AttentionSequence> sequences;
   bool causal = true;

@@ -479,9 +479,13 @@ class Suite {
 const std::vector<kvrt_kv_geometry>& many_geometries() {
   static const std::vector<kvrt_kv_geometry> all = [] {
     std::vector<kvrt_kv_geometry> g;
-    const uint32_t shapes[][5] = {{1, 1, 8, 8, 1},      {2, 2, 16, 16, 4},    {3, 4, 64, 64, 16},
-                                  {2, 8, 128, 128, 16}, {1, 2, 256, 256, 64}, {2, 1, 576, 0, 1},
-                                  {1, 3, 40, 24, 128},  {4, 2, 32, 32, 2}};
+    // layers, KV heads, K dim, V dim (0: V in the K row), page size, V width (MLA latents:
+    // Kimi-K2's 512 of 576, tiny-deepseek-v3's 32 of 40).
+    const uint32_t shapes[][6] = {
+        {1, 1, 8, 8, 1, 0},      {2, 2, 16, 16, 4, 0},   {3, 4, 64, 64, 16, 0},
+        {2, 8, 128, 128, 16, 0}, {1, 2, 256, 256, 64, 0}, {2, 1, 576, 0, 1, 0},
+        {1, 3, 40, 24, 128, 0},  {4, 2, 32, 32, 2, 0},   {3, 1, 576, 0, 64, 512},
+        {3, 1, 40, 0, 16, 32},   {2, 1, 40, 0, 1, 32}};
     for (const auto& s : shapes) {
       kvrt_kv_geometry x{};
       x.struct_size = sizeof(x);
@@ -490,6 +494,7 @@ const std::vector<kvrt_kv_geometry>& many_geometries() {
       x.k_head_dim = s[2];
       x.v_head_dim = s[3];
       x.page_size = s[4];
+      x.v_width = s[5];
       x.input_dtype = KVRT_DTYPE_F32;
       x.tp_size = 1;
       x.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};

@@ -1,10 +1,12 @@
-// The scheduler workload the stories260k scheduler tests share: n greedy requests, request i
+// The scheduler workload the real-model scheduler tests share: n greedy requests, request i
 // being the prompt plus the first k(i) reference ids, whose answer is the remaining ones. On a
 // pool too small for all of them they share cached prefixes, wait, get retracted and recomputed.
+// stories260k's reference by default; tiny-deepseek-v3's tests pass their own.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,23 +16,27 @@
 
 namespace kvrt::stories260k {
 
-inline int known_prefix(int i) { return (i * 5) % 13; }
+// At least two ids are left to generate.
+inline int known_prefix(int i, const std::vector<int32_t>& expected) {
+  return (i * 5) % std::min<int>(13, static_cast<int>(expected.size()) - 1);
+}
 
 // Submits the n requests and steps the core until idle; each request's output, by id.
-inline std::map<uint64_t, std::vector<int32_t>> run_continuations(serve::ServingCore& core,
-                                                                  int n, int* steps) {
+inline std::map<uint64_t, std::vector<int32_t>> run_continuations(
+    serve::ServingCore& core, int n, int* steps, const std::vector<int32_t>& prompt = kPrompt,
+    const std::vector<int32_t>& expected = kExpected) {
   std::map<uint64_t, std::vector<int32_t>> outputs;
   core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
     EXPECT_EQ(kind, sched::FinishKind::kLength) << why;
     outputs[r.spec.id].assign(r.output().begin(), r.output().end());
   });
   for (int i = 0; i < n; ++i) {
-    const int k = known_prefix(i);
+    const int k = known_prefix(i, expected);
     serve::GenerateRequest spec;
     spec.id = static_cast<uint64_t>(i);
-    spec.input_ids = kPrompt;
-    spec.input_ids.insert(spec.input_ids.end(), kExpected.begin(), kExpected.begin() + k);
-    spec.max_new_tokens = static_cast<int32_t>(kExpected.size()) - k;
+    spec.input_ids = prompt;
+    spec.input_ids.insert(spec.input_ids.end(), expected.begin(), expected.begin() + k);
+    spec.max_new_tokens = static_cast<int32_t>(expected.size()) - k;
     core.submit(std::move(spec));
   }
   *steps = 0;
@@ -45,11 +51,12 @@ inline std::map<uint64_t, std::vector<int32_t>> run_continuations(serve::Serving
 }
 
 // Every request's output is the rest of the reference ids.
-inline void expect_continuations(const std::map<uint64_t, std::vector<int32_t>>& outputs, int n) {
+inline void expect_continuations(const std::map<uint64_t, std::vector<int32_t>>& outputs, int n,
+                                 const std::vector<int32_t>& expected = kExpected) {
   ASSERT_EQ(outputs.size(), static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const int k = known_prefix(i);
-    EXPECT_EQ(outputs.at(i), std::vector<int32_t>(kExpected.begin() + k, kExpected.end()))
+    const int k = known_prefix(i, expected);
+    EXPECT_EQ(outputs.at(i), std::vector<int32_t>(expected.begin() + k, expected.end()))
         << "request " << i << " (prompt + " << k << " reference ids)";
   }
 }

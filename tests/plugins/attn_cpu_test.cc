@@ -284,6 +284,39 @@ TEST_F(AttnCpu, LatentWhereVIsK) {
   }
 }
 
+// MLA's latent: one row of kv_lora_rank + qk_rope per token, V its first kv_lora_rank values,
+// every query head over it (the absorbed form's attention), against the naive attention on
+// random batches: lengths across page boundaries, page sizes 1 to 128, decode (split over
+// chunks when long) and prefill after earlier context, every store, the gather path too.
+TEST_F(AttnCpu, MlaLatentWithVItsFirstValues) {
+  std::mt19937 rng(11);
+  const uint32_t pages[] = {1, 2, 16, 64, 128};
+  struct Shape {
+    uint32_t heads, latent, rope;
+  };
+  for (const Shape shape : {Shape{16, 512, 64}, Shape{4, 32, 8}, Shape{2, 32, 8}}) {
+    for (uint32_t page_size : pages) {
+      AttentionCase c;
+      c.num_q_heads = shape.heads;
+      c.num_kv_heads = 1;
+      c.qk_head_dim = shape.latent + shape.rope;
+      c.v_head_dim = 0;
+      c.v_width = shape.latent;
+      c.page_size = page_size;
+      std::uniform_int_distribution<uint32_t> len(1, 3 * page_size + 40);
+      const uint32_t a = len(rng), b = len(rng) + 8;
+      c.sequences = {{a, 1}, {b, std::min<uint32_t>(b, 7)}, {page_size, 1}, {page_size + 1, 1}};
+      for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_f32_paged"}) {
+        c.store = store;
+        EXPECT_EQ(check(c), "") << store << " page " << page_size;
+      }
+      c.store = "kv_bf16_paged";
+      c.force_gather = true;
+      EXPECT_EQ(check(c), "") << "gather, page " << page_size;
+    }
+  }
+}
+
 TEST_F(AttnCpu, ContiguousPagesAndManyLayersOnOnePlan) {
   AttentionCase c;
   c.shuffle_pages = false;

@@ -18,6 +18,7 @@
 #include "core/exec/generate.h"
 #include "core/exec/sampler.h"
 #include "core/exec/thread_communicator.h"
+#include "core/model/architecture.h"
 #include "core/model/llama.h"
 #include "core/model/weights.h"
 #include "core/plugin/registry.h"
@@ -118,6 +119,69 @@ TEST_F(EngineTest, MixedBatchMatchesSequencesAlone) {
   Result<std::vector<float>> both = e->step(Batch{{a_decode, b_prefill}});
   ASSERT_TRUE(both.ok()) << both.status().message();
   // Alone, into fresh pages of the same engine.
+  SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
+  ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
+  Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
+  Result<std::vector<float>> b_alone =
+      e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
+  ASSERT_TRUE(a_alone.ok() && b_alone.ok());
+  const size_t vocab = a_alone->size();
+  for (size_t i = 0; i < vocab; ++i) {
+    ASSERT_NEAR((*both)[i], (*a_alone)[i], 1e-4);
+    ASSERT_NEAR((*both)[vocab + i], (*b_alone)[i], 1e-4);
+  }
+}
+
+// DeepSeek-V3's MLA + MoE (the synth-mla-tiny preset: yarn, two expert groups, a shared
+// expert): TP-N gives TP-1's ids and first logits (at TP 8 four ranks hold no head, and each
+// expert is split 4 columns a rank), and a mixed batch gives what each sequence gets alone.
+TEST(MlaEngine, TensorParallelRanksGiveTheSameIdsAndMixedBatchesAgree) {
+  setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+  plugin::Registry registry;
+  Result<std::unique_ptr<model::LoadedWeights>> weights =
+      model::make_preset_weights("synth-mla-tiny");
+  ASSERT_TRUE(weights.ok()) << weights.status().message();
+  auto engine = [&](int tp) -> std::unique_ptr<Engine> {
+    EngineOptions o;
+    o.tp = tp;
+    o.page_size = 4;
+    o.num_pages = 64;
+    o.plugins.store = *registry.load_kv_store("kv_bf16_paged");
+    o.plugins.attention = *registry.load("attn_cpu");
+    Result<std::unique_ptr<Engine>> e = Engine::create(**weights, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    return e.ok() ? std::move(*e) : nullptr;
+  };
+  GenerateOptions options;
+  options.max_new_tokens = 16;
+  options.prefill_chunk = 5;
+  std::vector<int32_t> reference;
+  std::vector<float> reference_logits;
+  for (int tp : {1, 2, 4, 8}) {
+    std::unique_ptr<Engine> e = engine(tp);
+    ASSERT_NE(e, nullptr);
+    Result<GenerateResult> out = generate(*e, kPrompt, options);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    if (tp == 1) {
+      reference = out->ids;
+      reference_logits = out->first_logits;
+      std::set<int32_t> distinct(reference.begin(), reference.end());
+      EXPECT_GT(distinct.size(), 1u) << "a degenerate model tests nothing";
+      continue;
+    }
+    EXPECT_EQ(out->ids, reference) << "TP " << tp;
+    for (size_t i = 0; i < reference_logits.size(); ++i) {
+      ASSERT_NEAR(out->first_logits[i], reference_logits[i], 1e-4) << "TP " << tp;
+    }
+  }
+  std::unique_ptr<Engine> e = engine(2);
+  ASSERT_NE(e, nullptr);
+  SequenceStep a_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {0, 1, 2}};
+  ASSERT_TRUE(e->step(Batch{{a_prefill}}).ok());
+  SequenceStep a_decode{{kPrompt[10]}, 10, {0, 1, 2}};
+  SequenceStep b_prefill{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {9, 5}};
+  Result<std::vector<float>> both = e->step(Batch{{a_decode, b_prefill}});
+  ASSERT_TRUE(both.ok()) << both.status().message();
   SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
   ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
   Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});

@@ -205,7 +205,8 @@ TEST(ModelConfigTest, Errors) {
   ASSERT_FALSE(arch.ok());
   EXPECT_THAT(arch.status().message(),
               HasSubstr("config.json: architectures: unsupported 'GPT2LMHeadModel' (supported: "
-                        "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)"));
+                        "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, "
+                        "DeepseekV3ForCausalLM)"));
 
   auto missing = ParseEdited(Replace(kLlamaConfig, "\"hidden_size\": 8,", ""));
   ASSERT_FALSE(missing.ok());
@@ -762,10 +763,12 @@ TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
 
 TEST(PresetTest, NamesAndUnknown) {
   EXPECT_EQ(preset_names(),
-            (std::vector<std::string>{"synth-76m", "synth-tiny", "synth-bench"}));
+            (std::vector<std::string>{"synth-76m", "synth-tiny", "synth-bench", "synth-mla",
+                                      "synth-mla-tiny"}));
   auto w = make_preset("synth-7b");
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench)");
+  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench, "
+            "synth-mla, synth-mla-tiny)");
   EXPECT_FALSE(preset_config("").ok());
 }
 
