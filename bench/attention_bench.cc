@@ -7,7 +7,9 @@
 //   decode/...           Llama-3-8B-like: 32 query heads over 8 KV heads of dim 128 (GQA 4), one
 //                        layer;
 //   decode_synth76m/...  synth-76m as e2e_bench runs it: 12 query heads over 4 KV heads of dim 64
-//                        (GQA 3), all 12 layers in turn per step, as a model's decode step does.
+//                        (GQA 3), all 12 layers in turn per step, as a model's decode step does;
+//   decode_mla/...       Kimi-K2 / synth-mla's absorbed MLA: 16 query heads over one 576-wide
+//                        latent (512 + 64), V the latent's first 512 values, one layer.
 // Counters:
 //   kv_GBps      bytes of K+V the step reads (the store's bytes per token, scales included,
 //                times the context tokens of the batch) per second;
@@ -37,9 +39,11 @@ constexpr uint32_t kPageSize = 16;
 
 struct Shape {
   uint32_t q_heads, kv_heads, head_dim, layers;
+  uint32_t latent_v = 0;  // MLA: V is the K row's first latent_v values (0: V rows of its own)
 };
 constexpr Shape kLlama8B{32, 8, 128, 1};
 constexpr Shape kSynth76M{12, 4, 64, 12};
+constexpr Shape kMla{16, 1, 576, 1, 512};
 
 Registry& registry() {
   static Registry* r = new Registry();
@@ -89,7 +93,9 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   g.struct_size = sizeof(g);
   g.num_layers = shape.layers;
   g.num_kv_heads = g.total_kv_heads = shape.kv_heads;
-  g.k_head_dim = g.v_head_dim = shape.head_dim;
+  g.k_head_dim = shape.head_dim;
+  g.v_head_dim = shape.latent_v != 0 ? 0 : shape.head_dim;
+  g.v_width = shape.latent_v != 0 ? shape.latent_v : shape.head_dim;
   g.page_size = kPageSize;
   g.input_dtype = KVRT_DTYPE_F32;
   g.tp_size = 1;
@@ -114,8 +120,10 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
         const uint32_t n =
             static_cast<uint32_t>(std::min<uint64_t>(chunk, num_pages * kPageSize - s0));
         std::iota(slots.begin(), slots.begin() + n, static_cast<int64_t>(s0));
-        kvrt_kv_write w{sizeof(w), layer, KVRT_DTYPE_F32, n, slots.data(), k.data(), v.data(),
-                        0,         0};
+        kvrt_kv_write w{sizeof(w),   layer,
+                        KVRT_DTYPE_F32, n,
+                        slots.data(),   k.data(),
+                        shape.latent_v != 0 ? nullptr : v.data(), 0, 0};
         if (kv.write(store, &w) != KVRT_OK) {
           kv.destroy(store);
           return state.SkipWithError(("store write: " + take_last_error()).c_str());
@@ -145,7 +153,8 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   p.struct_size = sizeof(p);
   p.num_q_heads = shape.q_heads;
   p.num_kv_heads = shape.kv_heads;
-  p.qk_head_dim = p.v_head_dim = shape.head_dim;
+  p.qk_head_dim = shape.head_dim;
+  p.v_head_dim = g.v_width;
   p.softmax_scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   p.device = g.device;
   kvrt_attention* attn = nullptr;
@@ -159,7 +168,8 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   api.workspace_size(attn, &b, &ws_bytes);
   std::vector<uint8_t> workspace(ws_bytes);
   api.plan(attn, &b, workspace.data(), ws_bytes);
-  std::vector<float> q(size_t{batch} * shape.q_heads * shape.head_dim, 0.1f), out(q.size());
+  std::vector<float> q(size_t{batch} * shape.q_heads * shape.head_dim, 0.1f),
+      out(size_t{batch} * shape.q_heads * g.v_width);
   kvrt_attention_run_args args{};
   args.struct_size = sizeof(args);
   args.q_dtype = args.out_dtype = KVRT_DTYPE_F32;
@@ -221,6 +231,15 @@ void register_all() {
                                             s.per_tensor, true);
     bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {1024, 4096}) bm->Args({context, 1});
+  }
+  for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
+    const std::string name = std::string("decode_mla/") + s.label + "/paged";
+    auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kMla, std::string(s.name),
+                                            s.per_tensor, true);
+    bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (int64_t context : {4096, 16384}) {
+      for (int64_t batch : {1, 16}) bm->Args({context, batch});
+    }
   }
 }
 
