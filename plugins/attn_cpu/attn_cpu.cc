@@ -41,6 +41,9 @@ constexpr uint32_t kSplitMaxRows = 4;  // items up to this many rows split long 
 // rows, for kernels::qk_dots_transposed and pv_accumulate_tile; the decoding costs about what
 // 5 rows' scores save.
 constexpr int32_t kSharedTileMinRows = 8;
+// A decode row whose KV head serves this many query heads (MLA's latent: all of them) shares
+// each tile as much: the tile path then pays for itself too.
+constexpr uint32_t kSharedTileMinGroup = 8;
 // Decode prefetches K this many positions ahead of the scores (see run_item).
 constexpr uint32_t kPrefetchTokens = 8;
 constexpr uint32_t kMaxHeadDim = 4096;
@@ -569,7 +572,7 @@ class CpuAttention : public sdk::AttentionBase {
     // so each row's scores are outer products with no horizontal sums, and V as f32 rows, so
     // each row's sums stay in registers over the tile. For 16 rows of synth-76m's shape, per
     // tile: scores 13.3 us against 18.7, sums 12.8 us against 22.5 (decoding included).
-    const bool shared_tile = item.rows >= kSharedTileMinRows;
+    const bool shared_tile = item.rows >= kSharedTileMinRows || group_ >= kSharedTileMinGroup;
     const size_t kt_head = size_t{qk_dim_} * kTile, vt_head = size_t{v_dim_} * kTile;
     auto* gathered_k = scratch<float>(layer, scratch_.gathered_k);
     // V in the K row (MLA): the V rows are the K rows, read to v_dim_.
