@@ -17,6 +17,7 @@
 //                256 MiB per copy, repeated to the same total), measured right after;
 //   vs_memcpy    kv_GBps / memcpy_GBps.
 #include <benchmark/benchmark.h>
+#include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,10 +41,13 @@ constexpr uint32_t kPageSize = 16;
 struct Shape {
   uint32_t q_heads, kv_heads, head_dim, layers;
   uint32_t latent_v = 0;  // MLA: V is the K row's first latent_v values (0: V rows of its own)
+  uint32_t v_dim = 0;     // V rows of their own this wide (0: head_dim)
 };
 constexpr Shape kLlama8B{32, 8, 128, 1};
 constexpr Shape kSynth76M{12, 4, 64, 12};
 constexpr Shape kMla{16, 1, 576, 1, 512};
+// The same attention expanded: per-head K of qk_nope + qk_rope = 192, V of 128.
+constexpr Shape kMlaExpanded{16, 16, 192, 1, 0, 128};
 
 Registry& registry() {
   static Registry* r = new Registry();
@@ -75,6 +79,8 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
                bool paged) {
   const auto context = static_cast<uint32_t>(state.range(0));
   const auto batch = static_cast<uint32_t>(state.range(1));
+  // Query rows per sequence: 1 (decode), or the whole context (a causal prefill).
+  const auto rows = state.range(2) != 0 ? context : 1u;
   Registry& reg = registry();
   auto store_plugin = reg.load_kv_store(store_name);
   auto attn_plugin = reg.load("attn_cpu");
@@ -94,8 +100,9 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   g.num_layers = shape.layers;
   g.num_kv_heads = g.total_kv_heads = shape.kv_heads;
   g.k_head_dim = shape.head_dim;
-  g.v_head_dim = shape.latent_v != 0 ? 0 : shape.head_dim;
-  g.v_width = shape.latent_v != 0 ? shape.latent_v : shape.head_dim;
+  const uint32_t v_dim = shape.v_dim != 0 ? shape.v_dim : shape.head_dim;
+  g.v_head_dim = shape.latent_v != 0 ? 0 : v_dim;
+  g.v_width = shape.latent_v != 0 ? shape.latent_v : v_dim;
   g.page_size = kPageSize;
   g.input_dtype = KVRT_DTYPE_F32;
   g.tp_size = 1;
@@ -108,7 +115,7 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   // Fill every slot (random values, reused across chunks of 4096 tokens).
   {
     const uint32_t chunk = 4096;
-    const size_t row = size_t{shape.kv_heads} * shape.head_dim;
+    const size_t row = size_t{shape.kv_heads} * std::max(shape.head_dim, v_dim);
     std::vector<float> k(chunk * row), v(chunk * row);
     std::mt19937 rng(1);
     std::normal_distribution<float> normal;
@@ -146,7 +153,7 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   if (paged) std::shuffle(pages.begin(), pages.end(), std::mt19937(2));
   std::vector<int32_t> qo(batch + 1), indptr(batch + 1), last(batch, kPageSize);
   for (uint32_t b = 0; b <= batch; ++b) {
-    qo[b] = static_cast<int32_t>(b);
+    qo[b] = static_cast<int32_t>(b * rows);
     indptr[b] = static_cast<int32_t>(b * pages_per_seq);
   }
   kvrt_attention_params p{};
@@ -168,8 +175,8 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   api.workspace_size(attn, &b, &ws_bytes);
   std::vector<uint8_t> workspace(ws_bytes);
   api.plan(attn, &b, workspace.data(), ws_bytes);
-  std::vector<float> q(size_t{batch} * shape.q_heads * shape.head_dim, 0.1f),
-      out(size_t{batch} * shape.q_heads * g.v_width);
+  std::vector<float> q(size_t{batch} * rows * shape.q_heads * shape.head_dim, 0.1f),
+      out(size_t{batch} * rows * shape.q_heads * g.v_width);
   kvrt_attention_run_args args{};
   args.struct_size = sizeof(args);
   args.q_dtype = args.out_dtype = KVRT_DTYPE_F32;
@@ -202,8 +209,31 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   state.counters["vs_memcpy"] =
       benchmark::Counter(bytes / (memcpy_gbps * 1e9), benchmark::Counter::kIsRate);
   state.counters["kv_MiB"] = static_cast<double>(kv_bytes) / (1 << 20);
+  // Multiply-adds of Q.K and P.V (a causal prefill sees half the square).
+  const auto ctx = static_cast<double>(context);
+  const double pairs = rows == 1 ? ctx : ctx * (ctx + 1) / 2;
+  const double flops = 2.0 * pairs * batch * shape.q_heads * (shape.head_dim + g.v_width) *
+                       shape.layers * static_cast<double>(state.iterations());
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
   api.destroy(attn);
   kv.destroy(store);
+}
+
+// The expanded form's extra product: the context's latents [ctx][512] times kv_b_proj^T
+// [512][16 x (128 + 128)], through the BLAS as the CPU backend runs a prefill's products.
+void BM_MlaExpansion(benchmark::State& state) {
+  const auto context = static_cast<int>(state.range(0));
+  const int latent = 512, out = 16 * (128 + 128);
+  std::vector<float> c(size_t(context) * latent, 0.01f), w(size_t(out) * latent, 0.02f),
+      y(size_t(context) * out);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, context, out, latent, 1.0f, c.data(),
+                latent, w.data(), latent, 0.0f, y.data(), out);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * context * out * latent * static_cast<double>(state.iterations()) / 1e9,
+      benchmark::Counter::kIsRate);
 }
 
 void register_all() {
@@ -219,9 +249,9 @@ void register_all() {
           std::string("decode/") + s.label + (paged ? "/paged" : "/contiguous");
       auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
                                               std::string(s.name), s.per_tensor, paged);
-      bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
+      bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
       for (int64_t context : {1024, 4096, 16384}) {
-        for (int64_t batch : {1, 32}) bm->Args({context, batch});
+        for (int64_t batch : {1, 32}) bm->Args({context, batch, 0});
       }
     }
   }
@@ -229,18 +259,31 @@ void register_all() {
     const std::string name = std::string("decode_synth76m/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kSynth76M, std::string(s.name),
                                             s.per_tensor, true);
-    bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
-    for (int64_t context : {1024, 4096}) bm->Args({context, 1});
+    bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (int64_t context : {1024, 4096}) bm->Args({context, 1, 0});
   }
   for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
     const std::string name = std::string("decode_mla/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kMla, std::string(s.name),
                                             s.per_tensor, true);
-    bm->ArgNames({"ctx", "batch"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {4096, 16384}) {
-      for (int64_t batch : {1, 16}) bm->Args({context, batch});
+      for (int64_t batch : {1, 16}) bm->Args({context, batch, 0});
     }
   }
+  // MLA prefill, absorbed (over the latent, as kvrt runs it) against the expanded form's
+  // attention (per-head K and V; the expansion's product, every context token's latent times
+  // kv_b_proj, is BM_MlaExpansion).
+  for (const auto& [label, shape] : {std::pair{"absorbed", kMla}, std::pair{"expanded", kMlaExpanded}}) {
+    const std::string name = std::string("prefill_mla/") + label + "/bf16";
+    auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, shape,
+                                            std::string("kv_bf16_paged"), false, true);
+    bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    for (int64_t context : {256, 1024, 4096}) bm->Args({context, 1, 1});
+  }
+  auto* expansion = benchmark::RegisterBenchmark("prefill_mla/expansion", BM_MlaExpansion);
+  expansion->ArgNames({"ctx"})->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (int64_t context : {256, 1024, 4096}) expansion->Arg(context);
 }
 
 }  // namespace
