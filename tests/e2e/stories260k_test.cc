@@ -13,6 +13,7 @@
 #include "core/config/config.h"
 #include "core/exec/generate.h"
 #include "core/runtime/runtime.h"
+#include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::exec {
@@ -22,35 +23,13 @@ using stories260k::kExpected;
 using stories260k::kPrompt;
 using stories260k::model_dir;
 
-// A runtime for the model with these settings; the registry outlives it.
-struct ModelRun {
-  plugin::Registry registry;
-  config::Config cfg;
-  Result<runtime::Runtime> runtime = Status::Internal("unset");
+Result<GenerateResult> greedy(e2e::ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
 
-  ModelRun(const std::string& store, int tp, int page_size, std::vector<std::string> extra = {}) {
-    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
-    std::vector<std::string> sets = {"model.path=\"" + model_dir() + "\"",
-                                     "device.memory=\"16MiB\"", "tp.size=" + std::to_string(tp),
-                                     "scheduler.page_size=" + std::to_string(page_size),
-                                     "kv.store=" + store};
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    Result<config::Config> c = config::load_string("", "<test>", sets);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    cfg = *c;
-    registry.set_config_source([this](const std::string& name) -> const toml::table* {
-      return cfg.plugin_table("kv", name);
-    });
-    runtime = runtime::build_runtime(cfg, registry);
-  }
+// A runtime for stories260k.
+struct ModelRun : e2e::ModelRun {
+  ModelRun(const std::string& store, int tp, int page_size)
+      : e2e::ModelRun(model_dir(), store, tp, page_size) {}
 };
-
-Result<GenerateResult> greedy(ModelRun& s, int n) {
-  GenerateOptions options;
-  options.max_new_tokens = n;
-  options.prefill_chunk = 3;  // the prompt in two chunks: prefill over earlier pages too
-  return generate(*s.runtime->engine, kPrompt, options);
-}
 
 class Stories260k : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {
  protected:
@@ -99,12 +78,7 @@ TEST(Stories260kFp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
   ASSERT_TRUE(fp8.runtime.ok()) << fp8.runtime.status().message();
   Result<GenerateResult> a = greedy(bf16, 60), b = greedy(fp8, 60);
   ASSERT_TRUE(a.ok() && b.ok());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a->first_logits.size(); ++i) {
-    diff += std::pow(a->first_logits[i] - b->first_logits[i], 2);
-    norm += std::pow(a->first_logits[i], 2);
-  }
-  const double relative = std::sqrt(diff / norm);
+  const double relative = e2e::relative_l2(a->first_logits, b->first_logits);
   int same = 0;
   for (size_t i = 0; i < a->ids.size() && i < b->ids.size(); ++i) same += a->ids[i] == b->ids[i];
   RecordProperty("fp8_ids_matching_bf16_of_60", same);

@@ -17,6 +17,7 @@
 #include "core/exec/generate.h"
 #include "core/runtime/runtime.h"
 #include "core/serve/serving_core.h"
+#include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_continuations.h"
 
 namespace kvrt {
@@ -32,35 +33,13 @@ std::string model_dir() {
 
 bool have_model() { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
 
-// A runtime for the model with these settings; the registry outlives it.
-struct ModelRun {
-  plugin::Registry registry;
-  config::Config cfg;
-  Result<runtime::Runtime> runtime = Status::Internal("unset");
-
-  ModelRun(const std::string& store, int tp, int page_size, std::vector<std::string> extra = {}) {
-    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
-    std::vector<std::string> sets = {"model.path=\"" + model_dir() + "\"",
-                                     "device.memory=\"16MiB\"", "tp.size=" + std::to_string(tp),
-                                     "scheduler.page_size=" + std::to_string(page_size),
-                                     "kv.store=" + store};
-    sets.insert(sets.end(), extra.begin(), extra.end());
-    Result<config::Config> c = config::load_string("", "<test>", sets);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    cfg = *c;
-    registry.set_config_source([this](const std::string& name) -> const toml::table* {
-      return cfg.plugin_table("kv", name);
-    });
-    runtime = runtime::build_runtime(cfg, registry);
-  }
+// A runtime for tiny-deepseek-v3.
+struct ModelRun : e2e::ModelRun {
+  ModelRun(const std::string& store, int tp, int page_size, std::vector<std::string> extra = {})
+      : e2e::ModelRun(model_dir(), store, tp, page_size, std::move(extra)) {}
 };
 
-Result<exec::GenerateResult> greedy(ModelRun& s, int n) {
-  exec::GenerateOptions options;
-  options.max_new_tokens = n;
-  options.prefill_chunk = 3;  // the prompt in two chunks: prefill over earlier pages too
-  return exec::generate(*s.runtime->engine, kPrompt, options);
-}
+Result<exec::GenerateResult> greedy(ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
 
 class TinyDeepseekV3 : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {
  protected:
@@ -106,12 +85,7 @@ TEST(TinyDeepseekV3Fp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
   ASSERT_TRUE(fp8.runtime.ok()) << fp8.runtime.status().message();
   Result<exec::GenerateResult> a = greedy(bf16, 12), b = greedy(fp8, 12);
   ASSERT_TRUE(a.ok() && b.ok());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a->first_logits.size(); ++i) {
-    diff += std::pow(a->first_logits[i] - b->first_logits[i], 2);
-    norm += std::pow(a->first_logits[i], 2);
-  }
-  const double relative = std::sqrt(diff / norm);
+  const double relative = e2e::relative_l2(a->first_logits, b->first_logits);
   int same = 0;
   for (size_t i = 0; i < b->ids.size() && i < kExpected.size(); ++i) same += b->ids[i] == kExpected[i];
   RecordProperty("fp8_ids_matching_reference_of_12", same);

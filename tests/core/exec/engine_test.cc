@@ -51,6 +51,28 @@ class EngineTest : public ::testing::Test {
 
 const std::vector<int32_t> kPrompt = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108};
 
+// Sequence A: 10 tokens already cached, one decode token. Sequence B: a fresh prefill of 7.
+// Together in one batch they must give what each gives alone, in fresh pages of the same engine.
+void expect_mixed_batch_matches_sequences_alone(Engine& e) {
+  SequenceStep a_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {0, 1, 2}};
+  ASSERT_TRUE(e.step(Batch{{a_prefill}}).ok());
+  SequenceStep a_decode{{kPrompt[10]}, 10, {0, 1, 2}};
+  SequenceStep b_prefill{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {9, 5}};
+  Result<std::vector<float>> both = e.step(Batch{{a_decode, b_prefill}});
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
+  ASSERT_TRUE(e.step(Batch{{a2_prefill}}).ok());
+  Result<std::vector<float>> a_alone = e.step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
+  Result<std::vector<float>> b_alone =
+      e.step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
+  ASSERT_TRUE(a_alone.ok() && b_alone.ok());
+  const size_t vocab = a_alone->size();
+  for (size_t i = 0; i < vocab; ++i) {
+    ASSERT_NEAR((*both)[i], (*a_alone)[i], 1e-4);
+    ASSERT_NEAR((*both)[vocab + i], (*b_alone)[i], 1e-4);
+  }
+}
+
 TEST_F(EngineTest, TensorParallelRanksGiveTheSameIds) {
   GenerateOptions options;
   options.max_new_tokens = 24;
@@ -111,30 +133,9 @@ TEST_F(EngineTest, QkvBiasIsShardedWithItsRows) {
 TEST_F(EngineTest, MixedBatchMatchesSequencesAlone) {
   std::unique_ptr<Engine> e = engine(2);
   ASSERT_NE(e, nullptr);
-  // Sequence A: 10 tokens already cached, one decode token. Sequence B: a fresh prefill of 7.
-  SequenceStep a_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {0, 1, 2}};
-  ASSERT_TRUE(e->step(Batch{{a_prefill}}).ok());
-  SequenceStep a_decode{{kPrompt[10]}, 10, {0, 1, 2}};
-  SequenceStep b_prefill{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {9, 5}};
-  Result<std::vector<float>> both = e->step(Batch{{a_decode, b_prefill}});
-  ASSERT_TRUE(both.ok()) << both.status().message();
-  // Alone, into fresh pages of the same engine.
-  SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
-  ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
-  Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
-  Result<std::vector<float>> b_alone =
-      e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
-  ASSERT_TRUE(a_alone.ok() && b_alone.ok());
-  const size_t vocab = a_alone->size();
-  for (size_t i = 0; i < vocab; ++i) {
-    ASSERT_NEAR((*both)[i], (*a_alone)[i], 1e-4);
-    ASSERT_NEAR((*both)[vocab + i], (*b_alone)[i], 1e-4);
-  }
+  expect_mixed_batch_matches_sequences_alone(*e);
 }
 
-// DeepSeek-V3's MLA + MoE (the synth-mla-tiny preset: yarn, two expert groups, a shared
-// expert): TP-N gives TP-1's ids and first logits (at TP 8 four ranks hold no head, and each
-// expert is split 4 columns a rank), and a mixed batch gives what each sequence gets alone.
 TEST(MlaEngine, TensorParallelRanksGiveTheSameIdsAndMixedBatchesAgree) {
   setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
   plugin::Registry registry;
@@ -176,23 +177,7 @@ TEST(MlaEngine, TensorParallelRanksGiveTheSameIdsAndMixedBatchesAgree) {
   }
   std::unique_ptr<Engine> e = engine(2);
   ASSERT_NE(e, nullptr);
-  SequenceStep a_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {0, 1, 2}};
-  ASSERT_TRUE(e->step(Batch{{a_prefill}}).ok());
-  SequenceStep a_decode{{kPrompt[10]}, 10, {0, 1, 2}};
-  SequenceStep b_prefill{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {9, 5}};
-  Result<std::vector<float>> both = e->step(Batch{{a_decode, b_prefill}});
-  ASSERT_TRUE(both.ok()) << both.status().message();
-  SequenceStep a2_prefill{{kPrompt.begin(), kPrompt.begin() + 10}, 0, {20, 21, 22}};
-  ASSERT_TRUE(e->step(Batch{{a2_prefill}}).ok());
-  Result<std::vector<float>> a_alone = e->step(Batch{{{{kPrompt[10]}, 10, {20, 21, 22}}}});
-  Result<std::vector<float>> b_alone =
-      e->step(Batch{{{{kPrompt.begin(), kPrompt.begin() + 7}, 0, {30, 31}}}});
-  ASSERT_TRUE(a_alone.ok() && b_alone.ok());
-  const size_t vocab = a_alone->size();
-  for (size_t i = 0; i < vocab; ++i) {
-    ASSERT_NEAR((*both)[i], (*a_alone)[i], 1e-4);
-    ASSERT_NEAR((*both)[vocab + i], (*b_alone)[i], 1e-4);
-  }
+  expect_mixed_batch_matches_sequences_alone(*e);
 }
 
 TEST_F(EngineTest, RefusesBadBatchesBeforeRunning) {
