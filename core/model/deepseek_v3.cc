@@ -62,7 +62,6 @@ void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv
 
 namespace {
 
-
 // Rows [begin, end) of a row-major matrix with `cols` columns.
 std::vector<float> rows_of(const std::vector<float>& m, int64_t cols, Range rows) {
   return {m.begin() + rows.begin * cols, m.begin() + rows.end * cols};

@@ -407,6 +407,14 @@ Status check_deepseek(const ModelConfig& c, const std::string& source) {
     if (value <= 0) return error(key, "a positive value is required (MLA)");
   }
   if (c.mla.qk_rope_head_dim % 2 != 0) return error("qk_rope_head_dim", "must be even");
+  const ModelConfig::Yarn& y = c.yarn;
+  if (y.factor > 0) {
+    if (!(y.beta_fast > 0 && y.beta_slow > 0 && y.original_max_position_embeddings > 0)) {
+      return error("rope_scaling", "yarn needs positive beta_fast, beta_slow and "
+                                   "original_max_position_embeddings");
+    }
+    if (!(c.rope_theta > 1)) return error("rope_theta", "yarn needs a base above 1");
+  }
   const ModelConfig::Moe& m = c.moe;
   if (m.n_routed_experts == 0) return Status::Ok();
   if (m.moe_intermediate_size <= 0) return error("moe_intermediate_size", "must be positive");

@@ -100,6 +100,9 @@ TEST(DeepseekV3Config, RefusesWhatItCannotRunByName) {
       {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}",
        "config.json: rope_scaling: factor: a positive number is required for yarn"},
       {"\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act: unsupported 'gelu'"},
+      {"\"rope_scaling\": null",
+       "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, \"beta_fast\": 0}",
+       "config.json: rope_scaling: yarn needs positive beta_fast"},
   };
   for (const Case& c : cases) {
     Result<ModelConfig> r = parse(replace(base, c.from, c.to));
