@@ -8,6 +8,7 @@
 // V-is-K latents, and the API's refusals; run() is checked to allocate nothing.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -314,6 +315,172 @@ TEST_F(AttnCpu, MlaLatentWithVItsFirstValues) {
       c.force_gather = true;
       EXPECT_EQ(check(c), "") << "gather, page " << page_size;
     }
+  }
+}
+
+// The weight-absorbed MLA the DeepSeek-V3 architecture runs (queries mapped into the latent
+// space by W_UK, attention over the cached [latent | rope key] rows with V the latent, out by
+// W_UV) against a naive MLA in double that expands every cached latent into per-head K and V
+// (K = [W_UK c | k_pe], V = W_UV c) from the f32 latents the store holds: random weights,
+// latents and queries, causal rows across page boundaries, page sizes 1 to 128.
+TEST_F(AttnCpu, AbsorbedMlaEqualsTheNaiveExpandedOne) {
+  constexpr uint32_t H = 4, L = 32, R = 8, N = 16, V = 16, D = L + R;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(N + R));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  auto random = [&](size_t n, float sd) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng) * sd;
+    return v;
+  };
+  Result<const LoadedPlugin*> store_plugin = registry_->load_kv_store("kv_f32_paged");
+  ASSERT_TRUE(store_plugin.ok()) << store_plugin.status().message();
+  const kvrt_kv_store_api& kv = (*store_plugin)->kv;
+  const kvrt_attention_api& api = attn_->attention;
+  for (uint32_t page_size : {1u, 3u, 16u, 128u}) {
+    SCOPED_TRACE("page size " + std::to_string(page_size));
+    // Sequences (KV length, query rows): decodes at and around page boundaries, a prefill
+    // chunk after earlier context.
+    const std::vector<std::pair<uint32_t, uint32_t>> seqs = {
+        {1, 1}, {page_size, 1}, {page_size + 1, 1}, {2 * page_size + 37, 6}, {150, 1}};
+    std::vector<int32_t> qo{0}, indptr{0}, pages, last;
+    std::vector<int64_t> slots;
+    int32_t next_page = 0;
+    for (const auto& [kv_len, q_len] : seqs) {
+      const uint32_t n = (kv_len + page_size - 1) / page_size;
+      for (uint32_t p = 0; p < n; ++p) pages.push_back(next_page++);
+      for (uint32_t t = 0; t < kv_len; ++t) {
+        slots.push_back(int64_t{pages[indptr.back() + t / page_size]} * page_size + t % page_size);
+      }
+      qo.push_back(qo.back() + static_cast<int32_t>(q_len));
+      indptr.push_back(static_cast<int32_t>(pages.size()));
+      last.push_back(static_cast<int32_t>((kv_len - 1) % page_size + 1));
+    }
+    std::shuffle(pages.begin(), pages.end(), rng);  // page ids in no order (slots follow them)
+    slots.clear();
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      for (uint32_t t = 0; t < seqs[b].first; ++t) {
+        slots.push_back(int64_t{pages[indptr[b] + t / page_size]} * page_size + t % page_size);
+      }
+    }
+    // The store: one latent row per token.
+    kvrt_kv_geometry g{};
+    g.struct_size = sizeof(g);
+    g.num_layers = 1;
+    g.num_kv_heads = g.total_kv_heads = 1;
+    g.k_head_dim = D;
+    g.v_head_dim = 0;
+    g.v_width = L;
+    g.page_size = page_size;
+    g.input_dtype = KVRT_DTYPE_F32;
+    g.tp_size = 1;
+    g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+    kvrt_kv_store* store = nullptr;
+    ASSERT_EQ(kv.create((*store_plugin)->host_api(), &g, static_cast<uint64_t>(next_page), nullptr,
+                        &store),
+              KVRT_OK)
+        << take_last_error();
+    const std::vector<float> rows = random(slots.size() * D, 1.0f);  // [c | roped k_pe]
+    kvrt_kv_write w{};
+    w.struct_size = sizeof(w);
+    w.dtype = KVRT_DTYPE_F32;
+    w.num_tokens = static_cast<uint32_t>(slots.size());
+    w.slots = slots.data();
+    w.k = rows.data();
+    ASSERT_EQ(kv.write(store, &w), KVRT_OK) << take_last_error();
+    kvrt_kv_layout layout{};
+    layout.struct_size = sizeof(layout);
+    ASSERT_EQ(kv.layout(store, 0, &layout), KVRT_OK);
+
+    // Weights and queries: W_UK [H][N][L], W_UV [H][V][L], q [rows][H][N + R].
+    const std::vector<float> uk = random(size_t{H} * N * L, 0.2f), uv = random(size_t{H} * V * L, 0.2f);
+    const size_t total_rows = static_cast<size_t>(qo.back());
+    const std::vector<float> q = random(total_rows * H * (N + R), 1.0f);
+    std::vector<float> absorbed(total_rows * H * D, 0.0f);
+    for (size_t r = 0; r < total_rows; ++r) {
+      for (uint32_t h = 0; h < H; ++h) {
+        const float* qh = q.data() + (r * H + h) * (N + R);
+        float* a = absorbed.data() + (r * H + h) * D;
+        for (uint32_t j = 0; j < L; ++j) {
+          for (uint32_t n = 0; n < N; ++n) a[j] += qh[n] * uk[(size_t{h} * N + n) * L + j];
+        }
+        std::copy_n(qh + N, R, a + L);
+      }
+    }
+    kvrt_attention_params p{};
+    p.struct_size = sizeof(p);
+    p.num_q_heads = H;
+    p.num_kv_heads = 1;
+    p.qk_head_dim = D;
+    p.v_head_dim = L;
+    p.softmax_scale = scale;
+    p.device = g.device;
+    kvrt_attention* attn = nullptr;
+    ASSERT_EQ(api.create(attn_->host_api(), &p, nullptr, &attn), KVRT_OK) << take_last_error();
+    kvrt_attention_batch batch{sizeof(batch), static_cast<uint32_t>(seqs.size()), page_size, 1,
+                               qo.data(),     indptr.data(),                      pages.data(),
+                               last.data()};
+    uint64_t bytes = 0;
+    ASSERT_EQ(api.workspace_size(attn, &batch, &bytes), KVRT_OK);
+    std::vector<uint8_t> workspace(bytes);
+    ASSERT_EQ(api.plan(attn, &batch, workspace.data(), bytes), KVRT_OK) << take_last_error();
+    std::vector<float> latent_out(total_rows * H * L);
+    kvrt_attention_run_args args{};
+    args.struct_size = sizeof(args);
+    args.q_dtype = args.out_dtype = KVRT_DTYPE_F32;
+    args.layout = &layout;
+    args.store_api = &kv;
+    args.store = store;
+    args.q = absorbed.data();
+    args.out = latent_out.data();
+    ASSERT_EQ(api.run(attn, &args), KVRT_OK) << take_last_error();
+
+    // The naive MLA, row by row, and the absorbed output mapped out by W_UV.
+    size_t slot_base = 0;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      const auto [kv_len, q_len] = seqs[b];
+      for (uint32_t i = 0; i < q_len; ++i) {
+        const size_t r = static_cast<size_t>(qo[b]) + i;
+        const uint32_t visible = kv_len - q_len + i + 1;
+        for (uint32_t h = 0; h < H; ++h) {
+          const float* qh = q.data() + (r * H + h) * (N + R);
+          std::vector<double> score(visible), want(V, 0.0);
+          double max = -INFINITY, sum = 0, v_max = 0;
+          for (uint32_t t = 0; t < visible; ++t) {
+            const float* c = rows.data() + (slot_base + t) * D;
+            double dot = 0;
+            for (uint32_t n = 0; n < N; ++n) {
+              double k = 0;  // K-nope of head h at t: W_UK[h] c
+              for (uint32_t j = 0; j < L; ++j) k += double{uk[(size_t{h} * N + n) * L + j]} * c[j];
+              dot += qh[n] * k;
+            }
+            for (uint32_t j = 0; j < R; ++j) dot += double{qh[N + j]} * c[L + j];
+            score[t] = dot * scale;
+            max = std::max(max, score[t]);
+          }
+          for (double& x : score) sum += (x = std::exp(x - max));
+          for (uint32_t t = 0; t < visible; ++t) {
+            const float* c = rows.data() + (slot_base + t) * D;
+            for (uint32_t d = 0; d < V; ++d) {
+              double v = 0;  // V of head h at t: W_UV[h] c
+              for (uint32_t j = 0; j < L; ++j) v += double{uv[(size_t{h} * V + d) * L + j]} * c[j];
+              want[d] += score[t] / sum * v;
+              v_max = std::max(v_max, std::fabs(v));
+            }
+          }
+          const float* o = latent_out.data() + (r * H + h) * L;
+          for (uint32_t d = 0; d < V; ++d) {
+            double got = 0;
+            for (uint32_t j = 0; j < L; ++j) got += double{uv[(size_t{h} * V + d) * L + j]} * o[j];
+            ASSERT_NEAR(got, want[d], 1e-4 * v_max)
+                << "sequence " << b << " row " << i << " head " << h << " element " << d;
+          }
+        }
+      }
+      slot_base += kv_len;
+    }
+    api.destroy(attn);
+    kv.destroy(store);
   }
 }
 
