@@ -170,4 +170,29 @@ if [ -f "$model/model.safetensors" ]; then
 else
   echo "skipped the model-directory cases: $model not found"
 fi
+
+# DeepSeek-V3 (MLA + MoE): a router kvrt does not implement, and a config with more experts
+# than its checkpoint holds, are refused naming the field and the first tensor that disagrees.
+deepseek=$(dirname "$model")/tiny-deepseek-v3
+if [ -f "$deepseek/model.safetensors" ]; then
+  for case in router expert; do
+    mkdir -p "$out/ds-$case"
+    ln -s "$deepseek/tokenizer.model" "$out/ds-$case/tokenizer.model"
+  done
+  ln -s "$deepseek/model.safetensors" "$out/ds-router/model.safetensors"
+  sed 's/"scoring_func": *"sigmoid"/"scoring_func": "softmax"/' "$deepseek/config.json" \
+    >"$out/ds-router/config.json"
+  refused "a DeepSeek-V3 router kvrt does not implement is refused by name" \
+    "config.json: scoring_func: unsupported 'softmax' (DeepSeek-V3: sigmoid)" \
+    "$kvrt" generate --set "model.path=\"$out/ds-router\"" --prompt hi
+  # One more routed expert than the checkpoint holds: the router is the first to disagree.
+  ln -s "$deepseek/model.safetensors" "$out/ds-expert/model.safetensors"
+  sed 's/"n_routed_experts": *8/"n_routed_experts": 9/' "$deepseek/config.json" \
+    >"$out/ds-expert/config.json"
+  refused "a DeepSeek-V3 config with more experts than its checkpoint names the tensor" \
+    "tensor 'model.layers.1.mlp.gate.weight': expected shape [9, 64], found [8, 64]" \
+    "$kvrt" generate --set "model.path=\"$out/ds-expert\"" --prompt hi
+else
+  echo "skipped the DeepSeek-V3 cases: $deepseek not found"
+fi
 exit $failed
