@@ -22,28 +22,35 @@ struct MlaCounts {
 MlaCounts count_mla(const ModelConfig& c) {
   const ModelConfig::Mla& mla = c.mla;
   const ModelConfig::Moe& moe = c.moe;
-  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, layers = c.num_hidden_layers;
   const int64_t nope = mla.qk_nope_head_dim, rope = mla.qk_rope_head_dim, v = mla.v_head_dim;
   const int64_t kv_rank = mla.kv_lora_rank, q_rank = mla.q_lora_rank;
-  MlaCounts n;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (q_rank > 0) {
-      n.projections += h * q_rank + q_rank * heads * (nope + rope);  // q_a_proj, q_b_proj
-      n.other += q_rank;                                             // q_a_layernorm
-    } else {
-      n.projections += h * heads * (nope + rope);  // q_proj
-    }
-    n.projections += h * (kv_rank + rope) + kv_rank * heads * (nope + v);  // kv_a (MQA), kv_b
-    n.projections += heads * v * h;                                        // o_proj
-    n.other += kv_rank + 2 * h;  // kv_a_layernorm, input and post-attention norms
-    if (c.moe_layer(i)) {
-      n.projections += (moe.n_routed_experts + moe.n_shared_experts) * 3 * h *
-                       moe.moe_intermediate_size;  // routed and shared experts
-      n.other += moe.n_routed_experts * (h + 1);   // the router and its correction bias
-    } else {
-      n.projections += 3 * h * c.intermediate_size;  // gate, up, down
-    }
+  // Per layer: attention and norms.
+  MlaCounts layer;
+  if (q_rank > 0) {
+    layer.projections += h * q_rank + q_rank * heads * (nope + rope);  // q_a_proj, q_b_proj
+    layer.other += q_rank;                                             // q_a_layernorm
+  } else {
+    layer.projections += h * heads * (nope + rope);  // q_proj
   }
+  layer.projections += h * (kv_rank + rope) + kv_rank * heads * (nope + v);  // kv_a (MQA), kv_b
+  layer.projections += heads * v * h;                                        // o_proj
+  layer.other += kv_rank + 2 * h;  // kv_a_layernorm, input and post-attention norms
+  // The layers moe_layer() picks, counted without walking them: the multiples of the frequency
+  // from first_k_dense_replace on.
+  int64_t moe_layers = 0;
+  if (moe.n_routed_experts > 0) {
+    const int64_t freq = std::max<int64_t>(1, moe.moe_layer_freq);
+    const int64_t first = (std::max<int64_t>(0, moe.first_k_dense_replace) + freq - 1) / freq * freq;
+    moe_layers = first < layers ? (layers - 1 - first) / freq + 1 : 0;
+  }
+  MlaCounts n;
+  n.projections = layers * layer.projections +
+                  moe_layers * (moe.n_routed_experts + moe.n_shared_experts) * 3 * h *
+                      moe.moe_intermediate_size +           // routed and shared experts
+                  (layers - moe_layers) * 3 * h * c.intermediate_size;  // dense gate, up, down
+  n.other = layers * layer.other +
+            moe_layers * moe.n_routed_experts * (h + 1);  // the router and its correction bias
   n.other += c.vocab_size * h + h;  // embeddings, final norm
   if (!c.tie_word_embeddings) n.other += c.vocab_size * h;
   return n;
@@ -376,8 +383,16 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   const long double inter = std::max(c.intermediate_size, c.moe.moe_intermediate_size);
   const long double kv = static_cast<long double>(c.num_key_value_heads) * c.head_dim +
                          c.mla.kv_lora_rank + c.mla.q_lora_rank;
-  const long double biggest =
-      std::max({h * c.vocab_size, layers * h * q, layers * h * kv, layers * experts * h * inter});
+  // MLA's low-rank products: q_b_proj [heads (nope + rope)][q_lora], kv_b_proj [heads (nope +
+  // v)][kv_lora].
+  const long double heads = c.num_attention_heads;
+  const long double mla_b =
+      layers * heads *
+      (static_cast<long double>(c.mla.q_lora_rank) *
+           (c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim) +
+       static_cast<long double>(c.mla.kv_lora_rank) * (c.mla.qk_nope_head_dim + c.mla.v_head_dim));
+  const long double biggest = std::max(
+      {h * c.vocab_size, layers * h * q, layers * h * kv, layers * experts * h * inter, mla_b});
   if (biggest > 0x1p48L) {
     return Status::ConfigError(source +
                                ": the dimensions (hidden_size, num_hidden_layers, heads, "
