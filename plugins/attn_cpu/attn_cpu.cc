@@ -26,6 +26,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/shared/paged_attention.h"
 #include "kvrt/plugin.hpp"
 
 namespace kvrt::plugins {
@@ -359,7 +360,7 @@ class CpuAttention : public sdk::AttentionBase {
     if (b.kv_page_indptr[b.batch_size] > b.kv_page_indptr[0] && b.kv_page_indices == nullptr) {
       invalid("batch.kv_page_indices is NULL");
     }
-    const int64_t chunk = (int64_t{chunk_tokens_} + b.page_size - 1) / b.page_size * b.page_size;
+    const int64_t chunk = kernels::shared::split_chunk(chunk_tokens_, b.page_size);
     for (uint32_t s = 0; s < b.batch_size; ++s) {
       auto seq = [s] { return "sequence " + std::to_string(s) + ": "; };  // for messages only
       const int32_t q_begin = b.qo_indptr[s], q_len = b.qo_indptr[s + 1] - q_begin;
@@ -602,14 +603,17 @@ class CpuAttention : public sdk::AttentionBase {
     // Position pos of the sequence: its page id and its offset in the page, and the K and V
     // rows (head 0) there in the store's layout.
     auto locate = [&](int32_t pos) {
-      return std::pair<int64_t, int64_t>{header.page_indices[item.page_base + pos / page_size],
-                                         pos % page_size};
+      const kernels::shared::PagePosition at =
+          kernels::shared::locate(header.page_indices + item.page_base, page_size, pos);
+      return std::pair<int64_t, int64_t>{at.page, at.offset};
     };
     auto k_row = [&](int64_t page, int64_t offset) {
-      return k_base + page * l.k_page_stride + offset * l.k_token_stride;
+      return k_base + kernels::shared::row_offset({page, offset}, l.k_page_stride,
+                                                  l.k_token_stride, 0, 0);
     };
     auto v_row = [&](int64_t page, int64_t offset) {
-      return v_base + page * l.v_page_stride + offset * l.v_token_stride;
+      return v_base + kernels::shared::row_offset({page, offset}, l.v_page_stride,
+                                                  l.v_token_stride, 0, 0);
     };
     const size_t k_token_bytes = kv_heads_ * k_head_stride;
     const size_t v_token_bytes = kv_heads_ * v_head_stride;
@@ -752,8 +756,8 @@ class CpuAttention : public sdk::AttentionBase {
         for (int32_t c = 0; c < merge.num_items; ++c) {
           const WorkItem& item = items[merge.first_item + c];
           const State st = state_at(plan_ + item.partial, item.rows);
-          if (st.max[at] == kNegInf) continue;  // the row sees nothing of this chunk
-          const float w = std::exp(st.max[at] - max);
+          const float w = kernels::shared::merge_weight(st.max[at], max);
+          if (w == 0.0f) continue;  // the row sees nothing of this chunk (or nothing that counts)
           sum += w * st.sum[at];
           const void* row = st.acc + at * v_dim_;
           kernels::pv_accumulate(KvElem::kF32, &w, 1, 1, &row, 1, v_dim_, nullptr, out_row, v_dim_);
