@@ -1,0 +1,101 @@
+#include "kernels/cuda/kv_write.h"
+
+#include "kernels/shared/fp8_e4m3.h"
+#include "kernels/shared/paged_attention.h"
+
+namespace kvrt::cuda {
+namespace {
+
+namespace shared = kvrt::kernels::shared;
+
+constexpr int kWarp = 32;
+
+// The row of (token, head): its device address in the target's pages.
+__device__ uint8_t* row_at(const KvWriteTarget& t, const int64_t* slots, int32_t page_size,
+                           int32_t token, int32_t head) {
+  const int64_t slot = slots[token];
+  const shared::PagePosition at{slot / page_size, slot % page_size};
+  return static_cast<uint8_t*>(t.base) +
+         shared::row_offset(at, t.page_stride, t.token_stride, head, t.head_stride);
+}
+
+// One warp per (token, head) row; lanes stride over the row's elements.
+__global__ void bf16_rows(const float* in, int64_t in_token_stride, int32_t tokens,
+                          int32_t heads, int32_t dim, const int64_t* slots, int32_t page_size,
+                          KvWriteTarget target) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= static_cast<int64_t>(tokens) * heads) return;
+  const auto token = static_cast<int32_t>(row / heads), head = static_cast<int32_t>(row % heads);
+  const float* src = in + token * in_token_stride + static_cast<int64_t>(head) * dim;
+  auto* dst = reinterpret_cast<uint16_t*>(row_at(target, slots, page_size, token, head));
+  for (int32_t d = lane; d < dim; d += kWarp) dst[d] = shared::bf16_round(src[d]);
+}
+
+// As bf16_rows; with per-token-head scales the warp first reduces the row's abs-max (NaN
+// ignored, as the CPU kernel's abs_max does), then every lane encodes x * (1 / scale).
+__global__ void e4m3_rows(const float* in, int64_t in_token_stride, int32_t tokens,
+                          int32_t heads, int32_t dim, const int64_t* slots, int32_t page_size,
+                          KvWriteTarget target) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (row >= static_cast<int64_t>(tokens) * heads) return;
+  const auto token = static_cast<int32_t>(row / heads), head = static_cast<int32_t>(row % heads);
+  const float* src = in + token * in_token_stride + static_cast<int64_t>(head) * dim;
+  uint8_t* dst = row_at(target, slots, page_size, token, head);
+  float inv = 1.0f / target.tensor_scale;
+  if (target.scales != nullptr) {
+    float amax = 0.0f;
+    for (int32_t d = lane; d < dim; d += kWarp) {
+      const float a = fabsf(src[d]);
+      if (a > amax) amax = a;  // false for NaN
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    }
+    const float scale = shared::e4m3_row_scale(amax);
+    inv = 1.0f / scale;
+    if (lane == 0) {
+      const int64_t slot = slots[token];
+      auto* s = reinterpret_cast<uint8_t*>(target.scales) +
+                (slot / page_size) * target.scale_page_stride +
+                (slot % page_size) * target.scale_token_stride + head * target.scale_head_stride;
+      *reinterpret_cast<float*>(s) = scale;
+    }
+  }
+  for (int32_t d = lane; d < dim; d += kWarp) dst[d] = shared::e4m3_encode(src[d] * inv);
+}
+
+template <typename Kernel>
+cudaError_t launch(Kernel kernel, const float* in, int64_t in_token_stride, int32_t tokens,
+                   int32_t heads, int32_t dim, const int64_t* slots, int32_t page_size,
+                   const KvWriteTarget& target, cudaStream_t stream) {
+  if (tokens <= 0 || heads <= 0 || dim <= 0) return cudaSuccess;
+  if (page_size <= 0 || in == nullptr || slots == nullptr || target.base == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  constexpr int kThreads = 256;  // 8 rows per block
+  const int64_t rows = static_cast<int64_t>(tokens) * heads;
+  const auto blocks = static_cast<unsigned>((rows * kWarp + kThreads - 1) / kThreads);
+  kernel<<<blocks, kThreads, 0, stream>>>(in, in_token_stride, tokens, heads, dim, slots,
+                                          page_size, target);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t write_bf16(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                       int32_t dim, const int64_t* slots, int32_t page_size,
+                       const KvWriteTarget& target, cudaStream_t stream) {
+  return launch(bf16_rows, in, in_token_stride, tokens, heads, dim, slots, page_size, target,
+                stream);
+}
+
+cudaError_t write_e4m3(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                       int32_t dim, const int64_t* slots, int32_t page_size,
+                       const KvWriteTarget& target, cudaStream_t stream) {
+  return launch(e4m3_rows, in, in_token_stride, tokens, heads, dim, slots, page_size, target,
+                stream);
+}
+
+}  // namespace kvrt::cuda
