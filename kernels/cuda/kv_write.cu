@@ -19,17 +19,33 @@ __device__ uint8_t* row_at(const KvWriteTarget& t, const int64_t* slots, int32_t
          shared::row_offset(at, t.page_stride, t.token_stride, head, t.head_stride);
 }
 
-// One warp per (token, head) row; lanes stride over the row's elements.
+// The (token, head) row this thread's warp writes (one warp per row; lanes stride over its
+// elements), or false past the last row.
+struct WarpRow {
+  int32_t token, head, lane;
+  const float* src;
+  uint8_t* dst;
+};
+__device__ bool warp_row(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                         int32_t dim, const int64_t* slots, int32_t page_size,
+                         const KvWriteTarget& target, WarpRow* r) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  if (row >= static_cast<int64_t>(tokens) * heads) return false;
+  r->lane = static_cast<int32_t>(threadIdx.x % kWarp);
+  r->token = static_cast<int32_t>(row / heads);
+  r->head = static_cast<int32_t>(row % heads);
+  r->src = in + r->token * in_token_stride + static_cast<int64_t>(r->head) * dim;
+  r->dst = row_at(target, slots, page_size, r->token, r->head);
+  return true;
+}
+
 __global__ void bf16_rows(const float* in, int64_t in_token_stride, int32_t tokens,
                           int32_t heads, int32_t dim, const int64_t* slots, int32_t page_size,
                           KvWriteTarget target) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= static_cast<int64_t>(tokens) * heads) return;
-  const auto token = static_cast<int32_t>(row / heads), head = static_cast<int32_t>(row % heads);
-  const float* src = in + token * in_token_stride + static_cast<int64_t>(head) * dim;
-  auto* dst = reinterpret_cast<uint16_t*>(row_at(target, slots, page_size, token, head));
-  for (int32_t d = lane; d < dim; d += kWarp) dst[d] = shared::bf16_round(src[d]);
+  WarpRow r;
+  if (!warp_row(in, in_token_stride, tokens, heads, dim, slots, page_size, target, &r)) return;
+  auto* dst = reinterpret_cast<uint16_t*>(r.dst);
+  for (int32_t d = r.lane; d < dim; d += kWarp) dst[d] = shared::bf16_round(r.src[d]);
 }
 
 // As bf16_rows; with per-token-head scales the warp first reduces the row's abs-max (NaN
@@ -37,12 +53,11 @@ __global__ void bf16_rows(const float* in, int64_t in_token_stride, int32_t toke
 __global__ void e4m3_rows(const float* in, int64_t in_token_stride, int32_t tokens,
                           int32_t heads, int32_t dim, const int64_t* slots, int32_t page_size,
                           KvWriteTarget target) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (row >= static_cast<int64_t>(tokens) * heads) return;
-  const auto token = static_cast<int32_t>(row / heads), head = static_cast<int32_t>(row % heads);
-  const float* src = in + token * in_token_stride + static_cast<int64_t>(head) * dim;
-  uint8_t* dst = row_at(target, slots, page_size, token, head);
+  WarpRow r;
+  if (!warp_row(in, in_token_stride, tokens, heads, dim, slots, page_size, target, &r)) return;
+  const int32_t lane = r.lane, token = r.token, head = r.head;
+  const float* src = r.src;
+  uint8_t* dst = r.dst;
   float inv = 1.0f / target.tensor_scale;
   if (target.scales != nullptr) {
     float amax = 0.0f;
