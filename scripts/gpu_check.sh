@@ -22,7 +22,7 @@ echo "GPU: ${gpu:-none found}"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DKVRT_CUDA=ON -DKVRT_BUILD_BENCH=OFF \
   >>"$log" 2>&1 || { echo "configure failed (see $log)"; exit 1; }
 # The CUDA tests and the plugins they compare against; not the whole suite.
-targets=$(cmake --build "$build" --target help 2>/dev/null | sed -n 's/^\.\.\. \(.*_cuda_test\)$/\1/p')
+targets=$(cmake --build "$build" --target help 2>/dev/null | sed -n 's/^\.\.\. \(.*_cuda_test\)$/\1/p' | tr '\n' ' ')
 cmake --build "$build" -j"$(nproc)" --target $targets kv_bf16_paged kv_f32_paged kv_fp8_e4m3 attn_cpu \
   >>"$log" 2>&1 || { echo "build failed (see $log)"; exit 1; }
 built=$(($(date +%s) - start))
