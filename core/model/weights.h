@@ -88,7 +88,7 @@ Weights generate_llama(const ModelConfig& config, uint64_t seed);
 // model::make_preset_weights (architecture.h):
 //   synth-mla:      hidden 1024, 4 layers (1 dense, MLP 2816; then 64 experts of 256, top 8,
 //                   1 shared), 16 heads, q_lora 384, kv_lora 512, qk_nope 128, qk_rope 64,
-//                   v_head 128, yarn x32 as Kimi-K2; 189,347,840 parameters.
+//                   v_head 128, yarn x32 as Kimi-K2; 188,691,136 parameters.
 //   synth-mla-tiny: hidden 64, 3 layers, 4 heads, q_lora 32, kv_lora 32, 16 + 8, v 16, 8 experts
 //                   of 32 in 2 groups (top 2 of the best group), 1 shared, yarn x4; for tests.
 Result<ModelConfig> preset_config(std::string_view name);
