@@ -62,27 +62,22 @@ void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv
 
 namespace {
 
-// Rows [begin, end) of a row-major matrix with `cols` columns.
-std::vector<float> rows_of(const std::vector<float>& m, int64_t cols, Range rows) {
-  return {m.begin() + rows.begin * cols, m.begin() + rows.end * cols};
-}
-
-// Columns [begin, end) of a row-major matrix with `cols` columns.
-std::vector<float> columns_of(const std::vector<float>& m, int64_t cols, Range keep) {
-  const int64_t rows = cols == 0 ? 0 : static_cast<int64_t>(m.size()) / cols;
-  std::vector<float> out;
-  out.reserve(rows * keep.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
-  }
-  return out;
-}
+// The router's working arrays, sized once for the model (no allocation per token).
+struct RouteScratch {
+  std::vector<float> scores, choice, group;  // [E], [E], [n_group]
+  std::vector<int64_t> order, groups;        // [E], [n_group]
+  std::vector<uint8_t> kept;                 // [n_group]
+  explicit RouteScratch(const ModelConfig::Moe& m)
+      : scores(m.n_routed_experts), choice(m.n_routed_experts), group(m.n_group),
+        order(m.n_routed_experts), groups(m.n_group), kept(m.n_group) {}
+};
 
 // The chosen experts of one token: transformers' DeepseekV3TopkRouter on its logits.
 void route(const ModelConfig::Moe& m, const float* logits, const float* bias, int64_t* chosen,
-           float* weights, std::vector<float>& scores, std::vector<float>& choice,
-           std::vector<int64_t>& order) {
+           float* weights, RouteScratch& r) {
   const int64_t E = m.n_routed_experts, K = m.num_experts_per_tok;
+  std::vector<float>& scores = r.scores;
+  std::vector<float>& choice = r.choice;
   for (int64_t e = 0; e < E; ++e) {
     scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
     choice[e] = scores[e] + bias[e];
@@ -93,7 +88,7 @@ void route(const ModelConfig::Moe& m, const float* logits, const float* bias, in
   };
   if (m.n_group > 1) {
     const int64_t per = E / m.n_group;
-    std::vector<float> group(m.n_group);
+    std::vector<float>& group = r.group;
     for (int64_t g = 0; g < m.n_group; ++g) {
       float first = -INFINITY, second = -INFINITY;
       for (int64_t e = g * per; e < (g + 1) * per; ++e) {
@@ -106,16 +101,16 @@ void route(const ModelConfig::Moe& m, const float* logits, const float* bias, in
       }
       group[g] = first + second;
     }
-    std::vector<int64_t> groups(m.n_group);
+    std::vector<int64_t>& groups = r.groups;
     std::iota(groups.begin(), groups.end(), 0);
     std::partial_sort(groups.begin(), groups.begin() + m.topk_group, groups.end(), better(group));
-    std::vector<bool> kept(m.n_group, false);
-    for (int64_t i = 0; i < m.topk_group; ++i) kept[groups[i]] = true;
+    std::fill(r.kept.begin(), r.kept.end(), 0);
+    for (int64_t i = 0; i < m.topk_group; ++i) r.kept[groups[i]] = 1;
     for (int64_t e = 0; e < E; ++e) {
-      if (!kept[e / per]) choice[e] = 0.0f;
+      if (r.kept[e / per] == 0) choice[e] = 0.0f;
     }
   }
-  order.resize(E);
+  std::vector<int64_t>& order = r.order;
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + K, order.end(), better(choice));
   float sum = 0;
@@ -168,7 +163,6 @@ class DeepseekV3 : public Architecture {
   void mlp(const Mlp& m, const float* x, int64_t rows, exec::Backend& be, float* out);
 
   ModelConfig config_;
-  DeepseekV3Shard shard_;
   int64_t nh_ = 0, N_ = 0, R_ = 0, V_ = 0, L_ = 0, Lq_ = 0;
   std::vector<Layer> layers_;
   std::unique_ptr<VocabParallel> vocab_;
@@ -177,8 +171,9 @@ class DeepseekV3 : public Architecture {
   // Activations, grown to the largest step seen.
   exec::Buffer x_, h_, cos_, sin_, qa_, q_, lat_, qatt_, olat_, attn_, partial_, gate_up_, act_,
       rows_, out_, router_;
-  std::vector<float> router_logits_, scores_, choice_;
-  std::vector<int64_t> order_, chosen_;
+  std::vector<float> router_logits_;
+  RouteScratch route_;
+  std::vector<int64_t> chosen_;
   std::vector<float> chosen_weights_;
   std::vector<std::vector<int64_t>> expert_rows_;
   std::vector<std::vector<float>> expert_weights_;
@@ -186,7 +181,7 @@ class DeepseekV3 : public Architecture {
 
 DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
                        exec::Backend& be)
-    : config_(w.config), shard_(shard) {
+    : config_(w.config), route_(w.config.moe) {
   const ModelConfig& c = config_;
   const ModelConfig::Mla& mla = c.mla;
   const int64_t H = c.hidden_size;
@@ -346,8 +341,6 @@ void DeepseekV3::moe(Layer& l, int64_t T, exec::Backend& be) {
   be.matmul(h, T, *l.router, router_.data());
   router_logits_.resize(T * E);
   be.download(router_.data(), router_logits_.size(), router_logits_.data());
-  scores_.resize(E);
-  choice_.resize(E);
   chosen_.resize(K);
   chosen_weights_.resize(K);
   for (int64_t e = 0; e < E; ++e) {
@@ -356,7 +349,7 @@ void DeepseekV3::moe(Layer& l, int64_t T, exec::Backend& be) {
   }
   for (int64_t t = 0; t < T; ++t) {
     route(m, router_logits_.data() + t * E, l.router_bias.data(), chosen_.data(),
-          chosen_weights_.data(), scores_, choice_, order_);
+          chosen_weights_.data(), route_);
     for (int64_t k = 0; k < K; ++k) {
       expert_rows_[chosen_[k]].push_back(t);
       expert_weights_[chosen_[k]].push_back(chosen_weights_[k]);

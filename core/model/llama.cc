@@ -8,21 +8,6 @@
 namespace kvrt::model {
 namespace {
 
-// Rows [begin, end) of a row-major matrix with `cols` columns.
-void append_rows(const std::vector<float>& m, int64_t cols, Range rows, std::vector<float>* out) {
-  out->insert(out->end(), m.begin() + rows.begin * cols, m.begin() + rows.end * cols);
-}
-
-// Columns [begin, end) of a row-major matrix with `rows` rows and `cols` columns.
-std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, Range keep) {
-  std::vector<float> out;
-  out.reserve(rows * keep.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    out.insert(out.end(), m.begin() + r * cols + keep.begin, m.begin() + r * cols + keep.end);
-  }
-  return out;
-}
-
 class Llama : public Architecture {
  public:
   Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend);
@@ -86,11 +71,11 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
       append_rows(lw.v_bias, 1, kv_rows, &bias);
       l.qkv_bias = backend.upload(bias);
     }
-    l.o = backend.upload_matrix(columns(lw.o, hidden, o_cols, q_rows), hidden, nq_ * head_dim_);
+    l.o = backend.upload_matrix(columns_of(lw.o, o_cols, q_rows), hidden, nq_ * head_dim_);
     append_rows(lw.gate, hidden, mlp, &gate_up);
     append_rows(lw.up, hidden, mlp, &gate_up);
     l.gate_up = backend.upload_matrix(std::move(gate_up), 2 * I, hidden);
-    l.down = backend.upload_matrix(columns(lw.down, hidden, down_cols, mlp), hidden, I);
+    l.down = backend.upload_matrix(columns_of(lw.down, down_cols, mlp), hidden, I);
     layers_.push_back(std::move(l));
   }
   std::vector<float> embed, lm_head;

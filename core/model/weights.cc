@@ -12,8 +12,6 @@ namespace kvrt::model {
 
 namespace {
 
-// ---- Loading from a Hugging Face directory ----
-
 // ---- Synthetic presets ----
 
 // splitmix64 (Steele, Lea, Flood 2014): a tiny generator whose output is defined by integer
@@ -31,12 +29,14 @@ uint64_t Fnv1a(std::string_view s) {
   return h;
 }
 
+}  // namespace
+
 // Fills v with n values of mean 0 and standard deviation `stddev`. Each draw sums the four 16-bit
 // lanes of one splitmix64 output (Irwin-Hall: close to normal, bounded); the sum is an exact
 // integer and becomes a float through one double multiply and one rounding, which IEEE makes
 // identical everywhere. The stream depends only on (seed, tensor name).
-void FillRandom(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
-                const std::string& name) {
+void fill_random(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
+                 const std::string& name) {
   uint64_t state = seed ^ Fnv1a(name);
   SplitMix64(state);  // decorrelates nearby seeds before the first draw
   // Each lane is uniform on 0..65535: variance (65536^2 - 1) / 12, four of them summed.
@@ -50,6 +50,8 @@ void FillRandom(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
     v[i] = static_cast<float>(static_cast<double>(sum - 2 * 65535) * scale);
   }
 }
+
+namespace {
 
 struct Preset {
   std::string_view name;
@@ -134,11 +136,6 @@ Status load_block(const SafetensorsCheckpoint& ck, const std::string& dir, const
     to_f32(piece, out.data() + (r - rows.begin) * cols.size());
   }
   return Status::Ok();
-}
-
-void fill_random(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
-                 const std::string& name) {
-  FillRandom(v, n, stddev, seed, name);
 }
 
 Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
@@ -289,20 +286,20 @@ Weights generate_llama(const ModelConfig& config, uint64_t seed) {
              kv = static_cast<size_t>(c.kv_dim()), in = static_cast<size_t>(c.intermediate_size),
              vocab = static_cast<size_t>(c.vocab_size);
   constexpr double kStd = 0.02;  // GPT-2's init: keeps q.k and MLP activations O(1) at any depth
-  FillRandom(w.embed, vocab * h, kStd, seed, "model.embed_tokens.weight");
+  fill_random(w.embed, vocab * h, kStd, seed, "model.embed_tokens.weight");
   w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
   for (size_t i = 0; i < w.layers.size(); ++i) {
     LayerWeights& l = w.layers[i];
     const std::string p = "model.layers." + std::to_string(i) + ".";
     l.input_norm.assign(h, 1.0f);
     l.post_norm.assign(h, 1.0f);
-    FillRandom(l.q, q * h, kStd, seed, p + "self_attn.q_proj.weight");
-    FillRandom(l.k, kv * h, kStd, seed, p + "self_attn.k_proj.weight");
-    FillRandom(l.v, kv * h, kStd, seed, p + "self_attn.v_proj.weight");
-    FillRandom(l.o, h * q, kStd, seed, p + "self_attn.o_proj.weight");
-    FillRandom(l.gate, in * h, kStd, seed, p + "mlp.gate_proj.weight");
-    FillRandom(l.up, in * h, kStd, seed, p + "mlp.up_proj.weight");
-    FillRandom(l.down, h * in, kStd, seed, p + "mlp.down_proj.weight");
+    fill_random(l.q, q * h, kStd, seed, p + "self_attn.q_proj.weight");
+    fill_random(l.k, kv * h, kStd, seed, p + "self_attn.k_proj.weight");
+    fill_random(l.v, kv * h, kStd, seed, p + "self_attn.v_proj.weight");
+    fill_random(l.o, h * q, kStd, seed, p + "self_attn.o_proj.weight");
+    fill_random(l.gate, in * h, kStd, seed, p + "mlp.gate_proj.weight");
+    fill_random(l.up, in * h, kStd, seed, p + "mlp.up_proj.weight");
+    fill_random(l.down, h * in, kStd, seed, p + "mlp.down_proj.weight");
     if (c.attention_bias) {
       l.q_bias.assign(q, 0.0f);
       l.k_bias.assign(kv, 0.0f);
@@ -310,7 +307,7 @@ Weights generate_llama(const ModelConfig& config, uint64_t seed) {
     }
   }
   w.final_norm.assign(h, 1.0f);
-  if (!c.tie_word_embeddings) FillRandom(w.lm_head, vocab * h, kStd, seed, "lm_head.weight");
+  if (!c.tie_word_embeddings) fill_random(w.lm_head, vocab * h, kStd, seed, "lm_head.weight");
   return w;
 }
 
