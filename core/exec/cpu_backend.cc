@@ -4,7 +4,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -194,20 +193,15 @@ void CpuBackend::apply_rope(float* x, int64_t tokens, int64_t heads, int64_t hea
 void CpuBackend::rope_tables_from(std::span<const int32_t> positions,
                                   std::span<const float> inv_freq, float scale, float* cos,
                                   float* sin) {
-  const size_t half = inv_freq.size();
-  for (size_t t = 0; t < positions.size(); ++t) {
-    for (size_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-      cos[t * half + i] = std::cos(angle) * scale;
-      sin[t * half + i] = std::sin(angle) * scale;
-    }
-  }
+  kernels::rope_tables_from(positions.data(), positions.size(), inv_freq.data(), inv_freq.size(),
+                            scale, cos, sin);
 }
 
 void CpuBackend::apply_rope_interleaved(float* x, int64_t tokens, int64_t heads, int64_t head_dim,
                                         int64_t row_stride, const float* cos, const float* sin) {
   const int64_t half = head_dim / 2;
-  std::vector<float> pair(static_cast<size_t>(head_dim));
+  std::vector<float>& pair = rope_pair_;
+  pair.resize(static_cast<size_t>(head_dim));
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + t * row_stride + h * head_dim;

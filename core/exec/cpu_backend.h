@@ -59,6 +59,7 @@ class CpuBackend : public Backend {
   int threads_;
   std::vector<float> scratch_;  // bf16 weights widened for large products
   std::vector<float> rows_in_, rows_out_;  // strided products' rows, made dense
+  std::vector<float> rope_pair_;           // one head's values while interleaved RoPE rotates it
 };
 
 }  // namespace kvrt::exec

@@ -8,6 +8,7 @@
 #include "core/model/safetensors.h"
 #include "core/model/vocab_parallel.h"
 #include "core/model/weights.h"
+#include "kernels/shared/rope.h"
 
 namespace kvrt::model {
 namespace {
@@ -25,7 +26,7 @@ void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv
   inv_freq->resize(half);
   *attention_factor = 1;
   for (int64_t i = 0; i < half; ++i) {
-    (*inv_freq)[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+    (*inv_freq)[i] = kernels::shared::rope_inverse_frequency(i, dim, base);
   }
   const ModelConfig::Yarn& y = c.yarn;
   if (y.factor <= 0) return;

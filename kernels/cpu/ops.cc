@@ -3,6 +3,9 @@
 #include "kernels/cpu/ops.h"
 
 #include <cmath>
+#include <vector>
+
+#include "kernels/shared/rope.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/ops.cc"
@@ -124,13 +127,21 @@ void apply_rope(float* x, size_t tokens, size_t heads, size_t head_dim, size_t r
 void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta, float* cos,
                  float* sin) {
   const size_t half = head_dim / 2;
+  std::vector<float> inv_freq(half);
   for (size_t i = 0; i < half; ++i) {
-    const float inv_freq =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
-    for (size_t t = 0; t < tokens; ++t) {
-      const float angle = static_cast<float>(positions[t]) * inv_freq;
-      cos[t * half + i] = std::cos(angle);
-      sin[t * half + i] = std::sin(angle);
+    inv_freq[i] = shared::rope_inverse_frequency(static_cast<int64_t>(i),
+                                                 static_cast<int64_t>(head_dim), theta);
+  }
+  rope_tables_from(positions, tokens, inv_freq.data(), half, 1.0f, cos, sin);
+}
+
+void rope_tables_from(const int32_t* positions, size_t tokens, const float* inv_freq, size_t half,
+                      float scale, float* cos, float* sin) {
+  for (size_t t = 0; t < tokens; ++t) {
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq[i];
+      cos[t * half + i] = std::cos(angle) * scale;
+      sin[t * half + i] = std::sin(angle) * scale;
     }
   }
 }

@@ -24,10 +24,13 @@ void add_inplace(float* x, const float* y, size_t n);
 void apply_rope(float* x, size_t tokens, size_t heads, size_t head_dim, size_t row_stride,
                 const float* cos, const float* sin);
 
-// The tables, computed as Hugging Face does in float32: inv_freq[i] = 1 / theta^(2i / head_dim),
-// angle = position * inv_freq[i].
+// The tables, computed as Hugging Face does in float32: inv_freq[i] = 1 / theta^(2i / head_dim)
+// (shared::rope_inverse_frequency), angle = position * inv_freq[i].
 void rope_tables(const int32_t* positions, size_t tokens, size_t head_dim, float theta, float* cos,
                  float* sin);
+// The same from given inverse frequencies ([half], e.g. YaRN's), cos and sin times `scale`.
+void rope_tables_from(const int32_t* positions, size_t tokens, const float* inv_freq, size_t half,
+                      float scale, float* cos, float* sin);
 
 namespace reference {
 void rms_norm(const float* x, const float* weight, float* out, size_t rows, size_t dim, float eps);
