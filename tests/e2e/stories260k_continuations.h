@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,6 +60,21 @@ inline void expect_continuations(const std::map<uint64_t, std::vector<int32_t>>&
     EXPECT_EQ(outputs.at(i), std::vector<int32_t>(expected.begin() + k, expected.end()))
         << "request " << i << " (prompt + " << k << " reference ids)";
   }
+}
+
+// Logs how the run shared the pool (`what` names the store and TP) and expects that it did:
+// requests reused cached prefixes and some were retracted.
+inline void expect_pool_shared(const serve::ServingCore& core, const std::string& what,
+                               uint64_t pages, int steps) {
+  const sched::SchedulerCounters& c = core.counters();
+  std::printf("%s: %llu pages, %d steps, %llu retractions, %llu cached tokens (%llu from the "
+              "tier)\n",
+              what.c_str(), static_cast<unsigned long long>(pages), steps,
+              static_cast<unsigned long long>(c.retractions),
+              static_cast<unsigned long long>(c.cached_tokens),
+              static_cast<unsigned long long>(c.tier_loaded_tokens));
+  EXPECT_GT(c.cached_tokens, 0u);
+  EXPECT_GT(c.retractions, 0u);
 }
 
 }  // namespace kvrt::stories260k

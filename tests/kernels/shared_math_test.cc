@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/shared/fp8_e4m3.h"
@@ -135,18 +136,13 @@ TEST(SharedPaged, RowAddressesInTheLayoutHoldWhatWasWritten) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   const kvrt_kv_store_api& kv = (*loaded)->kv;
   for (uint32_t page_size : {1u, 7u, 16u}) {
-    kvrt_kv_geometry g{};
-    g.struct_size = sizeof(g);
-    g.num_layers = 1;
-    g.num_kv_heads = g.total_kv_heads = 3;
-    g.k_head_dim = g.v_head_dim = 8;
-    g.page_size = page_size;
-    g.input_dtype = KVRT_DTYPE_F32;
-    g.tp_size = 1;
-    g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+    Result<kvrt_kv_geometry> g =
+        capacity::kv_geometry({.layers = 1, .kv_heads = 3, .head_dim = 8, .v_head_dim = 8}, 1,
+                              page_size, KVRT_DTYPE_F32);
+    ASSERT_TRUE(g.ok()) << g.status().message();
     const uint32_t pages = 9;
     kvrt_kv_store* store = nullptr;
-    ASSERT_EQ(kv.create((*loaded)->host_api(), &g, pages, nullptr, &store), KVRT_OK);
+    ASSERT_EQ(kv.create((*loaded)->host_api(), &*g, pages, nullptr, &store), KVRT_OK);
     // A sequence of 40 positions over shuffled pages; position p's K is p + head / 8 + d / 64.
     std::vector<int32_t> page_ids(pages);
     std::iota(page_ids.begin(), page_ids.end(), 0);

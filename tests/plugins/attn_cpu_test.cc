@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"
 #include "sdk/conformance/attention_conformance.h"
 
@@ -363,18 +364,12 @@ TEST_F(AttnCpu, AbsorbedMlaEqualsTheNaiveExpandedOne) {
         slots.push_back(int64_t{pages[indptr[b] + t / page_size]} * page_size + t % page_size);
       }
     }
-    // The store: one latent row per token.
-    kvrt_kv_geometry g{};
-    g.struct_size = sizeof(g);
-    g.num_layers = 1;
-    g.num_kv_heads = g.total_kv_heads = 1;
-    g.k_head_dim = D;
-    g.v_head_dim = 0;
-    g.v_width = L;
-    g.page_size = page_size;
-    g.input_dtype = KVRT_DTYPE_F32;
-    g.tp_size = 1;
-    g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+    // The store: one latent row per token (the geometry the runtime gives an MLA model).
+    Result<kvrt_kv_geometry> geometry =
+        capacity::kv_geometry({.layers = 1, .kv_lora_rank = L, .qk_rope_head_dim = R}, 1,
+                              page_size, KVRT_DTYPE_F32);
+    ASSERT_TRUE(geometry.ok()) << geometry.status().message();
+    const kvrt_kv_geometry& g = *geometry;
     kvrt_kv_store* store = nullptr;
     ASSERT_EQ(kv.create((*store_plugin)->host_api(), &g, static_cast<uint64_t>(next_page), nullptr,
                         &store),

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <set>
 #include <string>
@@ -26,6 +27,21 @@
 namespace kvrt::exec {
 namespace {
 
+// An engine over `weights` with attn_cpu and a pool of 64 pages.
+std::unique_ptr<Engine> make_engine(plugin::Registry& registry, const model::LoadedWeights& weights,
+                                    int tp, const char* store = "kv_bf16_paged",
+                                    uint32_t page_size = 4) {
+  EngineOptions o;
+  o.tp = tp;
+  o.page_size = page_size;
+  o.num_pages = 64;
+  o.plugins.store = *registry.load_kv_store(store);
+  o.plugins.attention = *registry.load("attn_cpu");
+  Result<std::unique_ptr<Engine>> e = Engine::create(weights, o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,15 +50,7 @@ class EngineTest : public ::testing::Test {
   }
   std::unique_ptr<Engine> engine(int tp, const char* store = "kv_bf16_paged",
                                  uint32_t page_size = 4) {
-    EngineOptions o;
-    o.tp = tp;
-    o.page_size = page_size;
-    o.num_pages = 64;
-    o.plugins.store = *registry_.load_kv_store(store);
-    o.plugins.attention = *registry_.load("attn_cpu");
-    Result<std::unique_ptr<Engine>> e = Engine::create(weights_, o);
-    EXPECT_TRUE(e.ok()) << e.status().message();
-    return e.ok() ? std::move(*e) : nullptr;
+    return make_engine(registry_, weights_, tp, store, page_size);
   }
 
   plugin::Registry registry_;
@@ -50,6 +58,28 @@ class EngineTest : public ::testing::Test {
 };
 
 const std::vector<int32_t> kPrompt = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108};
+
+// TP 1, 2, 4 and 8 give the same greedy ids of kPrompt, and first logits within 1e-4 of TP 1's;
+// `reference` gets TP 1's ids.
+void expect_tp_ranks_agree(const std::function<std::unique_ptr<Engine>(int)>& engine,
+                           const GenerateOptions& options, std::vector<int32_t>* reference) {
+  std::vector<float> reference_logits;
+  for (int tp : {1, 2, 4, 8}) {
+    std::unique_ptr<Engine> e = engine(tp);
+    ASSERT_NE(e, nullptr);
+    Result<GenerateResult> out = generate(*e, kPrompt, options);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    if (tp == 1) {
+      *reference = out->ids;
+      reference_logits = out->first_logits;
+      continue;
+    }
+    EXPECT_EQ(out->ids, *reference) << "TP " << tp;
+    for (size_t i = 0; i < reference_logits.size(); ++i) {
+      ASSERT_NEAR(out->first_logits[i], reference_logits[i], 1e-4) << "TP " << tp;
+    }
+  }
+}
 
 // Sequence A: 10 tokens already cached, one decode token. Sequence B: a fresh prefill of 7.
 // Together in one batch they must give what each gives alone, in fresh pages of the same engine.
@@ -77,23 +107,9 @@ TEST_F(EngineTest, TensorParallelRanksGiveTheSameIds) {
   GenerateOptions options;
   options.max_new_tokens = 24;
   std::vector<int32_t> reference;
-  std::vector<float> reference_logits;
-  for (int tp : {1, 2, 4, 8}) {  // synth-tiny: 4 heads, 2 KV heads; at TP 8 some ranks hold
-                                 // a replicated KV head and no query head at all
-    std::unique_ptr<Engine> e = engine(tp);
-    ASSERT_NE(e, nullptr);
-    Result<GenerateResult> out = generate(*e, kPrompt, options);
-    ASSERT_TRUE(out.ok()) << out.status().message();
-    if (tp == 1) {
-      reference = out->ids;
-      reference_logits = out->first_logits;
-      continue;
-    }
-    EXPECT_EQ(out->ids, reference) << "TP " << tp;
-    for (size_t i = 0; i < reference_logits.size(); ++i) {
-      ASSERT_NEAR(out->first_logits[i], reference_logits[i], 1e-4) << "TP " << tp;
-    }
-  }
+  // synth-tiny: 4 heads, 2 KV heads; at TP 8 some ranks hold a replicated KV head and no query
+  // head at all.
+  expect_tp_ranks_agree([&](int tp) { return engine(tp); }, options, &reference);
 }
 
 TEST_F(EngineTest, QkvBiasIsShardedWithItsRows) {
@@ -142,39 +158,15 @@ TEST(MlaEngine, TensorParallelRanksGiveTheSameIdsAndMixedBatchesAgree) {
   Result<std::unique_ptr<model::LoadedWeights>> weights =
       model::make_preset_weights("synth-mla-tiny");
   ASSERT_TRUE(weights.ok()) << weights.status().message();
-  auto engine = [&](int tp) -> std::unique_ptr<Engine> {
-    EngineOptions o;
-    o.tp = tp;
-    o.page_size = 4;
-    o.num_pages = 64;
-    o.plugins.store = *registry.load_kv_store("kv_bf16_paged");
-    o.plugins.attention = *registry.load("attn_cpu");
-    Result<std::unique_ptr<Engine>> e = Engine::create(**weights, o);
-    EXPECT_TRUE(e.ok()) << e.status().message();
-    return e.ok() ? std::move(*e) : nullptr;
-  };
+  auto engine = [&](int tp) { return make_engine(registry, **weights, tp); };
   GenerateOptions options;
   options.max_new_tokens = 16;
   options.prefill_chunk = 5;
   std::vector<int32_t> reference;
-  std::vector<float> reference_logits;
-  for (int tp : {1, 2, 4, 8}) {
-    std::unique_ptr<Engine> e = engine(tp);
-    ASSERT_NE(e, nullptr);
-    Result<GenerateResult> out = generate(*e, kPrompt, options);
-    ASSERT_TRUE(out.ok()) << out.status().message();
-    if (tp == 1) {
-      reference = out->ids;
-      reference_logits = out->first_logits;
-      std::set<int32_t> distinct(reference.begin(), reference.end());
-      EXPECT_GT(distinct.size(), 1u) << "a degenerate model tests nothing";
-      continue;
-    }
-    EXPECT_EQ(out->ids, reference) << "TP " << tp;
-    for (size_t i = 0; i < reference_logits.size(); ++i) {
-      ASSERT_NEAR(out->first_logits[i], reference_logits[i], 1e-4) << "TP " << tp;
-    }
-  }
+  expect_tp_ranks_agree(engine, options, &reference);
+  if (HasFatalFailure()) return;
+  std::set<int32_t> distinct(reference.begin(), reference.end());
+  EXPECT_GT(distinct.size(), 1u) << "a degenerate model tests nothing";
   std::unique_ptr<Engine> e = engine(2);
   ASSERT_NE(e, nullptr);
   expect_mixed_batch_matches_sequences_alone(*e);

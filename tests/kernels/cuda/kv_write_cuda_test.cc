@@ -14,27 +14,13 @@
 #include <tuple>
 #include <vector>
 
+#include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"
 #include "kernels/cuda/kv_write.h"
+#include "tests/kernels/cuda/cuda_device.h"
 
 namespace kvrt::cuda {
 namespace {
-
-// "" when a CUDA device can run kernels, else why not.
-std::string no_device() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
-  if (count == 0) return "no CUDA device";
-  return "";
-}
-
-#define REQUIRE_GPU()                                      \
-  if (const std::string why = no_device(); !why.empty()) { \
-    GTEST_SKIP() << why << " (this test runs on a GPU)";   \
-  }
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
 struct Case {
   const char* store;
@@ -55,18 +41,13 @@ void check_store(const Case& c, uint32_t heads, uint32_t dim, uint32_t page_size
       config.insert("v_scale", 0.05);
     }
   }
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = 1;
-  g.num_kv_heads = g.total_kv_heads = heads;
-  g.k_head_dim = g.v_head_dim = dim;
-  g.page_size = page_size;
-  g.input_dtype = KVRT_DTYPE_F32;
-  g.tp_size = 1;
-  g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  Result<kvrt_kv_geometry> g = capacity::kv_geometry(
+      {.layers = 1, .kv_heads = heads, .head_dim = dim, .v_head_dim = dim}, 1, page_size,
+      KVRT_DTYPE_F32);
+  ASSERT_TRUE(g.ok()) << g.status().message();
   const uint32_t pages = 12;
   kvrt_kv_store* store = nullptr;
-  ASSERT_EQ(kv.create((*loaded)->host_api(), &g, pages, plugin::as_config(&config), &store),
+  ASSERT_EQ(kv.create((*loaded)->host_api(), &*g, pages, plugin::as_config(&config), &store),
             KVRT_OK);
   // Rows of every magnitude, in a shuffled half of the slots.
   std::mt19937 rng(page_size * 31 + dim);

@@ -16,20 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"
 #include "kernels/cuda/paged_attention.h"
+#include "tests/kernels/cuda/cuda_device.h"
 
 namespace kvrt::cuda {
 namespace {
-
-std::string no_device() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
-  return count == 0 ? "no CUDA device" : "";
-}
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
 
 // A host range copied to the device, and the device address of any host pointer inside it.
 struct Mirror {
@@ -83,17 +76,16 @@ void check(const char* store_name, const char* scale_mode, const Shape& sh, uint
   }
   const auto num_pages = static_cast<uint32_t>(pages.size());
   std::shuffle(pages.begin(), pages.end(), rng);
-  kvrt_kv_geometry g{};
-  g.struct_size = sizeof(g);
-  g.num_layers = 1;
-  g.num_kv_heads = g.total_kv_heads = sh.kv_heads;
-  g.k_head_dim = sh.qk_dim;
-  g.v_head_dim = sh.latent_v != 0 ? 0 : sh.v_dim;
-  g.v_width = sh.v_dim;
-  g.page_size = page_size;
-  g.input_dtype = KVRT_DTYPE_F32;
-  g.tp_size = 1;
-  g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  // MHA / GQA heads, or an MLA latent of latent_v + (qk_dim - latent_v) rope values.
+  const capacity::KvShape shape =
+      sh.latent_v != 0
+          ? capacity::KvShape{.layers = 1, .kv_lora_rank = sh.latent_v,
+                              .qk_rope_head_dim = sh.qk_dim - sh.latent_v}
+          : capacity::KvShape{.layers = 1, .kv_heads = sh.kv_heads, .head_dim = sh.qk_dim,
+                              .v_head_dim = sh.v_dim};
+  Result<kvrt_kv_geometry> geometry = capacity::kv_geometry(shape, 1, page_size, KVRT_DTYPE_F32);
+  ASSERT_TRUE(geometry.ok()) << geometry.status().message();
+  const kvrt_kv_geometry& g = *geometry;
   kvrt_kv_store* store = nullptr;
   ASSERT_EQ(kv.create((*store_plugin)->host_api(), &g, num_pages, plugin::as_config(&config), &store),
             KVRT_OK);
@@ -234,9 +226,7 @@ void check(const char* store_name, const char* scale_mode, const Shape& sh, uint
 }
 
 TEST(PagedAttentionCuda, MatchesAttnCpuOverTheSameBytes) {
-  if (const std::string why = no_device(); !why.empty()) {
-    GTEST_SKIP() << why << " (this test runs on a GPU)";
-  }
+  REQUIRE_GPU();
   struct StoreCase {
     const char* store;
     const char* scales;
