@@ -10,19 +10,11 @@ namespace shared = kvrt::kernels::shared;
 
 constexpr int kWarp = 32;
 
-// The row of (token, head): its device address in the target's pages.
-__device__ uint8_t* row_at(const KvWriteTarget& t, const int64_t* slots, int32_t page_size,
-                           int32_t token, int32_t head) {
-  const int64_t slot = slots[token];
-  const shared::PagePosition at{slot / page_size, slot % page_size};
-  return static_cast<uint8_t*>(t.base) +
-         shared::row_offset(at, t.page_stride, t.token_stride, head, t.head_stride);
-}
-
 // The (token, head) row this thread's warp writes (one warp per row; lanes stride over its
 // elements), or false past the last row.
 struct WarpRow {
   int32_t token, head, lane;
+  shared::PagePosition at;  // the token's slot in the pages
   const float* src;
   uint8_t* dst;
 };
@@ -34,8 +26,11 @@ __device__ bool warp_row(const float* in, int64_t in_token_stride, int32_t token
   r->lane = static_cast<int32_t>(threadIdx.x % kWarp);
   r->token = static_cast<int32_t>(row / heads);
   r->head = static_cast<int32_t>(row % heads);
+  r->at = shared::position_of_slot(slots[r->token], page_size);
   r->src = in + r->token * in_token_stride + static_cast<int64_t>(r->head) * dim;
-  r->dst = row_at(target, slots, page_size, r->token, r->head);
+  r->dst = static_cast<uint8_t*>(target.base) +
+           shared::row_offset(r->at, target.page_stride, target.token_stride, r->head,
+                              target.head_stride);
   return true;
 }
 
@@ -55,7 +50,7 @@ __global__ void e4m3_rows(const float* in, int64_t in_token_stride, int32_t toke
                           KvWriteTarget target) {
   WarpRow r;
   if (!warp_row(in, in_token_stride, tokens, heads, dim, slots, page_size, target, &r)) return;
-  const int32_t lane = r.lane, token = r.token, head = r.head;
+  const int32_t lane = r.lane;
   const float* src = r.src;
   uint8_t* dst = r.dst;
   float inv = 1.0f / target.tensor_scale;
@@ -71,10 +66,9 @@ __global__ void e4m3_rows(const float* in, int64_t in_token_stride, int32_t toke
     const float scale = shared::e4m3_row_scale(amax);
     inv = 1.0f / scale;
     if (lane == 0) {
-      const int64_t slot = slots[token];
       auto* s = reinterpret_cast<uint8_t*>(target.scales) +
-                (slot / page_size) * target.scale_page_stride +
-                (slot % page_size) * target.scale_token_stride + head * target.scale_head_stride;
+                shared::row_offset(r.at, target.scale_page_stride, target.scale_token_stride,
+                                   r.head, target.scale_head_stride);
       *reinterpret_cast<float*>(s) = scale;
     }
   }

@@ -26,9 +26,12 @@ KVRT_HD int64_t row_offset(PagePosition at, int64_t page_stride, int64_t token_s
   return at.page * page_stride + at.offset * token_stride + head * head_stride;
 }
 
-// The KV slot (page * page_size + offset) the scheduler and the stores index by.
+// The KV slot (page * page_size + offset) the scheduler and the stores index by, and back.
 KVRT_HD int64_t slot_of(PagePosition at, int64_t page_size) {
   return at.page * page_size + at.offset;
+}
+KVRT_HD PagePosition position_of_slot(int64_t slot, int64_t page_size) {
+  return {slot / page_size, slot % page_size};
 }
 
 // Split planning: a row over more than `chunk_tokens` positions is split into chunks of whole

@@ -151,7 +151,10 @@ TEST(SharedPaged, RowAddressesInTheLayoutHoldWhatWasWritten) {
     std::vector<int64_t> slots;
     std::vector<float> k, v;
     for (int64_t p = 0; p < positions; ++p) {
-      slots.push_back(shared::slot_of(shared::locate(page_ids.data(), page_size, p), page_size));
+      const shared::PagePosition at = shared::locate(page_ids.data(), page_size, p);
+      slots.push_back(shared::slot_of(at, page_size));
+      const shared::PagePosition back = shared::position_of_slot(slots.back(), page_size);
+      ASSERT_TRUE(back.page == at.page && back.offset == at.offset) << p;
       for (int h = 0; h < 3; ++h) {
         for (int d = 0; d < 8; ++d) {
           k.push_back(static_cast<float>(p) + h / 8.0f + d / 64.0f);
