@@ -130,7 +130,7 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
         kvrt_kv_write w{sizeof(w),   layer,
                         KVRT_DTYPE_F32, n,
                         slots.data(),   k.data(),
-                        shape.latent_v != 0 ? nullptr : v.data(), 0, 0};
+                        shape.latent_v != 0 ? nullptr : v.data(), 0, 0, nullptr, nullptr};
         if (kv.write(store, &w) != KVRT_OK) {
           kv.destroy(store);
           return state.SkipWithError(("store write: " + take_last_error()).c_str());

@@ -112,7 +112,8 @@ void BM_Write(benchmark::State& state, const std::string& name, kvrt_dtype dtype
   for (auto _ : state) {
     for (int64_t& s : slots) s = next++ % kPoolTokens;  // prefill-like: consecutive slots
     kvrt_kv_write w{
-        sizeof(kvrt_kv_write), 0, dtype, kTokensPerCall, slots.data(), k.data(), v.data(), 0, 0};
+        sizeof(kvrt_kv_write), 0, dtype, kTokensPerCall, slots.data(), k.data(), v.data(), 0, 0,
+        nullptr, nullptr};
     if (f.plugin->kv.write(f.store, &w) != KVRT_OK) {
       return state.SkipWithError(kvrt::plugin::take_last_error().c_str());
     }
@@ -137,7 +138,9 @@ void BM_Gather(benchmark::State& state, const std::string& name) {
                   src.data(),
                   src.data(),
                   0,
-                  0};
+                  0,
+                  nullptr,
+                  nullptr};
   f.plugin->kv.write(f.store, &w);
   for (auto _ : state) {
     if (f.plugin->kv.gather(f.store, 0, kTokensPerCall, slots.data(), k.data(), v.data()) !=

@@ -84,6 +84,13 @@ class Backend {
   virtual std::unique_ptr<Matrix> upload_matrix(std::vector<float> data, int64_t rows,
                                                 int64_t cols) = 0;
   virtual void download(const float* device, size_t n, float* host) = 0;
+  // The step's KV slots where the KV store's device write path reads them (ABI 1.2's
+  // device_slots): copied into backend memory that stays valid until the next call. The CPU
+  // has no copy to make: nullptr, and the store reads the host slots.
+  virtual const int64_t* stage_slots(std::span<const int64_t> host) {
+    (void)host;
+    return nullptr;
+  }
 
   // ---- ops ----------------------------------------------------------------------------------
   virtual void fill_zero(float* x, size_t n) = 0;

@@ -308,9 +308,18 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   for (int r : group.local_ranks()) {
     kvrt_kv_geometry g = *geometry;
     g.tp_rank = static_cast<uint32_t>(r);
-    Result<std::unique_ptr<RankExecutor>> rank = RankExecutor::create(
-        **family, weights, std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank),
-        group.communicator(r), options.plugins, g, options.num_pages);
+    std::unique_ptr<Backend> backend;
+    if (options.make_backend) {
+      Result<std::unique_ptr<Backend>> made = options.make_backend(r);
+      if (!made.ok()) return made.status().WithContext("TP rank " + std::to_string(r));
+      backend = std::move(*made);
+    } else {
+      backend = std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank);
+    }
+    g.device = backend->device();
+    Result<std::unique_ptr<RankExecutor>> rank =
+        RankExecutor::create(**family, weights, std::move(backend), group.communicator(r),
+                             options.plugins, g, options.num_pages);
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
   }

@@ -32,12 +32,17 @@ struct EngineOptions {
   // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size
   // must be tp.
   TpGroup* group = nullptr;
+  // Each local rank's compute backend, made on the creating thread before the rank's store (a
+  // CUDA backend makes its device current there, so the store's pool lands on it); empty: the
+  // CPU's. The composition root sets it for device.kind = "cuda".
+  std::function<Result<std::unique_ptr<Backend>>(int rank)> make_backend;
 };
 
 class Engine {
  public:
   // The architecture comes from the weights' config (model::find_architecture), each rank's KV
-  // geometry from capacity::kv_geometry, the backend is the CPU's. Builds this process's ranks
+  // geometry from capacity::kv_geometry, the backend options.make_backend's (the CPU's by
+  // default). Builds this process's ranks
   // only. `weights` may go once create returns: every rank holds its own shard.
   static Result<std::unique_ptr<Engine>> create(const model::LoadedWeights& weights,
                                                 const EngineOptions& options);

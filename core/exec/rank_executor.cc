@@ -88,6 +88,8 @@ Status RankExecutor::write(uint32_t layer, const float* k, const float* v, int64
   w.k = k;
   w.v = v;
   w.k_token_stride = w.v_token_stride = row_stride;
+  w.device_slots = device_slots_;
+  w.stream = backend_->stream();
   return store_->write(w);
 }
 
@@ -123,6 +125,7 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   // A failed plan still runs the forward, with its collectives: the first KV write of each
   // layer returns the failure, and the forward returns it at the end.
   plan_status_ = plan_attention(batch);
+  device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
   return arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
 }
 

@@ -67,6 +67,7 @@ class RankExecutor : private model::KvAttention {
   // The step: its new tokens' ids, positions and slots, and the planned batch as CSR.
   std::vector<int32_t> ids_, positions_;
   std::vector<int64_t> slots_, last_rows_;
+  const int64_t* device_slots_ = nullptr;  // slots_ in the backend's memory (null on the CPU)
   std::vector<int32_t> qo_indptr_, kv_page_indptr_, kv_page_indices_, kv_last_page_len_;
 };
 

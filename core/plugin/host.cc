@@ -118,8 +118,25 @@ kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_
     t_last_error = "alloc: " + std::to_string(bytes) + " bytes cannot be allocated";
     return KVRT_ERR_NO_MEMORY;
   }
-  uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  void* p = nullptr;
+  if (DeviceMemory* device = self(host).context()->device_memory;
+      device != nullptr && kind != KVRT_MEMORY_HOST) {
+    // The device's allocator aligns to 256 bytes at least; a larger alignment is refused.
+    if (alignment > 256) {
+      memory.release(kind, bytes);
+      t_last_error = "alloc: alignment " + std::to_string(alignment) +
+                     " above the device allocator's 256";
+      return KVRT_ERR_INVALID_ARGUMENT;
+    }
+    if (Status s = device->allocate(kind, bytes, &p); !s.ok()) {
+      memory.release(kind, bytes);
+      t_last_error = s.message();
+      return KVRT_ERR_NO_MEMORY;
+    }
+  } else {
+    uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+  }
   if (p == nullptr) {
     memory.release(kind, bytes);
     t_last_error = "out of memory allocating " + std::to_string(bytes) + " bytes";
@@ -134,18 +151,37 @@ void host_free(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr, uint
   if (ptr == nullptr) return;
   MemoryAccount& memory = *self(host).context()->memory;
   memory.untrack(ptr);
-  std::free(ptr);
+  if (DeviceMemory* device = self(host).context()->device_memory;
+      device != nullptr && kind != KVRT_MEMORY_HOST) {
+    device->release(kind, ptr);
+  } else {
+    std::free(ptr);
+  }
   memory.release(kind, bytes);
 }
 
-kvrt_status host_copy(const kvrt_host_api*, void* dst, kvrt_memory_kind, const void* src,
-                      kvrt_memory_kind, uint64_t bytes) {
+kvrt_status copy_on(const kvrt_host_api* host, void* dst, const void* src, uint64_t bytes,
+                    void* stream) {
   if (bytes > 0 && (dst == nullptr || src == nullptr)) return KVRT_ERR_INVALID_ARGUMENT;
-  if (bytes > 0) std::memcpy(dst, src, bytes);  // CPU: both kinds are host RAM
+  if (bytes == 0) return KVRT_OK;
+  if (DeviceMemory* device = self(host).context()->device_memory; device != nullptr) {
+    if (Status s = device->copy(dst, src, bytes, stream); !s.ok()) {
+      t_last_error = s.message();
+      return KVRT_ERR_INTERNAL;
+    }
+    return KVRT_OK;
+  }
+  std::memcpy(dst, src, bytes);  // CPU: every kind is host RAM
   return KVRT_OK;
 }
 
-// On the CPU there is no stream to order on: the stream variants complete before they return.
+kvrt_status host_copy(const kvrt_host_api* host, void* dst, kvrt_memory_kind, const void* src,
+                      kvrt_memory_kind, uint64_t bytes) {
+  return copy_on(host, dst, src, bytes, nullptr);
+}
+
+// Allocation is not ordered on a stream (the pool and workspaces are made once, before the
+// steps); copies are, on a device. On the CPU every call completes before it returns.
 kvrt_status host_alloc_async(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_t bytes,
                              uint64_t alignment, void*, void** out) {
   return host_alloc(host, kind, bytes, alignment, out);
@@ -156,9 +192,9 @@ void host_free_async(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr
   host_free(host, kind, ptr, bytes);
 }
 
-kvrt_status host_copy_async(const kvrt_host_api* host, void* dst, kvrt_memory_kind dst_kind,
-                            const void* src, kvrt_memory_kind src_kind, uint64_t bytes, void*) {
-  return host_copy(host, dst, dst_kind, src, src_kind, bytes);
+kvrt_status host_copy_async(const kvrt_host_api* host, void* dst, kvrt_memory_kind,
+                            const void* src, kvrt_memory_kind, uint64_t bytes, void* stream) {
+  return copy_on(host, dst, src, bytes, stream);
 }
 
 kvrt_status host_open_kv_store(const kvrt_host_api* host, const char* name,

@@ -60,10 +60,24 @@ using KvStoreOpener =
     std::function<Status(const std::string& name, const kvrt_kv_store_api** api,
                          const kvrt_host_api** store_host, const toml::table** config)>;
 
+// Where device and pinned host memory come from, and how bytes move, when the device is not
+// the CPU (a CUDA device: core/exec/cuda_memory.h). Without one every kind is host RAM and a
+// copy is a memcpy. Called from any thread; the accounting stays MemoryAccount's.
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+  // `kind` is KVRT_MEMORY_DEVICE or KVRT_MEMORY_PINNED_HOST.
+  virtual Status allocate(kvrt_memory_kind kind, uint64_t bytes, void** out) = 0;
+  virtual void release(kvrt_memory_kind kind, void* ptr) = 0;
+  // Ordered on `stream` (complete when the stream reaches it); synchronous when it is null.
+  virtual Status copy(void* dst, const void* src, uint64_t bytes, void* stream) = 0;
+};
+
 // Shared state behind every plugin's kvrt_host_api instance.
 struct HostContext {
   MemoryAccount* memory = nullptr;
   KvStoreOpener open_kv_store;
+  DeviceMemory* device_memory = nullptr;  // null on the CPU
 };
 
 // One kvrt_host_api per plugin, so log lines and errors name it. Never moved once built (the

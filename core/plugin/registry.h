@@ -73,6 +73,9 @@ class Registry {
   std::vector<const LoadedPlugin*> loaded() const;
 
   MemoryAccount& memory() { return memory_; }
+  // Where the plugins' device and pinned memory come from (a CUDA device's allocator); null, the
+  // default, on the CPU. Must outlive the registry.
+  void set_device_memory(DeviceMemory* memory) { context_.device_memory = memory; }
   const kvrt_device& device() const { return device_; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/capacity/model_shape.h"
@@ -11,6 +12,15 @@
 #include "core/plugin/plugin_config.h"
 #include "core/sched/page_hash.h"
 #include "sdk/conformance/verify.h"
+
+#ifdef KVRT_HAVE_CUDA
+#include "core/exec/cuda_backend.h"
+#include "core/exec/cuda_memory.h"
+#include "core/exec/thread_communicator.h"
+#endif
+#ifdef KVRT_HAVE_NCCL
+#include "core/exec/nccl_group.h"
+#endif
 
 namespace kvrt::runtime {
 
@@ -24,6 +34,59 @@ void wire_plugins(plugin::Registry& registry, const config::Config& cfg) {
 
 namespace {
 
+// The free memory of the configured CUDA device, after checking that every TP rank has a device
+// (rank r runs on device.ordinal + r in this process; a process under mpirun runs one rank).
+Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
+#ifdef KVRT_HAVE_CUDA
+  Result<exec::CudaDeviceInfo> info = exec::cuda_device_info(cfg.device.ordinal);
+  if (!info.ok()) return info.status();
+  spdlog::info("CUDA device {}: {}, {:.2f} GiB free of {:.2f} GiB", cfg.device.ordinal, info->name,
+               static_cast<double>(info->free_bytes) / (1 << 30),
+               static_cast<double>(info->total_bytes) / (1 << 30));
+  return info->free_bytes;
+#else
+  (void)cfg;
+  return Status::Unsupported(
+      "device.kind = \"cuda\": this build has no CUDA backend (the CUDA toolkit was not found "
+      "when it was configured: KVRT_CUDA is off)");
+#endif
+}
+
+#ifdef KVRT_HAVE_CUDA
+// The plugins' device and pinned memory on a GPU; lives as long as the process, as plugins do.
+exec::CudaMemory& cuda_memory() {
+  static exec::CudaMemory memory;
+  return memory;
+}
+
+// TP ranks on GPUs: device buffers go between them through NCCL, over this process's threads
+// (`group` null) or the MPI group's processes, whose communicators still carry the engine's
+// host-side commands. The runtime owns what it makes.
+Result<exec::TpGroup*> device_group(Runtime& rt, exec::TpGroup* group, int tp, int first_device) {
+#ifdef KVRT_HAVE_NCCL
+  if (group == nullptr) {
+    rt.thread_group = std::make_unique<exec::ThreadGroup>(tp);
+    group = rt.thread_group.get();
+  }
+  std::vector<int> devices;
+  for (int r : group->local_ranks()) {
+    Result<int> device = exec::cuda_device_for_rank(first_device, r);
+    if (!device.ok()) return device.status();
+    devices.push_back(*device);
+  }
+  Result<std::unique_ptr<exec::NcclGroup>> nccl = exec::NcclGroup::create(*group, devices);
+  if (!nccl.ok()) return nccl.status();
+  rt.device_group = std::move(*nccl);
+  return rt.device_group.get();
+#else
+  (void)rt, (void)group, (void)tp, (void)first_device;
+  return Status::Unsupported(
+      "TP over CUDA devices needs NCCL, which was not found in the CUDA toolkit when this build "
+      "was configured");
+#endif
+}
+#endif
+
 // What the plan phase hands the load phase.
 struct Planned {
   exec::RankPlugins plugins;
@@ -33,9 +96,18 @@ struct Planned {
 // Everything build_runtime checks before it reads or generates weights: the device, the model's
 // shape, the plugins and their tables, TP, and the capacity plan. Fills rt's plan fields.
 Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, Planned& out) {
-  // The CPU is the only backend so far: a configuration asking for another is refused, not run
-  // on the CPU without a word.
-  if (cfg.device.kind != "cpu") {
+  // The device: the CPU, or CUDA devices when this build has the CUDA backend. A configuration
+  // asking for one this build or machine lacks is refused, not run on the CPU without a word.
+  uint64_t device_memory = cfg.device.memory_bytes;
+  kvrt_device device{sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
+  if (cfg.device.kind == "cuda") {
+    Result<uint64_t> free_bytes = cuda_free_memory(cfg);
+    if (!free_bytes.ok()) return free_bytes.status().WithContext(cfg.source);
+    // DESIGN.md's rule reads the device's free memory at start; [device] memory caps it.
+    device_memory = std::min(device_memory, *free_bytes);
+    device.kind = KVRT_DEVICE_CUDA;
+    device.ordinal = cfg.device.ordinal;
+  } else if (cfg.device.kind != "cpu") {
     return Status::Unsupported(cfg.source + ": device.kind = \"" + cfg.device.kind +
                                "\" has no backend in this build; there is: cpu");
   }
@@ -104,8 +176,9 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
       capacity::kv_geometry(capacity::kv_shape(rt.model), static_cast<uint32_t>(tp),
                             static_cast<uint32_t>(cfg.scheduler.page_size), KVRT_DTYPE_F32);
   if (!geometry.ok()) return geometry.status().WithContext("tp.size");
-  const kvrt_kv_geometry& g = *geometry;
-  rt.budget.device_memory = cfg.device.memory_bytes;
+  kvrt_kv_geometry& g = *geometry;
+  g.device = device;
+  rt.budget.device_memory = device_memory;
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
@@ -116,7 +189,15 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   rt.plan = planned.plan;
   rt.capacity_report = capacity::format_report(planned, rt.budget);
   rt.geometry = g;
-  registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
+  if (device.kind == KVRT_DEVICE_CPU) {
+    registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
+  } else {
+    // On a GPU the plugins' workspaces (attention plans, split partials) come from the share
+    // mem_fraction_static leaves for activations, so the account holds the KV pools and that.
+    const auto activations = static_cast<uint64_t>(
+        static_cast<double>(device_memory) * (1.0 - cfg.scheduler.mem_fraction_static));
+    registry.memory().set_device_budget((rt.plan.kv_budget + activations) * tp);
+  }
   return Status::Ok();
 }
 
@@ -179,6 +260,26 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.bf16_weights = bf16;
   options.plugins = planned.plugins;
   options.group = group;
+  if (g.device.kind == KVRT_DEVICE_CUDA) {
+#ifdef KVRT_HAVE_CUDA
+    registry.set_device_memory(&cuda_memory());
+    // Threads: rank r on device ordinal + r. One rank per process (mpirun): the ranks of a host
+    // share its devices round-robin.
+    const int first = cfg.device.ordinal;
+    options.make_backend = [first, bf16](int rank) -> Result<std::unique_ptr<exec::Backend>> {
+      Result<int> device = exec::cuda_device_for_rank(first, rank);
+      if (!device.ok()) return device.status();
+      Result<std::unique_ptr<exec::CudaBackend>> backend = exec::CudaBackend::create(*device, bf16);
+      if (!backend.ok()) return backend.status();
+      return std::unique_ptr<exec::Backend>(std::move(*backend));
+    };
+    if (tp > 1) {
+      Result<exec::TpGroup*> ranks = device_group(rt, group, tp, first);
+      if (!ranks.ok()) return ranks.status().WithContext("tp.size");
+      options.group = *ranks;
+    }
+#endif
+  }
   Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();
   rt.engine = std::move(*engine);

@@ -43,6 +43,15 @@ __global__ void bf16_rows(const float* in, int64_t in_token_stride, int32_t toke
   for (int32_t d = r.lane; d < dim; d += kWarp) dst[d] = shared::bf16_round(r.src[d]);
 }
 
+__global__ void f32_rows(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                         int32_t dim, const int64_t* slots, int32_t page_size,
+                         KvWriteTarget target) {
+  WarpRow r;
+  if (!warp_row(in, in_token_stride, tokens, heads, dim, slots, page_size, target, &r)) return;
+  auto* dst = reinterpret_cast<float*>(r.dst);
+  for (int32_t d = r.lane; d < dim; d += kWarp) dst[d] = r.src[d];
+}
+
 // As bf16_rows; with per-token-head scales the warp first reduces the row's abs-max (NaN
 // ignored, as the CPU kernel's abs_max does), then every lane encodes x * (1 / scale).
 __global__ void e4m3_rows(const float* in, int64_t in_token_stride, int32_t tokens,
@@ -92,6 +101,13 @@ cudaError_t launch(Kernel kernel, const float* in, int64_t in_token_stride, int3
 }
 
 }  // namespace
+
+cudaError_t write_f32(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                      int32_t dim, const int64_t* slots, int32_t page_size,
+                      const KvWriteTarget& target, cudaStream_t stream) {
+  return launch(f32_rows, in, in_token_stride, tokens, heads, dim, slots, page_size, target,
+                stream);
+}
 
 cudaError_t write_bf16(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
                        int32_t dim, const int64_t* slots, int32_t page_size,

@@ -1,5 +1,5 @@
 // Device write paths of the paged KV stores: a step's new K or V rows (f32, in device memory)
-// stored into their slots' pages, as kv_bf16_paged and kv_fp8_e4m3 lay them out
+// stored into their slots' pages, as kv_f32_paged, kv_bf16_paged and kv_fp8_e4m3 lay them out
 // (kvrt_kv_layout's strides), with the CPU stores' exact encodings (kernels/shared/): bf16
 // rounded to nearest even; E4M3 quantized on write with one scale per token and head (the
 // row's abs-max / 448, computed on the device) or one scale for the tensor, saturating at 448.
@@ -25,6 +25,9 @@ struct KvWriteTarget {
 
 // Rows: token t's head h is `dim` floats at in + t * in_token_stride + h * dim, for `tokens`
 // tokens (slots[t], device memory: page * page_size + offset) and `heads` heads.
+cudaError_t write_f32(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
+                      int32_t dim, const int64_t* slots, int32_t page_size,
+                      const KvWriteTarget& target, cudaStream_t stream);
 cudaError_t write_bf16(const float* in, int64_t in_token_stride, int32_t tokens, int32_t heads,
                        int32_t dim, const int64_t* slots, int32_t page_size,
                        const KvWriteTarget& target, cudaStream_t stream);

@@ -1,5 +1,5 @@
 // The page pool the shipped stores share: one host->alloc'd block of exactly
-// num_pages * page_bytes bytes. Per-token-head scales of every layer come first, so the floats
+// num_pages * page_bytes bytes, in device memory (host RAM on the CPU, the GPU's on CUDA). Per-token-head scales of every layer come first, so the floats
 // stay 4-byte aligned whatever the element counts; then, per layer, K then V, page-major:
 //   K scales [layer][num_pages][page_size][num_kv_heads] float, then V scales likewise
 //   K [num_pages][page_size][num_kv_heads][k_head_dim]   (V likewise, absent when it shares K)
@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kvrt/plugin.hpp"
+#include "plugins/common/device_pages.h"
 
 namespace kvrt::plugins {
 
@@ -41,9 +42,7 @@ class PagedPool {
                        : g.page_size == 0    ? "page_size"
                                              : nullptr;
     if (zero != nullptr) sdk::fail(KVRT_ERR_UNSUPPORTED, std::string("geometry ") + zero + " is 0");
-    if (g.device.kind != KVRT_DEVICE_CPU) {
-      sdk::fail(KVRT_ERR_UNSUPPORTED, "only CPU memory is supported by this store");
-    }
+    device::check_served(g);
   }
 
   // Bytes of each part of one page of one layer.
@@ -95,11 +94,34 @@ class PagedPool {
     return l;
   }
 
+  // K's or V's pages of `layer` as the device write kernels take them.
+  device::Part k_part(uint32_t layer) const {
+    const kvrt_kv_layout l = layout(layer);
+    return part(l.k_base, l.k_page_stride, l.k_token_stride, l.k_head_stride, l.k_scale, l);
+  }
+  device::Part v_part(uint32_t layer) const {
+    const kvrt_kv_layout l = layout(layer);
+    return part(l.v_base, l.v_page_stride, l.v_token_stride, l.v_head_stride, l.v_scale, l);
+  }
+
   const kvrt_kv_geometry& geometry() const { return g_; }
   uint64_t num_pages() const { return num_pages_; }
   uint64_t bytes_per_page() const { return page_bytes(g_, elem_bytes_, scales_); }
 
  private:
+  static device::Part part(void* base, int64_t page_stride, int64_t token_stride,
+                           int64_t head_stride, float* scales, const kvrt_kv_layout& l) {
+    device::Part p;
+    p.base = base;
+    p.page_stride = page_stride;
+    p.token_stride = token_stride;
+    p.head_stride = head_stride;
+    p.scales = scales;  // null without per-token-head scales
+    p.scale_page_stride = l.scale_page_stride;
+    p.scale_token_stride = l.scale_token_stride;
+    p.scale_head_stride = l.scale_head_stride;
+    return p;
+  }
   uint64_t scales_per_layer() const {
     return scales_ ? num_pages_ * g_.page_size * g_.num_kv_heads : 0;
   }

@@ -1,9 +1,11 @@
 // The store both unscaled formats share: pages of K and V in one element type, bf16
 // (kv_bf16_paged) or f32 (kv_f32_paged). Writes take f32 or bf16 input, converted (bf16 rounded
 // to nearest even) or copied; gather() gives f32; the layout is what attention kernels read.
+// On a CUDA device the pages are device memory and writes (f32 rows) run on the device.
 #pragma once
 
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/convert.h"
 #include "kvrt/plugin.hpp"
@@ -49,6 +51,16 @@ class PlainPagedStore : public sdk::StoreBase {
 
   void write(const kvrt_kv_write* w) {
     check_write(w, kPlainInputDtypes);
+    if (device::on_cuda(geometry())) {
+      constexpr auto format = Dtype == KVRT_DTYPE_F32 ? device::Format::kF32 : device::Format::kBf16;
+      device::write(*w, geometry(), format, w->k, w->k_token_stride, geometry().k_head_dim,
+                    pool_.k_part(w->layer));
+      if (geometry().v_head_dim != 0) {
+        device::write(*w, geometry(), format, w->v, w->v_token_stride, geometry().v_head_dim,
+                      pool_.v_part(w->layer));
+      }
+      return;
+    }
     store_rows(w->k, w->k_token_stride, pool_.k(w->layer), geometry().k_head_dim, *w);
     if (geometry().v_head_dim != 0) {
       store_rows(w->v, w->v_token_stride, pool_.v(w->layer), geometry().v_head_dim, *w);
@@ -83,8 +95,13 @@ class PlainPagedStore : public sdk::StoreBase {
   void load_rows(const uint8_t* base, uint32_t dim, uint32_t n, const int64_t* slots,
                  float* out) const {
     const size_t row = size_t{geometry().num_kv_heads} * dim;
+    std::vector<uint8_t> copied;  // on a device: the slots' rows, copied to the host in order
+    if (device::on_cuda(geometry())) {
+      copied = device::rows_to_host(host(), base, row * kElemBytes, n, slots);
+    }
     for (uint32_t i = 0; i < n; ++i) {
-      const uint8_t* in = base + slots[i] * row * kElemBytes;
+      const uint8_t* in = copied.empty() ? base + slots[i] * row * kElemBytes
+                                         : copied.data() + i * row * kElemBytes;
       if constexpr (Dtype == KVRT_DTYPE_F32) {
         std::memcpy(out + i * row, in, row * 4);
       } else {

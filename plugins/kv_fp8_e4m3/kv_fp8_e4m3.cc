@@ -5,8 +5,10 @@
 //    checkpoint): k_scale / v_scale for every layer, or a `calibrated` table of one K and one V
 //    scale per layer (kvrt eval --calibrate writes it); default 1.0 with a warning. Values beyond
 //    448 * scale saturate.
-// Stored value = code * scale. Finite input never becomes NaN.
+// Stored value = code * scale. Finite input never becomes NaN. On a CUDA device the pages are
+// device memory, quantized on write by kernels/cuda/kv_write.h with the same encoding.
 #include <cmath>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -107,10 +109,15 @@ class Fp8Store : public sdk::StoreBase {
                        "per-tensor scales") {
     options_.check_layers(g.num_layers);
     if (options_.per_tensor) {  // the attention kernels read them from device memory
-      float* scales = reinterpret_cast<float*>(tensor_scales_.data());
+      std::vector<float> scales(2 * size_t{g.num_layers});
       for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
         scales[2 * layer] = options_.k_scale_of(layer);
         scales[2 * layer + 1] = options_.v_scale_of(layer);
+      }
+      if (device::on_cuda(g)) {
+        device::to_device(host, tensor_scales_.data(), scales.data(), 4 * scales.size());
+      } else {
+        std::memcpy(tensor_scales_.data(), scales.data(), 4 * scales.size());
       }
     }
     static std::once_flag warned;  // once per process, not once per TP rank
@@ -153,6 +160,17 @@ class Fp8Store : public sdk::StoreBase {
   void write(const kvrt_kv_write* w) {
     check_write(w, kInputDtypes);
     const kvrt_kv_geometry& g = geometry();
+    if (device::on_cuda(g)) {
+      device::Part k = pool_.k_part(w->layer);
+      k.tensor_scale = options_.k_scale_of(w->layer);
+      device::write(*w, g, device::Format::kE4M3, w->k, w->k_token_stride, g.k_head_dim, k);
+      if (g.v_head_dim != 0) {
+        device::Part v = pool_.v_part(w->layer);
+        v.tensor_scale = options_.v_scale_of(w->layer);
+        device::write(*w, g, device::Format::kE4M3, w->v, w->v_token_stride, g.v_head_dim, v);
+      }
+      return;
+    }
     quantize(*w, w->k, w->k_token_stride, g.k_head_dim, pool_.k(w->layer), pool_.k_scales(w->layer),
              options_.k_scale_of(w->layer));
     if (g.v_head_dim != 0) {
@@ -207,10 +225,25 @@ class Fp8Store : public sdk::StoreBase {
                   uint32_t n, const int64_t* slots, float* out) const {
     const uint32_t heads = geometry().num_kv_heads;
     const size_t row = size_t{heads} * dim;
+    // On a device, the slots' codes and scales are first copied to the host, in slot order.
+    std::vector<uint8_t> device_codes, device_scales;
+    if (device::on_cuda(geometry()) && n > 0) {
+      device_codes = device::rows_to_host(host(), codes, row, n, slots);
+      if (!options_.per_tensor) {
+        device_scales = device::rows_to_host(host(), reinterpret_cast<const uint8_t*>(scales),
+                                             4 * uint64_t{heads}, n, slots);
+      }
+    }
     for (uint32_t i = 0; i < n; ++i) {
+      const uint8_t* code_row =
+          device_codes.empty() ? codes + slots[i] * row : device_codes.data() + i * row;
+      const float* scale_row = device_scales.empty()
+                                   ? (scales == nullptr ? nullptr : scales + slots[i] * heads)
+                                   : reinterpret_cast<const float*>(device_scales.data()) +
+                                         uint64_t{i} * heads;
       for (uint32_t h = 0; h < heads; ++h) {
-        const float scale = options_.per_tensor ? tensor_scale : scales[slots[i] * heads + h];
-        kernels::e4m3_to_f32(codes + slots[i] * row + h * dim, out + i * row + h * dim, dim, scale);
+        const float scale = options_.per_tensor ? tensor_scale : scale_row[h];
+        kernels::e4m3_to_f32(code_row + h * dim, out + i * row + h * dim, dim, scale);
       }
     }
   }

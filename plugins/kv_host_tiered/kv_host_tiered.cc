@@ -7,12 +7,15 @@
 //   write_through_selective  once INSERTED + HIT reports for its hash reach
 //                            write_through_threshold
 //   write_back               on EVICTING
-// Copies run on one copy thread, in call order; tickets complete in order. The host pool
+// Copies run on one copy thread, in call order; tickets complete in order. On a CUDA device the
+// host pool is pinned and the copies are queued on a stream of the store's own (one contiguous
+// block per layer and part of a page), so they overlap the compute stream. The host pool
 // evicts its least-recently-used page when full; pages with a copy in flight are pinned.
 #include <condition_variable>
 #include <deque>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "kvrt/plugin.hpp"
+#include "plugins/common/device_pages.h"
 
 namespace kvrt::plugins {
 namespace {
@@ -89,7 +93,10 @@ class TieredStore : public sdk::StoreBase {
     try {
       plan_segments();
       capacity_ = host_pages(options_, page_bytes_, num_pages);
-      pool_ = sdk::HostBuffer(host, KVRT_MEMORY_HOST, capacity_ * page_bytes_, "the host tier");
+      // On a GPU the pool is pinned, so its copies run asynchronously on the copy stream.
+      pool_ = sdk::HostBuffer(host, device::on_cuda(g) ? KVRT_MEMORY_PINNED_HOST : KVRT_MEMORY_HOST,
+                              capacity_ * page_bytes_, "the host tier");
+      copy_stream_ = std::make_unique<device::CopyStream>(g);
       slots_.resize(capacity_);
       for (uint64_t i = 0; i < capacity_; ++i) free_.push_back(i);
       copier_ = std::thread([this] { copy_loop(); });
@@ -406,18 +413,32 @@ class TieredStore : public sdk::StoreBase {
     }
   }
 
+  // Queues a page's segments (one contiguous block per layer and part) on the copy stream and
+  // waits for them: on the CPU each copy is done when it returns.
   bool copy_page(const Copy& c) {
     const kvrt_host_api* h = host();
+    const kvrt_memory_kind host_kind =
+        device::on_cuda(geometry()) ? KVRT_MEMORY_PINNED_HOST : KVRT_MEMORY_HOST;
+    void* stream = copy_stream_->get();
     uint8_t* host_page = pool_.data() + c.slot * page_bytes_;
+    bool queued = true;
     for (const Segment& s : segments_) {
       uint8_t* device = s.base + c.device_page * s.page_stride;
-      kvrt_status st =
-          c.to_host ? h->copy(h, host_page, KVRT_MEMORY_HOST, device, KVRT_MEMORY_DEVICE, s.bytes)
-                    : h->copy(h, device, KVRT_MEMORY_DEVICE, host_page, KVRT_MEMORY_HOST, s.bytes);
-      if (st != KVRT_OK) return false;
+      void* dst = c.to_host ? static_cast<void*>(host_page) : device;
+      const void* src = c.to_host ? static_cast<const void*>(device) : host_page;
+      const kvrt_memory_kind dst_kind = c.to_host ? host_kind : KVRT_MEMORY_DEVICE;
+      const kvrt_memory_kind src_kind = c.to_host ? KVRT_MEMORY_DEVICE : host_kind;
+      const kvrt_status st =
+          h->abi_minor >= 1 && h->copy_async != nullptr  // a 1.0 host copies synchronously
+              ? h->copy_async(h, dst, dst_kind, src, src_kind, s.bytes, stream)
+              : h->copy(h, dst, dst_kind, src, src_kind, s.bytes);
+      if (st != KVRT_OK) {
+        queued = false;
+        break;
+      }
       host_page += s.bytes;
     }
-    return true;
+    return copy_stream_->wait() && queued;
   }
 
   TierOptions options_;
@@ -427,6 +448,7 @@ class TieredStore : public sdk::StoreBase {
   uint64_t page_bytes_ = 0;
   uint64_t capacity_ = 0;
   sdk::HostBuffer pool_;
+  std::unique_ptr<device::CopyStream> copy_stream_;
 
   mutable std::mutex mutex_;  // guards everything below
   std::vector<HostSlot> slots_;

@@ -124,7 +124,7 @@ TEST(AbiLayout, KvLayout) {
 }
 
 TEST(AbiLayout, KvWrite) {
-  PIN_SIZE(kvrt_kv_write, 56);
+  PIN_SIZE(kvrt_kv_write, 72);
   PIN(kvrt_kv_write, struct_size, 0);
   PIN(kvrt_kv_write, layer, 4);
   PIN(kvrt_kv_write, dtype, 8);
@@ -134,6 +134,8 @@ TEST(AbiLayout, KvWrite) {
   PIN(kvrt_kv_write, v, 32);
   PIN(kvrt_kv_write, k_token_stride, 40);
   PIN(kvrt_kv_write, v_token_stride, 48);
+  PIN(kvrt_kv_write, device_slots, 56);  // ABI 1.2
+  PIN(kvrt_kv_write, stream, 64);
 }
 
 TEST(AbiLayout, TierInfo) {
@@ -221,5 +223,5 @@ TEST(AbiLayout, AttentionApi) {
 
 TEST(AbiLayout, Version) {
   EXPECT_EQ(KVRT_ABI_MAJOR, 1u);
-  EXPECT_EQ(KVRT_ABI_MINOR, 1u);  // 1.1: V width and offset, streams, tier_pages
+  EXPECT_EQ(KVRT_ABI_MINOR, 2u);  // 1.1: V width and offset, streams, tier_pages; 1.2: device writes
 }

@@ -110,6 +110,14 @@ typedef struct kvrt_kv_write {
   const void *v; /* NULL when v_head_dim == 0 */
   int64_t k_token_stride;
   int64_t v_token_stride;
+  /* (ABI 1.2) For a store on a CUDA device, where k, v and these are device pointers: the same
+   * slots as `slots`, in device memory (uploaded once per step by the core, so a device write
+   * path needs no copy of its own), and the stream the write is ordered on (a cudaStream_t; NULL
+   * for the default stream). The K/V rows are complete when the write is ordered after them on
+   * that stream; the store must not synchronise it. NULL / NULL on the CPU and from an older
+   * host, where a CUDA store reads `slots` (host memory) and uses the default stream. */
+  const int64_t *device_slots;
+  void *stream;
 } kvrt_kv_write;
 
 /* Why the core reports a page to the tier (tier_save). The store's policy decides whether to
