@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <exception>
+#include <string>
+
 namespace kvrt::exec {
 
 RankExecutor::~RankExecutor() = default;
@@ -126,7 +129,13 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   // layer returns the failure, and the forward returns it at the end.
   plan_status_ = plan_attention(batch);
   device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
-  return arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
+  // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the
+  // step then fails with the reason instead of ending the process.
+  try {
+    return arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
+  } catch (const std::exception& e) {
+    return Status::Internal("TP rank " + std::to_string(rank()) + ": " + e.what());
+  }
 }
 
 }  // namespace kvrt::exec

@@ -129,6 +129,7 @@ class CopyStream {
       sdk::fail(KVRT_ERR_INTERNAL, std::string("creating a copy stream: ") + cudaGetErrorString(e));
     }
     stream_ = s;
+    ordinal_ = g.device.ordinal;
 #else
     (void)g;
 #endif
@@ -141,6 +142,13 @@ class CopyStream {
 #endif
   }
   void* get() const { return stream_; }
+  // Makes the stream's device current on the calling thread (a copy thread of the store's own
+  // starts on device 0, and a stream is usable only on its device's thread context).
+  void bind_thread() const {
+#ifdef KVRT_PLUGIN_CUDA
+    if (stream_ != nullptr) (void)cudaSetDevice(ordinal_);
+#endif
+  }
   // Waits for every copy queued on the stream; false when one failed.
   bool wait() const {
 #ifdef KVRT_PLUGIN_CUDA
@@ -153,6 +161,7 @@ class CopyStream {
 
  private:
   void* stream_ = nullptr;
+  int32_t ordinal_ = 0;
 };
 
 }  // namespace kvrt::plugins::device

@@ -375,6 +375,7 @@ class TieredStore : public sdk::StoreBase {
   }
 
   void copy_loop() {
+    copy_stream_->bind_thread();
     std::unique_lock lock(mutex_);
     for (;;) {
       work_ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
