@@ -142,6 +142,7 @@ class CopyStream {
 #endif
   }
   void* get() const { return stream_; }
+  int32_t device_ordinal() const { return ordinal_; }
   // Makes the stream's device current on the calling thread (a copy thread of the store's own
   // starts on device 0, and a stream is usable only on its device's thread context).
   void bind_thread() const {
