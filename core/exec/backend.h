@@ -70,6 +70,11 @@ class Backend {
   virtual Stream stream() const = 0;
   // Called on the rank's thread before each step's first op.
   virtual void begin_step() = 0;
+  // Called on the rank's thread after each step's last op: the step's work is complete when it
+  // returns (a device backend waits for its stream), so what the next step does outside the
+  // stream -- an attention plan's upload, a host tier's copy of the step's pages -- never races
+  // it, on every rank, not only the one that downloads the logits. Throws on a device error.
+  virtual void end_step() {}
 
   // ---- memory -------------------------------------------------------------------------------
   // A buffer of n floats, zeroed.

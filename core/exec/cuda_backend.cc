@@ -189,6 +189,8 @@ CudaBackend::~CudaBackend() {
 
 void CudaBackend::begin_step() { check(cudaSetDevice(ordinal_), "begin_step"); }
 
+void CudaBackend::end_step() { check(cudaStreamSynchronize(stream_), "end_step"); }
+
 uint64_t CudaBackend::device_bytes() const { return ledger_->bytes.load(); }
 
 void CudaBackend::check(cudaError_t e, const char* op) const {

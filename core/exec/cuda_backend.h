@@ -51,6 +51,7 @@ class CudaBackend : public Backend {
   // The cudaStream_t every op is queued on.
   Stream stream() const override { return stream_; }
   void begin_step() override;
+  void end_step() override;
 
   // Device memory this backend holds now, in bytes: its buffers and matrices that are still
   // alive, its staging and scratch areas and cuBLAS's workspace (not the CUDA context, nor

@@ -132,7 +132,9 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the
   // step then fails with the reason instead of ending the process.
   try {
-    return arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
+    Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
+    backend_->end_step();
+    return s;
   } catch (const std::exception& e) {
     return Status::Internal("TP rank " + std::to_string(rank()) + ": " + e.what());
   }

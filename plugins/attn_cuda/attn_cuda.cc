@@ -136,8 +136,8 @@ class CudaAttention : public sdk::AttentionBase {
                          kernels::shared::split_chunk(chunk_tokens_, batch.page_size))));
     partial_bytes_ = cuda::paged_attention_workspace(shape.total_rows, dims_, splits_);
     reserve(packed.bytes + align_up(partial_bytes_));
-    // Between steps: the previous step's kernels have finished (the core read its logits back),
-    // so nothing still reads the buffer this overwrites.
+    // Between steps: the core waits for each rank's stream at the end of a step
+    // (Backend::end_step), so no kernel still reads the buffer this overwrites.
     if (kvrt_status s = host()->copy(host(), device_, KVRT_MEMORY_DEVICE, staging,
                                      KVRT_MEMORY_HOST, packed.bytes);
         s != KVRT_OK) {
