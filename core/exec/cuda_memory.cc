@@ -37,10 +37,16 @@ void CudaMemory::release(kvrt_memory_kind kind, void* ptr) {
 }
 
 Status CudaMemory::copy(void* dst, const void* src, uint64_t bytes, void* stream) {
-  const cudaError_t e =
-      stream == nullptr
-          ? cudaMemcpy(dst, src, bytes, cudaMemcpyDefault)
-          : cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  // Without a stream the copy must be complete when this returns: cudaMemcpy from pageable
+  // memory may return before its DMA lands, and the compute streams (non-blocking) would not
+  // wait for the legacy stream it ran on. So: queue it there and wait for it.
+  cudaError_t e;
+  if (stream == nullptr) {
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamLegacy);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  } else {
+    e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream));
+  }
   if (e != cudaSuccess) {
     return Status::Internal("cudaMemcpy" + std::string(stream == nullptr ? "" : "Async") + " of " +
                             std::to_string(bytes) + " bytes failed: " + describe(e));

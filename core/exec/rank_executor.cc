@@ -110,32 +110,38 @@ Status RankExecutor::attend(uint32_t layer, const float* q, int64_t q_row_stride
 }
 
 Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
-  backend_->begin_step();
-  // Token ids, positions and KV slots of the new tokens, in batch order.
-  ids_.clear();
-  positions_.clear();
-  slots_.clear();
-  last_rows_.clear();
-  for (const SequenceStep& s : batch.sequences) {
-    for (size_t i = 0; i < s.tokens.size(); ++i) {
-      const int32_t pos = s.start + static_cast<int32_t>(i);
-      ids_.push_back(s.tokens[i]);
-      positions_.push_back(pos);
-      slots_.push_back(int64_t{s.pages[pos / page_size_]} * page_size_ + pos % page_size_);
-    }
-    last_rows_.push_back(static_cast<int64_t>(ids_.size()) - 1);
-  }
-  // A failed plan still runs the forward, with its collectives: the first KV write of each
-  // layer returns the failure, and the forward returns it at the end.
-  plan_status_ = plan_attention(batch);
-  device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
-  // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the
-  // step then fails with the reason instead of ending the process.
+  // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the step
+  // then fails with the reason instead of ending the process, after waiting (best effort) for
+  // what it had queued. (At TP > 1 the other ranks are then left in their collectives: NCCL
+  // has no deadline, unlike the MPI group.)
   try {
+    backend_->begin_step();
+    // Token ids, positions and KV slots of the new tokens, in batch order.
+    ids_.clear();
+    positions_.clear();
+    slots_.clear();
+    last_rows_.clear();
+    for (const SequenceStep& s : batch.sequences) {
+      for (size_t i = 0; i < s.tokens.size(); ++i) {
+        const int32_t pos = s.start + static_cast<int32_t>(i);
+        ids_.push_back(s.tokens[i]);
+        positions_.push_back(pos);
+        slots_.push_back(int64_t{s.pages[pos / page_size_]} * page_size_ + pos % page_size_);
+      }
+      last_rows_.push_back(static_cast<int64_t>(ids_.size()) - 1);
+    }
+    // A failed plan still runs the forward, with its collectives: the first KV write of each
+    // layer returns the failure, and the forward returns it at the end.
+    plan_status_ = plan_attention(batch);
+    device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
     Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
     backend_->end_step();
     return s;
   } catch (const std::exception& e) {
+    try {
+      backend_->end_step();
+    } catch (const std::exception&) {  // the device is gone: nothing left to wait for
+    }
     return Status::Internal("TP rank " + std::to_string(rank()) + ": " + e.what());
   }
 }

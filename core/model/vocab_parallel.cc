@@ -32,15 +32,21 @@ Status VocabParallel::logits(exec::Backend& be, exec::Communicator& comm, const 
   be.rms_norm(last_.data(), final_norm_, last_.data(), B, H, eps);
   be.reserve(&local_, B * vocab_.size());
   be.matmul(last_.data(), B, *lm_head_, local_.data());
-  std::vector<size_t> counts(tp_);
-  for (int r = 0; r < tp_; ++r) counts[r] = B * split(V, tp_, r).size();
-  be.reserve(&gathered_, B * V);
-  Status s = comm.all_gather(local_.data(), counts, gathered_.data(), exec::ElementType::kF32,
-                             be.stream());
+  // One rank holds every logit: nothing to gather (and no collective over device memory).
+  Status s = Status::Ok();
+  const float* all = local_.data();
+  if (tp_ > 1) {
+    std::vector<size_t> counts(tp_);
+    for (int r = 0; r < tp_; ++r) counts[r] = B * split(V, tp_, r).size();
+    be.reserve(&gathered_, B * V);
+    s = comm.all_gather(local_.data(), counts, gathered_.data(), exec::ElementType::kF32,
+                        be.stream());
+    all = gathered_.data();
+  }
   if (rank_ != 0) return s;
   // gathered is [rank][B][V_r]; logits are [B][V].
   std::vector<float> host(B * V);
-  be.download(gathered_.data(), host.size(), host.data());
+  be.download(all, host.size(), host.data());
   logits->assign(B * V, 0.0f);
   int64_t offset = 0;
   for (int r = 0; r < tp_; ++r) {

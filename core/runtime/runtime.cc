@@ -59,7 +59,7 @@ exec::CudaMemory& cuda_memory() {
   return memory;
 }
 
-// The ranks on GPUs: device buffers go between them through NCCL, over this process's threads
+// TP ranks on GPUs: device buffers go between them through NCCL, over this process's threads
 // (`group` null) or the MPI group's processes, whose communicators still carry the engine's
 // host-side commands. The runtime owns what it makes.
 Result<exec::TpGroup*> device_group(Runtime& rt, exec::TpGroup* group, int tp, int first_device) {
@@ -81,7 +81,7 @@ Result<exec::TpGroup*> device_group(Runtime& rt, exec::TpGroup* group, int tp, i
 #else
   (void)rt, (void)group, (void)tp, (void)first_device;
   return Status::Unsupported(
-      "ranks on CUDA devices need NCCL, which was not found in the CUDA toolkit when this build "
+      "TP over CUDA devices needs NCCL, which was not found in the CUDA toolkit when this build "
       "was configured");
 #endif
 }
@@ -273,12 +273,13 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
       if (!backend.ok()) return backend.status();
       return std::unique_ptr<exec::Backend>(std::move(*backend));
     };
-    // Also at TP 1: the threads' communicator copies with the host's memcpy, which cannot
-    // reach device memory (the logits' gather), while NCCL's one-rank collectives are copies
-    // on the stream.
-    Result<exec::TpGroup*> ranks = device_group(rt, group, tp, first);
-    if (!ranks.ok()) return ranks.status().WithContext("tp.size");
-    options.group = *ranks;
+    // TP 1 has no collective over device memory (the threads' one-rank communicator touches
+    // none, and the logits need no gather), so it needs no NCCL.
+    if (tp > 1) {
+      Result<exec::TpGroup*> ranks = device_group(rt, group, tp, first);
+      if (!ranks.ok()) return ranks.status().WithContext("tp.size");
+      options.group = *ranks;
+    }
 #endif
   }
   Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);

@@ -31,7 +31,7 @@ struct Runtime {
   std::string capacity_report;
   // The KV geometry of one rank that the plan is for (what other stores are compared on).
   kvrt_kv_geometry geometry{};
-  // On CUDA, where the ranks run: NCCL (device_group) over this process's threads
+  // On CUDA with TP > 1, where the ranks run: NCCL (device_group) over this process's threads
   // (thread_group) or the caller's MPI group. Declared before the engine, which uses them.
   std::unique_ptr<exec::TpGroup> thread_group, device_group;
   std::unique_ptr<exec::Engine> engine;

@@ -33,6 +33,8 @@ constexpr uint32_t kMaxPageSize = 128;
 constexpr int64_t kDefaultChunkTokens = 256;
 constexpr int64_t kDefaultMaxSplits = 64;
 constexpr uint64_t kAlign = 256;  // cudaMalloc's alignment, kept for each part of the buffer
+// The most the splits' partial states may take (each row's max, sum and output per split).
+constexpr int64_t kMaxPartialBytes = int64_t{256} << 20;
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -130,10 +132,17 @@ class CudaAttention : public sdk::AttentionBase {
     const int32_t first = indptr[0];
     for (uint32_t s = 0; s <= b; ++s) indptr[s] -= first;
 
-    splits_ = static_cast<int32_t>(std::min<int64_t>(
-        max_splits_, kernels::shared::split_count(
-                         shape.max_kv_len,
-                         kernels::shared::split_chunk(chunk_tokens_, batch.page_size))));
+    // Every row gets room for the same number of splits, so a batch of many rows (a long
+    // prefill) splits less: its rows are parallel enough already, and the partial states stay
+    // within kMaxPartialBytes.
+    const int64_t per_split = std::max<int64_t>(
+        1, static_cast<int64_t>(cuda::paged_attention_workspace(shape.total_rows, dims_, 2) / 2));
+    const int64_t affordable = std::max<int64_t>(1, kMaxPartialBytes / per_split);
+    splits_ = static_cast<int32_t>(std::min({max_splits_, affordable,
+                                             kernels::shared::split_count(
+                                                 shape.max_kv_len,
+                                                 kernels::shared::split_chunk(
+                                                     chunk_tokens_, batch.page_size))}));
     partial_bytes_ = cuda::paged_attention_workspace(shape.total_rows, dims_, splits_);
     reserve(packed.bytes + align_up(partial_bytes_));
     // Between steps: the core waits for each rank's stream at the end of a step
@@ -368,8 +377,8 @@ class CudaAttention : public sdk::AttentionBase {
   // that creeps up does not reallocate every step.
   void reserve(uint64_t bytes) {
     if (bytes <= device_bytes_) return;
-    release();
     const uint64_t grown = std::max(bytes, device_bytes_ + device_bytes_ / 2);
+    release();
     void* p = nullptr;
     if (kvrt_status s = host()->alloc(host(), KVRT_MEMORY_DEVICE, grown, kAlign, &p);
         s != KVRT_OK) {

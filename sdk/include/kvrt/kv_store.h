@@ -114,8 +114,9 @@ typedef struct kvrt_kv_write {
    * slots as `slots`, in device memory (uploaded once per step by the core, so a device write
    * path needs no copy of its own), and the stream the write is ordered on (a cudaStream_t; NULL
    * for the default stream). The K/V rows are complete when the write is ordered after them on
-   * that stream; the store must not synchronise it. NULL / NULL on the CPU and from an older
-   * host, where a CUDA store reads `slots` (host memory) and uses the default stream. */
+   * that stream; the store must not synchronise it. NULL / NULL on the CPU, and from an
+   * older host, which cannot give a CUDA store device rows either: the shipped stores refuse
+   * a device write without device_slots. */
   const int64_t *device_slots;
   void *stream;
 } kvrt_kv_write;
