@@ -1,5 +1,6 @@
 #include "core/model/weights.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <filesystem>
@@ -37,17 +38,27 @@ uint64_t Fnv1a(std::string_view s) {
 // identical everywhere. The stream depends only on (seed, tensor name).
 void fill_random(std::vector<float>& v, size_t n, double stddev, uint64_t seed,
                  const std::string& name) {
-  uint64_t state = seed ^ Fnv1a(name);
-  SplitMix64(state);  // decorrelates nearby seeds before the first draw
+  uint64_t start = seed ^ Fnv1a(name);
+  SplitMix64(start);  // decorrelates nearby seeds before the first draw
   // Each lane is uniform on 0..65535: variance (65536^2 - 1) / 12, four of them summed.
   const double lane_var = (65536.0 * 65536.0 - 1.0) / 12.0;
   const double scale = stddev / std::sqrt(4.0 * lane_var);
   v.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint64_t x = SplitMix64(state);
-    const int64_t sum = static_cast<int64_t>((x & 0xffff) + ((x >> 16) & 0xffff) +
-                                             ((x >> 32) & 0xffff) + (x >> 48));
-    v[i] = static_cast<float>(static_cast<double>(sum - 2 * 65535) * scale);
+  // splitmix64's state only counts up by its constant, so draw i is known without the draws
+  // before it: blocks of the tensor fill in parallel with the same values as one pass (a
+  // Llama-3-8B-shaped preset is 8 billion draws).
+  constexpr size_t kBlock = size_t{1} << 20;
+  const auto blocks = static_cast<int64_t>((n + kBlock - 1) / kBlock);
+#pragma omp parallel for schedule(static) if (blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const size_t begin = static_cast<size_t>(b) * kBlock, end = std::min(n, begin + kBlock);
+    uint64_t state = start + begin * 0x9e3779b97f4a7c15ull;
+    for (size_t i = begin; i < end; ++i) {
+      const uint64_t x = SplitMix64(state);
+      const int64_t sum = static_cast<int64_t>((x & 0xffff) + ((x >> 16) & 0xffff) +
+                                               ((x >> 32) & 0xffff) + (x >> 48));
+      v[i] = static_cast<float>(static_cast<double>(sum - 2 * 65535) * scale);
+    }
   }
 }
 
