@@ -70,6 +70,9 @@ class Backend {
   virtual Stream stream() const = 0;
   // Called on the rank's thread before each step's first op.
   virtual void begin_step() = 0;
+  // Makes the backend's device the calling thread's (what a plugin allocates on that thread
+  // lands there); nothing to do on the CPU.
+  virtual void bind_device() {}
   // Called on the rank's thread after each step's last op: the step's work is complete when it
   // returns (a device backend waits for its stream), so what the next step does outside the
   // stream -- an attention plan's upload, a host tier's copy of the step's pages -- never races

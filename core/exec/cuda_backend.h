@@ -52,6 +52,7 @@ class CudaBackend : public Backend {
   Stream stream() const override { return stream_; }
   void begin_step() override;
   void end_step() override;
+  void bind_device() override { begin_step(); }
 
   // Device memory this backend holds now, in bytes: its buffers and matrices that are still
   // alive, its staging and scratch areas and cuBLAS's workspace (not the CUDA context, nor

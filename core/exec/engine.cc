@@ -272,6 +272,30 @@ void warn_if_blas_misdetected() {
   (void)once;
 }
 
+// size_pool's answer, the least over the group's processes when it spans several (one local
+// rank each: its communicator gathers every process's 8 bytes).
+Result<uint64_t> agreed_pages(const std::function<Result<uint64_t>()>& size_pool, TpGroup& group,
+                              RankExecutor& local) {
+  Result<uint64_t> mine = size_pool();
+  if (!mine.ok()) return mine.status();
+  if (group.local_ranks().size() == static_cast<size_t>(group.size())) return mine;
+  std::vector<size_t> counts(group.size(), 8);
+  std::vector<uint8_t> all(8 * counts.size());
+  const uint64_t own = *mine;
+  if (Status s = local.communicator().all_gather(&own, counts, all.data(), ElementType::kU8,
+                                                 nullptr);
+      !s.ok()) {
+    return s.WithContext("agreeing on the KV pool's pages");
+  }
+  uint64_t least = own;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    uint64_t pages = 0;
+    std::memcpy(&pages, all.data() + 8 * r, 8);
+    least = std::min(least, pages);
+  }
+  return least;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weights,
@@ -306,8 +330,6 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   const int cores = options.threads > 0 ? options.threads : default_threads();
   const int threads_per_rank = group.threads_per_rank(cores);
   for (int r : group.local_ranks()) {
-    kvrt_kv_geometry g = *geometry;
-    g.tp_rank = static_cast<uint32_t>(r);
     std::unique_ptr<Backend> backend;
     if (options.make_backend) {
       Result<std::unique_ptr<Backend>> made = options.make_backend(r);
@@ -316,12 +338,23 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
     } else {
       backend = std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank);
     }
-    g.device = backend->device();
     Result<std::unique_ptr<RankExecutor>> rank =
-        RankExecutor::create(**family, weights, std::move(backend), group.communicator(r),
-                             options.plugins, g, options.num_pages);
+        RankExecutor::load(**family, weights, std::move(backend), group.communicator(r));
     if (!rank.ok()) return rank.status().WithContext("TP rank " + std::to_string(r));
     engine->ranks_.push_back(std::move(*rank));
+  }
+  if (options.size_pool) {
+    Result<uint64_t> pages = agreed_pages(options.size_pool, group, *engine->ranks_.front());
+    if (!pages.ok()) return pages.status();
+    engine->options_.num_pages = *pages;
+  }
+  for (const std::unique_ptr<RankExecutor>& rank : engine->ranks_) {
+    kvrt_kv_geometry g = *geometry;
+    g.tp_rank = static_cast<uint32_t>(rank->rank());
+    g.device = rank->backend().device();
+    if (Status s = rank->attach(options.plugins, g, engine->options_.num_pages); !s.ok()) {
+      return s.WithContext("TP rank " + std::to_string(rank->rank()));
+    }
   }
   engine->local_ = engine->ranks_.front().get();
   engine->leader_tier_ = std::make_unique<TierState>();

@@ -36,6 +36,11 @@ struct EngineOptions {
   // CUDA backend makes its device current there, so the store's pool lands on it); empty: the
   // CPU's. The composition root sets it for device.kind = "cuda".
   std::function<Result<std::unique_ptr<Backend>>(int rank)> make_backend;
+  // Called once this process's ranks hold their weights and before any KV pool exists: how
+  // many pages each pool gets (on a GPU the runtime measures what the weights took); empty:
+  // num_pages. When the ranks are several processes, every process's answer is gathered and
+  // the least is used, so page ids mean the same on every rank.
+  std::function<Result<uint64_t>()> size_pool;
 };
 
 class Engine {

@@ -9,25 +9,31 @@ namespace kvrt::exec {
 
 RankExecutor::~RankExecutor() = default;
 
-Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
-    const model::ArchitectureFamily& family, const model::LoadedWeights& weights,
-    std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm,
-    const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages) {
+Result<std::unique_ptr<RankExecutor>> RankExecutor::load(const model::ArchitectureFamily& family,
+                                                         const model::LoadedWeights& weights,
+                                                         std::unique_ptr<Backend> backend,
+                                                         std::unique_ptr<Communicator> comm) {
   const int rank = comm->rank(), tp = comm->size();
   std::unique_ptr<RankExecutor> r(new RankExecutor(std::move(backend), std::move(comm)));
   Result<std::unique_ptr<model::Architecture>> arch =
       family.create(weights, rank, tp, *r->backend_);
   if (!arch.ok()) return arch.status();
   r->arch_ = std::move(*arch);
-  r->page_size_ = geometry.page_size;
+  return r;
+}
 
+Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry,
+                            uint64_t num_pages) {
+  const int rank = comm_->rank();
+  page_size_ = geometry.page_size;
+  backend_->bind_device();  // the pool goes on this rank's device (others were loaded since)
   Result<std::unique_ptr<plugin::KvStore>> store =
       plugin::KvStore::create(*plugins.store, geometry, num_pages, plugins.store_config);
   if (!store.ok()) return store.status();
-  r->store_ = std::move(*store);
+  store_ = std::move(*store);
 
-  const model::AttentionShape shape = r->arch_->attention_shape();
-  if (shape.q_heads == 0) return r;
+  const model::AttentionShape shape = arch_->attention_shape();
+  if (shape.q_heads == 0) return Status::Ok();
   kvrt_attention_params p{};
   p.struct_size = sizeof(p);
   p.num_q_heads = static_cast<uint32_t>(shape.q_heads);
@@ -36,22 +42,22 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::create(
   p.v_head_dim = static_cast<uint32_t>(shape.v_head_dim);
   p.softmax_scale = shape.softmax_scale;
   p.v_offset = geometry.v_offset;
-  p.device = r->backend_->device();
+  p.device = backend_->device();
   Result<std::unique_ptr<plugin::Attention>> attention =
       plugin::Attention::create(*plugins.attention, p, plugins.attention_config);
   if (!attention.ok()) return attention.status();
-  r->attention_ = std::move(*attention);
-  if (Status native = r->attention_->supports(r->store_->checked_layout(0)); !native.ok()) {
-    if (!r->store_->has_gather()) {
-      return Status::Unsupported(native.message() + "; and " + r->store_->name() +
+  attention_ = std::move(*attention);
+  if (Status native = attention_->supports(store_->checked_layout(0)); !native.ok()) {
+    if (!store_->has_gather()) {
+      return Status::Unsupported(native.message() + "; and " + store_->name() +
                                  " has no gather() to fall back on");
     }
     if (rank == 0) {
       spdlog::warn("{}; attention reads {} through its gather() (slow path)", native.message(),
-                   r->store_->name());
+                   store_->name());
     }
   }
-  return r;
+  return Status::Ok();
 }
 
 Status RankExecutor::plan_attention(const Batch& batch) {

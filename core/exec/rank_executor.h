@@ -28,14 +28,18 @@ struct RankPlugins {
 
 class RankExecutor : private model::KvAttention {
  public:
-  // Builds this rank's share of `weights` with `family` in `backend`, then creates its KV store
-  // (`geometry`, num_pages pages) and attention handle. The attention plugin is asked whether
-  // it reads the store's layout natively (supports()); when it does not and the store has no
-  // gather() to fall back on, the pairing is refused with both reasons.
-  static Result<std::unique_ptr<RankExecutor>> create(
-      const model::ArchitectureFamily& family, const model::LoadedWeights& weights,
-      std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm,
-      const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
+  // Builds this rank's share of `weights` with `family` in `backend`. The rank has no KV store
+  // until attach(), so the engine can size the pools once every rank's weights are in place.
+  static Result<std::unique_ptr<RankExecutor>> load(const model::ArchitectureFamily& family,
+                                                    const model::LoadedWeights& weights,
+                                                    std::unique_ptr<Backend> backend,
+                                                    std::unique_ptr<Communicator> comm);
+  // Creates the rank's KV store (`geometry`, num_pages pages) on its backend's device and its
+  // attention handle. The attention plugin is asked whether it reads the store's layout
+  // natively (supports()); when it does not and the store has no gather() to fall back on, the
+  // pairing is refused with both reasons. Once, on the thread that loaded the rank.
+  Status attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
+  const Backend& backend() const { return *backend_; }
   ~RankExecutor() override;
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;

@@ -3,6 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
 #include <sstream>
 
 #include "core/capacity/model_shape.h"
@@ -57,6 +60,47 @@ Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
 exec::CudaMemory& cuda_memory() {
   static exec::CudaMemory memory;
   return memory;
+}
+
+// DESIGN.md's rule on a GPU, once the weights are on it: kv_budget = free_after_weights -
+// free_at_start * (1 - mem_fraction_static), free_at_start capped by [device] memory, on each of
+// this process's devices; the tightest decides. The weights' figure becomes what they took
+// (the backend's copies, scratch and cuBLAS's workspace included), and the plan, its report and
+// the plugins' device budget follow.
+Result<uint64_t> replan_after_weights(Runtime& rt, const config::Config& cfg,
+                                      plugin::Registry& registry,
+                                      const plugin::LoadedPlugin& store,
+                                      const std::map<int, uint64_t>& free_before, int tp) {
+  std::optional<capacity::StoreCapacity> tightest;
+  capacity::Budget tightest_budget;
+  for (const auto& [device, before] : free_before) {
+    Result<exec::CudaDeviceInfo> after = exec::cuda_device_info(device);
+    if (!after.ok()) return after.status();
+    capacity::Budget b = rt.budget;
+    b.device_memory = std::min(cfg.device.memory_bytes, before);
+    b.weights_per_rank = before > after->free_bytes ? before - after->free_bytes : 0;
+    capacity::StoreCapacity c =
+        capacity::store_capacity(store, cfg.plugin_table("kv", store.name), rt.geometry, b);
+    if (!c.error.ok()) {
+      return c.error.WithContext("CUDA device " + std::to_string(device) +
+                                 " once the weights are loaded");
+    }
+    spdlog::info("CUDA device {}: the weights took {:.2f} GiB (planned {:.2f} GiB)", device,
+                 static_cast<double>(b.weights_per_rank) / (1 << 30),
+                 static_cast<double>(rt.budget.weights_per_rank) / (1 << 30));
+    if (!tightest || c.plan.num_pages < tightest->plan.num_pages) {
+      tightest = c;
+      tightest_budget = b;
+    }
+  }
+  if (!tightest) return rt.plan.num_pages;
+  rt.budget = tightest_budget;
+  rt.plan = tightest->plan;
+  rt.capacity_report = capacity::format_report(*tightest, rt.budget);
+  const auto activations = static_cast<uint64_t>(static_cast<double>(rt.budget.device_memory) *
+                                                 (1.0 - cfg.scheduler.mem_fraction_static));
+  registry.memory().set_device_budget((rt.plan.kv_budget + activations) * tp);
+  return rt.plan.num_pages;
 }
 
 // TP ranks on GPUs: device buffers go between them through NCCL, over this process's threads
@@ -276,12 +320,22 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     // Threads: rank r on device ordinal + r. One rank per process (mpirun): the ranks of a host
     // share its devices round-robin.
     const int first = cfg.device.ordinal;
-    options.make_backend = [first, bf16](int rank) -> Result<std::unique_ptr<exec::Backend>> {
+    // Each device's free memory before its rank's backend and weights, for size_pool.
+    auto free_before = std::make_shared<std::map<int, uint64_t>>();
+    options.make_backend = [first, bf16,
+                            free_before](int rank) -> Result<std::unique_ptr<exec::Backend>> {
       Result<int> device = exec::cuda_device_for_rank(first, rank);
       if (!device.ok()) return device.status();
+      Result<exec::CudaDeviceInfo> info = exec::cuda_device_info(*device);
+      if (!info.ok()) return info.status();
+      free_before->emplace(*device, info->free_bytes);
       Result<std::unique_ptr<exec::CudaBackend>> backend = exec::CudaBackend::create(*device, bf16);
       if (!backend.ok()) return backend.status();
       return std::unique_ptr<exec::Backend>(std::move(*backend));
+    };
+    options.size_pool = [&rt, &cfg, &registry, free_before, store = planned.plugins.store,
+                         tp]() -> Result<uint64_t> {
+      return replan_after_weights(rt, cfg, registry, *store, *free_before, tp);
     };
     // TP 1 has no collective over device memory (the threads' one-rank communicator touches
     // none, and the logits need no gather), so it needs no NCCL.
@@ -295,6 +349,14 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   Result<std::unique_ptr<exec::Engine>> engine = exec::Engine::create(*weights, options);
   if (!engine.ok()) return engine.status();
   rt.engine = std::move(*engine);
+  if (rt.engine->num_pages() < rt.plan.num_pages) {
+    // Another process's device had less room: every rank uses its count (page ids are shared).
+    rt.plan.num_pages = rt.engine->num_pages();
+    rt.plan.max_total_num_tokens = rt.plan.num_pages * g.page_size;
+    rt.capacity_report += "  num pages, least over the TP ranks: " +
+                          std::to_string(rt.plan.num_pages) + " (max_total_num_tokens " +
+                          std::to_string(rt.plan.max_total_num_tokens) + ")\n";
+  }
   return rt;
 }
 
