@@ -32,9 +32,9 @@ struct EngineOptions {
   // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size
   // must be tp.
   TpGroup* group = nullptr;
-  // Each local rank's compute backend, made on the creating thread before the rank's store (a
-  // CUDA backend makes its device current there, so the store's pool lands on it); empty: the
-  // CPU's. The composition root sets it for device.kind = "cuda".
+  // Each local rank's compute backend, made on the creating thread before the rank loads its
+  // weights into it (its store comes later, on the backend's device: Backend::bind_device);
+  // empty: the CPU's. The composition root sets it for device.kind = "cuda".
   std::function<Result<std::unique_ptr<Backend>>(int rank)> make_backend;
   // Called once this process's ranks hold their weights and before any KV pool exists: how
   // many pages each pool gets (on a GPU the runtime measures what the weights took); empty:
