@@ -98,7 +98,9 @@ class TieredStore : public sdk::StoreBase {
                               capacity_ * page_bytes_, "the host tier");
       copy_stream_ = std::make_unique<device::CopyStream>(g);
       slots_.resize(capacity_);
-      for (uint64_t i = 0; i < capacity_; ++i) free_.push_back(i);
+      // Taken from the back: slots go out in ascending order, so a run of device pages saved
+      // together lands in a run of slots and moves as one block (copy_runs).
+      for (uint64_t i = capacity_; i-- > 0;) free_.push_back(i);
       copier_ = std::thread([this] { copy_loop(); });
     } catch (...) {
       inner_.api->destroy(store_);
@@ -388,7 +390,7 @@ class TieredStore : public sdk::StoreBase {
         done[i] = job.copies[i].to_host || slots_[job.copies[i].slot].filled;
       }
       lock.unlock();
-      for (size_t i = 0; i < job.copies.size(); ++i) done[i] = done[i] && copy_page(job.copies[i]);
+      copy_runs(job.copies, &done);
       lock.lock();
       std::string error;
       for (size_t i = 0; i < job.copies.size(); ++i) {
@@ -414,32 +416,59 @@ class TieredStore : public sdk::StoreBase {
     }
   }
 
-  // Queues a page's segments (one contiguous block per layer and part) on the copy stream and
-  // waits for them: on the CPU each copy is done when it returns.
-  bool copy_page(const Copy& c) {
+  // The job's copies, in runs: consecutive copies of one direction between consecutive device
+  // pages and consecutive host slots move as one block per segment (the host pool keeps each
+  // segment's slots side by side, as the device keeps its pages), so a save or load of many
+  // pages is a few large transfers rather than a small one per page, layer and part. All are
+  // queued on the copy stream, then waited for once (on the CPU each is done when it returns).
+  // done[i] comes in true for the copies to make and goes out true for those made.
+  void copy_runs(const std::vector<Copy>& copies, std::vector<char>* done) {
     const kvrt_host_api* h = host();
     const kvrt_memory_kind host_kind =
         device::on_cuda(geometry()) ? KVRT_MEMORY_PINNED_HOST : KVRT_MEMORY_HOST;
+    const bool async = h->abi_minor >= 1 && h->copy_async != nullptr;  // 1.0: synchronous
     void* stream = copy_stream_->get();
-    uint8_t* host_page = pool_.data() + c.slot * page_bytes_;
-    bool queued = true;
-    for (const Segment& s : segments_) {
-      uint8_t* device = s.base + c.device_page * s.page_stride;
-      void* dst = c.to_host ? static_cast<void*>(host_page) : device;
-      const void* src = c.to_host ? static_cast<const void*>(device) : host_page;
-      const kvrt_memory_kind dst_kind = c.to_host ? host_kind : KVRT_MEMORY_DEVICE;
-      const kvrt_memory_kind src_kind = c.to_host ? KVRT_MEMORY_DEVICE : host_kind;
-      const kvrt_status st =
-          h->abi_minor >= 1 && h->copy_async != nullptr  // a 1.0 host copies synchronously
-              ? h->copy_async(h, dst, dst_kind, src, src_kind, s.bytes, stream)
-              : h->copy(h, dst, dst_kind, src, src_kind, s.bytes);
-      if (st != KVRT_OK) {
-        queued = false;
-        break;
+    std::vector<size_t> queued;
+    for (size_t i = 0; i < copies.size();) {
+      if (!(*done)[i]) {
+        ++i;
+        continue;
       }
-      host_page += s.bytes;
+      const Copy& first = copies[i];
+      size_t n = 1;
+      while (i + n < copies.size() && (*done)[i + n] && copies[i + n].to_host == first.to_host &&
+             copies[i + n].slot == first.slot + n &&
+             copies[i + n].device_page == first.device_page + static_cast<int64_t>(n)) {
+        ++n;
+      }
+      bool ok = true;
+      uint64_t region = 0;  // the segment's place in the host pool
+      for (const Segment& seg : segments_) {
+        uint8_t* device = seg.base + first.device_page * seg.page_stride;
+        uint8_t* pool = pool_.data() + region + first.slot * seg.bytes;
+        region += capacity_ * seg.bytes;
+        void* dst = first.to_host ? static_cast<void*>(pool) : device;
+        const void* src = first.to_host ? static_cast<const void*>(device) : pool;
+        const kvrt_memory_kind dst_kind = first.to_host ? host_kind : KVRT_MEMORY_DEVICE;
+        const kvrt_memory_kind src_kind = first.to_host ? KVRT_MEMORY_DEVICE : host_kind;
+        const uint64_t bytes = n * seg.bytes;
+        const kvrt_status st = async
+                                   ? h->copy_async(h, dst, dst_kind, src, src_kind, bytes, stream)
+                                   : h->copy(h, dst, dst_kind, src, src_kind, bytes);
+        if (st != KVRT_OK) {
+          ok = false;
+          break;
+        }
+      }
+      for (size_t k = i; k < i + n; ++k) {
+        (*done)[k] = ok;
+        if (ok) queued.push_back(k);
+      }
+      i += n;
     }
-    return copy_stream_->wait() && queued;
+    if (!copy_stream_->wait()) {
+      for (size_t k : queued) (*done)[k] = 0;
+    }
   }
 
   TierOptions options_;
