@@ -8,8 +8,8 @@
 //                            write_through_threshold
 //   write_back               on EVICTING
 // Copies run on one copy thread, in call order; tickets complete in order. On a CUDA device the
-// host pool is pinned and the copies are queued on a stream of the store's own (one contiguous
-// block per layer and part of a page), so they overlap the compute stream. The host pool
+// host pool is pinned and the copies are queued on a stream of the store's own, so they overlap
+// the compute stream; consecutive pages move as one block per layer and part. The host pool
 // evicts its least-recently-used page when full; pages with a copy in flight are pinned.
 #include <condition_variable>
 #include <deque>
