@@ -37,8 +37,8 @@ void wire_plugins(plugin::Registry& registry, const config::Config& cfg) {
 
 namespace {
 
-// The free memory of the configured CUDA device, after checking that every TP rank has a device
-// (rank r runs on device.ordinal + r in this process; a process under mpirun runs one rank).
+// The free memory of the configured CUDA device (device.ordinal), for the first plan; each
+// rank's own device is read again when its backend is made (make_backend below).
 Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
 #ifdef KVRT_HAVE_CUDA
   Result<exec::CudaDeviceInfo> info = exec::cuda_device_info(cfg.device.ordinal);
