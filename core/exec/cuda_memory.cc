@@ -20,10 +20,10 @@ Status CudaMemory::allocate(kvrt_memory_kind kind, uint64_t bytes, void** out) {
     (void)cudaGetLastError();  // an allocation failure is not sticky; clear it
     int device = -1;
     (void)cudaGetDevice(&device);
-    return Status::NoMemory(std::string(kind == KVRT_MEMORY_PINNED_HOST ? "cudaHostAlloc"
-                                                                        : "cudaMalloc") +
-                            " of " + std::to_string(bytes) + " bytes on CUDA device " +
-                            std::to_string(device) + " failed: " + describe(e));
+    return Status::NoMemory(
+        std::string(kind == KVRT_MEMORY_PINNED_HOST ? "cudaHostAlloc" : "cudaMalloc") + " of " +
+        std::to_string(bytes) + " bytes on CUDA device " + std::to_string(device) +
+        " failed: " + describe(e));
   }
   return Status::Ok();
 }
@@ -61,10 +61,11 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal) {
     return Status::Unsupported("device.kind = \"cuda\": no CUDA device can be used: " +
                                describe(e));
   }
-  if (count == 0) return Status::Unsupported("device.kind = \"cuda\": no CUDA device on this machine");
+  if (count == 0)
+    return Status::Unsupported("device.kind = \"cuda\": no CUDA device on this machine");
   if (ordinal < 0 || ordinal >= count) {
-    return Status::Unsupported("device.ordinal = " + std::to_string(ordinal) + ": this machine has " +
-                               std::to_string(count) + " CUDA device(s)");
+    return Status::Unsupported("device.ordinal = " + std::to_string(ordinal) +
+                               ": this machine has " + std::to_string(count) + " CUDA device(s)");
   }
   CudaDeviceInfo info;
   cudaDeviceProp prop{};

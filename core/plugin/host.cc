@@ -124,8 +124,8 @@ kvrt_status host_alloc(const kvrt_host_api* host, kvrt_memory_kind kind, uint64_
     // The device's allocator aligns to 256 bytes at least; a larger alignment is refused.
     if (alignment > 256) {
       memory.release(kind, bytes);
-      t_last_error = "alloc: alignment " + std::to_string(alignment) +
-                     " above the device allocator's 256";
+      t_last_error =
+          "alloc: alignment " + std::to_string(alignment) + " above the device allocator's 256";
       return KVRT_ERR_INVALID_ARGUMENT;
     }
     if (Status s = device->allocate(kind, bytes, &p); !s.ok()) {
@@ -192,8 +192,8 @@ void host_free_async(const kvrt_host_api* host, kvrt_memory_kind kind, void* ptr
   host_free(host, kind, ptr, bytes);
 }
 
-kvrt_status host_copy_async(const kvrt_host_api* host, void* dst, kvrt_memory_kind,
-                            const void* src, kvrt_memory_kind, uint64_t bytes, void* stream) {
+kvrt_status host_copy_async(const kvrt_host_api* host, void* dst, kvrt_memory_kind, const void* src,
+                            kvrt_memory_kind, uint64_t bytes, void* stream) {
   return copy_on(host, dst, src, bytes, stream);
 }
 

@@ -65,10 +65,9 @@ class CudaAttention : public sdk::AttentionBase {
     }
     check_device(p.device.ordinal);
     if (p.num_q_heads == 0 || p.num_kv_heads == 0 || p.num_q_heads % p.num_kv_heads != 0) {
-      sdk::fail(KVRT_ERR_INVALID_ARGUMENT,
-                "num_q_heads " + std::to_string(p.num_q_heads) +
-                    " must be a positive multiple of num_kv_heads " +
-                    std::to_string(p.num_kv_heads));
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "num_q_heads " + std::to_string(p.num_q_heads) +
+                                               " must be a positive multiple of num_kv_heads " +
+                                               std::to_string(p.num_kv_heads));
     }
     v_dim_ = p.v_head_dim == 0 ? p.qk_head_dim : p.v_head_dim;
     check_dim("qk_head_dim", p.qk_head_dim);
@@ -83,8 +82,8 @@ class CudaAttention : public sdk::AttentionBase {
     }
     max_splits_ = config.integer("max_splits", kDefaultMaxSplits);
     if (max_splits_ < 1 || max_splits_ > 65535) {  // the grid's z dimension
-      sdk::fail(KVRT_ERR_CONFIG, "max_splits: expected 1 .. 65535, found " +
-                                     std::to_string(max_splits_));
+      sdk::fail(KVRT_ERR_CONFIG,
+                "max_splits: expected 1 .. 65535, found " + std::to_string(max_splits_));
     }
     dims_.q_heads = static_cast<int32_t>(p.num_q_heads);
     dims_.kv_heads = static_cast<int32_t>(p.num_kv_heads);
@@ -109,13 +108,11 @@ class CudaAttention : public sdk::AttentionBase {
     const Packed packed = Packed::of(batch.batch_size, shape.nnz);
     if (workspace == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "workspace is NULL");
     if (workspace_bytes < packed.bytes + kAlign) {
-      sdk::fail(KVRT_ERR_INVALID_ARGUMENT,
-                "workspace of " + std::to_string(workspace_bytes) +
-                    " bytes is smaller than workspace_size() = " +
-                    std::to_string(packed.bytes + kAlign));
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "workspace of " + std::to_string(workspace_bytes) +
+                                               " bytes is smaller than workspace_size() = " +
+                                               std::to_string(packed.bytes + kAlign));
     }
-    auto* staging = reinterpret_cast<uint8_t*>(
-        align_up(reinterpret_cast<uintptr_t>(workspace)));
+    auto* staging = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
     const uint32_t b = batch.batch_size;
     auto put = [&](uint64_t offset, const int32_t* from, uint64_t count) {
       if (count > 0) std::memcpy(staging + offset, from, 4 * count);
@@ -138,17 +135,16 @@ class CudaAttention : public sdk::AttentionBase {
     const int64_t per_split = std::max<int64_t>(
         1, static_cast<int64_t>(cuda::paged_attention_workspace(shape.total_rows, dims_, 2) / 2));
     const int64_t affordable = std::max<int64_t>(1, kMaxPartialBytes / per_split);
-    splits_ = static_cast<int32_t>(std::min({max_splits_, affordable,
-                                             kernels::shared::split_count(
-                                                 shape.max_kv_len,
-                                                 kernels::shared::split_chunk(
-                                                     chunk_tokens_, batch.page_size))}));
+    splits_ = static_cast<int32_t>(std::min(
+        {max_splits_, affordable,
+         kernels::shared::split_count(
+             shape.max_kv_len, kernels::shared::split_chunk(chunk_tokens_, batch.page_size))}));
     partial_bytes_ = cuda::paged_attention_workspace(shape.total_rows, dims_, splits_);
     reserve(packed.bytes + align_up(partial_bytes_));
     // Between steps: the core waits for each rank's stream at the end of a step
     // (Backend::end_step), so no kernel still reads the buffer this overwrites.
-    if (kvrt_status s = host()->copy(host(), device_, KVRT_MEMORY_DEVICE, staging,
-                                     KVRT_MEMORY_HOST, packed.bytes);
+    if (kvrt_status s = host()->copy(host(), device_, KVRT_MEMORY_DEVICE, staging, KVRT_MEMORY_HOST,
+                                     packed.bytes);
         s != KVRT_OK) {
       sdk::fail(s, "copying the batch's page tables to the device");
     }
@@ -185,10 +181,10 @@ class CudaAttention : public sdk::AttentionBase {
     if (a.q == nullptr || a.out == nullptr) {
       sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "q and out must not be NULL");
     }
-    const int64_t q_stride = a.q_row_stride != 0 ? a.q_row_stride
-                                                 : int64_t{dims_.q_heads} * dims_.qk_dim;
-    const int64_t out_stride = a.out_row_stride != 0 ? a.out_row_stride
-                                                     : int64_t{dims_.q_heads} * dims_.v_dim;
+    const int64_t q_stride =
+        a.q_row_stride != 0 ? a.q_row_stride : int64_t{dims_.q_heads} * dims_.qk_dim;
+    const int64_t out_stride =
+        a.out_row_stride != 0 ? a.out_row_stride : int64_t{dims_.q_heads} * dims_.v_dim;
     const cudaError_t e = cuda::paged_attention(
         batch_, paged_kv(l), dims_, static_cast<const float*>(a.q), q_stride,
         static_cast<float*>(a.out), out_stride, static_cast<int32_t>(chunk_tokens_), splits_,
@@ -290,8 +286,8 @@ class CudaAttention : public sdk::AttentionBase {
       return differs("num_kv_heads", l.num_kv_heads, p.num_kv_heads);
     }
     if (l.k_head_dim != p.qk_head_dim) return differs("k_head_dim", l.k_head_dim, p.qk_head_dim);
-    const uint32_t width = l.v_width != 0 ? l.v_width : (l.v_head_dim != 0 ? l.v_head_dim
-                                                                           : l.k_head_dim);
+    const uint32_t width =
+        l.v_width != 0 ? l.v_width : (l.v_head_dim != 0 ? l.v_head_dim : l.k_head_dim);
     if (width != v_dim_) return differs("v_width", width, v_dim_);
     if (l.v_head_dim != 0 && l.v_offset != 0) return differs("v_offset", l.v_offset, 0);
     if (l.v_head_dim == 0 && uint64_t{l.v_offset} + width > l.k_head_dim) {

@@ -49,8 +49,8 @@ struct Part {
 
 // Stores `w`'s rows of one part (src, stride in elements, `dim` per head) in device pages.
 // The rows must be f32 in device memory and the slots the host's device copy (ABI 1.2).
-inline void write(const kvrt_kv_write& w, const kvrt_kv_geometry& g, Format format,
-                  const void* src, int64_t stride, uint32_t dim, const Part& part) {
+inline void write(const kvrt_kv_write& w, const kvrt_kv_geometry& g, Format format, const void* src,
+                  int64_t stride, uint32_t dim, const Part& part) {
 #ifdef KVRT_PLUGIN_CUDA
   if (w.dtype != KVRT_DTYPE_F32) {
     sdk::fail(KVRT_ERR_UNSUPPORTED, std::string("a store on a CUDA device takes f32 rows, not ") +
@@ -75,10 +75,10 @@ inline void write(const kvrt_kv_write& w, const kvrt_kv_geometry& g, Format form
   auto* write_rows = format == Format::kF32    ? cuda::write_f32
                      : format == Format::kBf16 ? cuda::write_bf16
                                                : cuda::write_e4m3;
-  const cudaError_t e = write_rows(
-      static_cast<const float*>(src), stride, static_cast<int32_t>(w.num_tokens), heads,
-      static_cast<int32_t>(dim), w.device_slots, static_cast<int32_t>(g.page_size), t,
-      static_cast<cudaStream_t>(w.stream));
+  const cudaError_t e =
+      write_rows(static_cast<const float*>(src), stride, static_cast<int32_t>(w.num_tokens), heads,
+                 static_cast<int32_t>(dim), w.device_slots, static_cast<int32_t>(g.page_size), t,
+                 static_cast<cudaStream_t>(w.stream));
   if (e != cudaSuccess) {
     sdk::fail(KVRT_ERR_INTERNAL, std::string("device KV write: ") + cudaGetErrorString(e));
   }

@@ -1,6 +1,7 @@
 // The page pool the shipped stores share: one host->alloc'd block of exactly
-// num_pages * page_bytes bytes, in device memory (host RAM on the CPU, the GPU's on CUDA). Per-token-head scales of every layer come first, so the floats
-// stay 4-byte aligned whatever the element counts; then, per layer, K then V, page-major:
+// num_pages * page_bytes bytes, in device memory (host RAM on the CPU, the GPU's on CUDA).
+// Per-token-head scales of every layer come first, so the floats stay 4-byte aligned whatever the
+// element counts; then, per layer, K then V, page-major:
 //   K scales [layer][num_pages][page_size][num_kv_heads] float, then V scales likewise
 //   K [num_pages][page_size][num_kv_heads][k_head_dim]   (V likewise, absent when it shares K)
 // so a slot's token row is contiguous and one page of one layer is a contiguous block per part.

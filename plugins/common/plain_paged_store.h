@@ -52,7 +52,8 @@ class PlainPagedStore : public sdk::StoreBase {
   void write(const kvrt_kv_write* w) {
     check_write(w, kPlainInputDtypes);
     if (device::on_cuda(geometry())) {
-      constexpr auto format = Dtype == KVRT_DTYPE_F32 ? device::Format::kF32 : device::Format::kBf16;
+      constexpr auto format =
+          Dtype == KVRT_DTYPE_F32 ? device::Format::kF32 : device::Format::kBf16;
       device::write(*w, geometry(), format, w->k, w->k_token_stride, geometry().k_head_dim,
                     pool_.k_part(w->layer));
       if (geometry().v_head_dim != 0) {

@@ -452,9 +452,8 @@ class TieredStore : public sdk::StoreBase {
         const kvrt_memory_kind dst_kind = first.to_host ? host_kind : KVRT_MEMORY_DEVICE;
         const kvrt_memory_kind src_kind = first.to_host ? KVRT_MEMORY_DEVICE : host_kind;
         const uint64_t bytes = n * seg.bytes;
-        const kvrt_status st = async
-                                   ? h->copy_async(h, dst, dst_kind, src, src_kind, bytes, stream)
-                                   : h->copy(h, dst, dst_kind, src, src_kind, bytes);
+        const kvrt_status st = async ? h->copy_async(h, dst, dst_kind, src, src_kind, bytes, stream)
+                                     : h->copy(h, dst, dst_kind, src, src_kind, bytes);
         if (st != KVRT_OK) {
           ok = false;
           break;

@@ -213,14 +213,13 @@ struct Case {
 
 // Sequences of (KV length, query rows): decodes across page boundaries, one long enough to be
 // split into chunks, and a causal prefill after earlier context.
-const std::vector<std::pair<uint32_t, uint32_t>> kSequences = {
-    {1, 1}, {17, 1}, {128, 1}, {1500, 1}, {90, 20}, {33, 33}};
+const std::vector<std::pair<uint32_t, uint32_t>> kSequences = {{1, 1},    {17, 1},  {128, 1},
+                                                               {1500, 1}, {90, 20}, {33, 33}};
 
 void check(const Case& c) {
   SCOPED_TRACE(c.store + (c.scale_mode ? std::string(" ") + c.scale_mode : "") + ", heads " +
-               std::to_string(c.shape.q_heads) + "/" + std::to_string(c.shape.kv_heads) +
-               ", dim " + std::to_string(c.shape.qk_dim) + ", page size " +
-               std::to_string(c.page_size));
+               std::to_string(c.shape.q_heads) + "/" + std::to_string(c.shape.kv_heads) + ", dim " +
+               std::to_string(c.shape.qk_dim) + ", page size " + std::to_string(c.page_size));
   const Shape& sh = c.shape;
   toml::table config;
   if (c.scale_mode != nullptr) config.insert("scale_mode", c.scale_mode);
@@ -251,13 +250,15 @@ void check(const Case& c) {
   }
   std::normal_distribution<float> normal;
   const size_t row = size_t{sh.kv_heads} * sh.qk_dim;
-  std::vector<float> k(slots.size() * row), v(slots.size() * row), q(qo.back() * size_t{sh.q_heads} * sh.qk_dim);
+  std::vector<float> k(slots.size() * row), v(slots.size() * row),
+      q(qo.back() * size_t{sh.q_heads} * sh.qk_dim);
   for (float& x : k) x = normal(rng);
   for (float& x : v) x = normal(rng);
   for (float& x : q) x = 0.3f * normal(rng);
-  const kvrt_attention_batch batch{sizeof(batch), static_cast<uint32_t>(kSequences.size()),
-                                   c.page_size, 1, qo.data(), indptr.data(), page_ids.data(),
-                                   last.data()};
+  const kvrt_attention_batch batch{sizeof(batch),   static_cast<uint32_t>(kSequences.size()),
+                                   c.page_size,     1,
+                                   qo.data(),       indptr.data(),
+                                   page_ids.data(), last.data()};
   const size_t out_floats = qo.back() * size_t{sh.q_heads} * g.v_width;
 
   Loaded cpu = load(kCpu, c.store, "attn_cpu");
@@ -336,8 +337,8 @@ TEST_F(AttnCuda, RefusesABatchThatWouldReadOutsideThePages) {
   ASSERT_EQ(gpu.attention->attention.create(gpu.attention->host_api(), &p, nullptr, &attn),
             KVRT_OK);
   std::vector<int32_t> qo{0, 1}, indptr{0, 1}, pages{0}, last{17};  // 17 > page size 16
-  const kvrt_attention_batch b{sizeof(b), 1, 16, 1, qo.data(), indptr.data(), pages.data(),
-                               last.data()};
+  const kvrt_attention_batch b{sizeof(b),    1,          16, 1, qo.data(), indptr.data(),
+                               pages.data(), last.data()};
   uint64_t bytes = 0;
   gpu.attention->attention.workspace_size(attn, &b, &bytes);
   std::vector<uint8_t> workspace(bytes);
