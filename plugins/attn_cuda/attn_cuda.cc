@@ -112,8 +112,14 @@ class CudaAttention : public sdk::AttentionBase {
                                                " bytes is smaller than workspace_size() = " +
                                                std::to_string(packed.bytes + kAlign));
     }
-    auto* staging = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
     const uint32_t b = batch.batch_size;
+    if (b == 0) {  // nothing to attend to (its arrays may be NULL): run() returns at once
+      batch_ = {};
+      max_page_ = -1;
+      planned_ = true;
+      return;
+    }
+    auto* staging = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
     auto put = [&](uint64_t offset, const int32_t* from, uint64_t count) {
       if (count > 0) std::memcpy(staging + offset, from, 4 * count);
     };
