@@ -350,48 +350,16 @@ class CpuAttention : public sdk::AttentionBase {
   // its chunks. The same walk sizes the workspace and fills it.
   template <class OnItem, class OnMerge>
   void walk(const kvrt_attention_batch& b, OnItem&& on_item, OnMerge&& on_merge) const {
-    auto invalid = [](const std::string& what) { sdk::fail(KVRT_ERR_INVALID_ARGUMENT, what); };
-    if (b.page_size == 0) invalid("batch.page_size is 0");
-    if (b.batch_size == 0) return;
-    if (b.qo_indptr == nullptr || b.kv_page_indptr == nullptr || b.kv_last_page_len == nullptr) {
-      invalid("batch arrays qo_indptr, kv_page_indptr and kv_last_page_len must not be NULL");
-    }
-    if (b.qo_indptr[0] < 0 || b.kv_page_indptr[0] < 0) invalid("batch indptr[0] is negative");
-    if (b.kv_page_indptr[b.batch_size] > b.kv_page_indptr[0] && b.kv_page_indices == nullptr) {
-      invalid("batch.kv_page_indices is NULL");
-    }
-    const int64_t chunk = kernels::shared::split_chunk(chunk_tokens_, b.page_size);
-    for (uint32_t s = 0; s < b.batch_size; ++s) {
-      auto seq = [s] { return "sequence " + std::to_string(s) + ": "; };  // for messages only
-      const int32_t q_begin = b.qo_indptr[s], q_len = b.qo_indptr[s + 1] - q_begin;
-      const int32_t page_begin = b.kv_page_indptr[s];
-      const int32_t pages = b.kv_page_indptr[s + 1] - page_begin;
-      if (q_len < 0) invalid(seq() + "qo_indptr decreases");
-      if (pages < 0) invalid(seq() + "kv_page_indptr decreases");
-      for (int32_t p = 0; p < pages; ++p) {
-        if (b.kv_page_indices[page_begin + p] < 0) {
-          invalid(seq() + "negative page id " + std::to_string(b.kv_page_indices[page_begin + p]));
-        }
-      }
-      const int32_t last = b.kv_last_page_len[s];
-      if (pages > 0 && (last < 1 || static_cast<uint32_t>(last) > b.page_size)) {
-        invalid(seq() + "kv_last_page_len " + std::to_string(last) + " outside 1.." +
-                std::to_string(b.page_size));
-      }
-      const int64_t kv_len64 = pages == 0 ? 0 : int64_t{pages - 1} * b.page_size + last;
-      if (kv_len64 > std::numeric_limits<int32_t>::max()) invalid(seq() + "too many KV tokens");
-      const auto kv_len = static_cast<int32_t>(kv_len64);
-      if (q_len > 0 && kv_len == 0) invalid(seq() + "query rows but no KV tokens");
-      if (b.causal != 0 && q_len > kv_len) {
-        invalid(seq() + std::to_string(q_len) + " causal query rows but only " +
-                std::to_string(kv_len) + " KV tokens (the new tokens' K/V must be written)");
-      }
+    const int64_t chunk =
+        b.page_size == 0 ? 0 : kernels::shared::split_chunk(chunk_tokens_, b.page_size);
+    sdk::check_batch(b, [&](const sdk::BatchSequence& seq) {
+      const int32_t q_begin = seq.q_begin, q_len = seq.q_len, kv_len = seq.kv_len;
       for (int32_t r0 = 0; r0 < q_len; r0 += static_cast<int32_t>(kRowBlock)) {
         WorkItem item{};
         item.row_begin = q_begin + r0;
         item.rows = std::min<int32_t>(static_cast<int32_t>(kRowBlock), q_len - r0);
         item.first_limit = b.causal != 0 ? kv_len - q_len + r0 : kv_len - 1;
-        item.page_base = page_begin;
+        item.page_base = seq.page_begin;
         item.merge = -1;
         const int32_t end = b.causal != 0 ? item.first_limit + item.rows : kv_len;
         if (static_cast<uint32_t>(item.rows) <= kSplitMaxRows && end > chunk) {
@@ -410,7 +378,7 @@ class CpuAttention : public sdk::AttentionBase {
           on_item(item);
         }
       }
-    }
+    });
   }
 
   std::string shape_mismatch(const kvrt_kv_layout& l) const {

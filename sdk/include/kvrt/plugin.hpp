@@ -455,6 +455,61 @@ inline constexpr uint32_t kAttentionRunArgsV1Size =
 inline constexpr uint32_t kKvLayoutV1Size =
     offsetof(kvrt_kv_layout, scale_head_stride) + sizeof(int64_t);
 
+// One sequence of a batch check_batch() accepted: its query rows [q_begin, q_begin + q_len),
+// its pages kv_page_indices[page_begin .. page_begin + pages) and its kv_len KV tokens.
+struct BatchSequence {
+  uint32_t index;
+  int32_t q_begin, q_len;
+  int32_t page_begin, pages;
+  int32_t kv_len;
+};
+
+// The checks every attention plugin owes a batch before a kernel reads pages through it: the
+// arrays present, indptrs that never decrease, page ids >= 0, last-page lengths in
+// 1..page_size, and no more causal query rows than KV tokens. Calls visit(BatchSequence) for
+// each sequence in order; throws Error(KVRT_ERR_INVALID_ARGUMENT) naming the first problem (and
+// its sequence) otherwise.
+template <class Visit>
+void check_batch(const kvrt_attention_batch& b, Visit&& visit) {
+  auto invalid = [](const std::string& what) { fail(KVRT_ERR_INVALID_ARGUMENT, what); };
+  if (b.page_size == 0) invalid("batch.page_size is 0");
+  if (b.batch_size == 0) return;
+  if (b.qo_indptr == nullptr || b.kv_page_indptr == nullptr || b.kv_last_page_len == nullptr) {
+    invalid("batch arrays qo_indptr, kv_page_indptr and kv_last_page_len must not be NULL");
+  }
+  if (b.qo_indptr[0] < 0 || b.kv_page_indptr[0] < 0) invalid("batch indptr[0] is negative");
+  if (b.kv_page_indptr[b.batch_size] > b.kv_page_indptr[0] && b.kv_page_indices == nullptr) {
+    invalid("batch.kv_page_indices is NULL");
+  }
+  for (uint32_t s = 0; s < b.batch_size; ++s) {
+    auto seq = [s] { return "sequence " + std::to_string(s) + ": "; };  // for messages only
+    const int32_t q_begin = b.qo_indptr[s], q_len = b.qo_indptr[s + 1] - q_begin;
+    const int32_t page_begin = b.kv_page_indptr[s];
+    const int32_t pages = b.kv_page_indptr[s + 1] - page_begin;
+    if (q_len < 0) invalid(seq() + "qo_indptr decreases");
+    if (pages < 0) invalid(seq() + "kv_page_indptr decreases");
+    for (int32_t p = 0; p < pages; ++p) {
+      if (b.kv_page_indices[page_begin + p] < 0) {
+        invalid(seq() + "negative page id " + std::to_string(b.kv_page_indices[page_begin + p]));
+      }
+    }
+    const int32_t last = b.kv_last_page_len[s];
+    if (pages > 0 && (last < 1 || static_cast<uint32_t>(last) > b.page_size)) {
+      invalid(seq() + "kv_last_page_len " + std::to_string(last) + " outside 1.." +
+              std::to_string(b.page_size));
+    }
+    const int64_t kv_len64 = pages == 0 ? 0 : int64_t{pages - 1} * b.page_size + last;
+    if (kv_len64 > INT32_MAX) invalid(seq() + "too many KV tokens");
+    const auto kv_len = static_cast<int32_t>(kv_len64);
+    if (q_len > 0 && kv_len == 0) invalid(seq() + "query rows but no KV tokens");
+    if (b.causal != 0 && q_len > kv_len) {
+      invalid(seq() + std::to_string(q_len) + " causal query rows but only " +
+              std::to_string(kv_len) + " KV tokens (the new tokens' K/V must be written)");
+    }
+    visit(BatchSequence{s, q_begin, q_len, page_begin, pages, kv_len});
+  }
+}
+
 // Base of an attention class: keeps the host for error reporting and the creation parameters.
 class AttentionBase {
  public:
