@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/pointer.h"
+
 namespace kvrt::exec {
 namespace {
 
@@ -38,18 +40,6 @@ ncclDataType_t nccl_type(ElementType type) {
   return ncclUint8;
 }
 
-// Whether the GPU holds `p` (device or managed memory): NCCL's buffers. Host memory, pinned or
-// not, and null are the inner communicator's.
-bool on_device(const void* p) {
-  if (p == nullptr) return false;
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();  // older runtimes fail on plain host memory; not a sticky error
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-}
-
 // The record each rank contributes at a multi-process start: its readiness, then (rank 0's)
 // NCCL unique id.
 constexpr size_t kStatusBytes = 256;
@@ -71,7 +61,7 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
 
   Status all_reduce_sum(void* data, size_t n, ElementType type, Stream stream) override {
-    if (!on_device(data)) {
+    if (!cuda::is_device_memory(data)) {
       return forward([&] { return host_->all_reduce_sum(data, n, type, stream); });
     }
     if (type == ElementType::kU8) {
@@ -96,8 +86,8 @@ class NcclCommunicator : public Communicator {
                                      " counts for " + std::to_string(size_) + " ranks");
     }
     // `in` may be null (nothing to give): where `out` lives decides.
-    const bool device = on_device(out);
-    if (counts[rank_] > 0 && on_device(in) != device) {
+    const bool device = cuda::is_device_memory(out);
+    if (counts[rank_] > 0 && cuda::is_device_memory(in) != device) {
       return Status::InvalidArgument("all_gather on " + where(rank_, device_) +
                                      ": the input and output are not both device memory");
     }
@@ -135,7 +125,7 @@ class NcclCommunicator : public Communicator {
   }
 
   Status broadcast(void* data, size_t n, ElementType type, int root, Stream stream) override {
-    if (!on_device(data)) {
+    if (!cuda::is_device_memory(data)) {
       return forward([&] { return host_->broadcast(data, n, type, root, stream); });
     }
     if (size_ == 1) return Status::Ok();

@@ -18,10 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <string>
 
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/pointer.h"
 #include "kernels/shared/paged_attention.h"
 #include "kvrt/plugin.hpp"
 
@@ -231,53 +231,28 @@ class CudaAttention : public sdk::AttentionBase {
     return std::max<int64_t>(0, int64_t{b.kv_page_indptr[b.batch_size]} - b.kv_page_indptr[0]);
   }
 
-  // The batch's sizes, after checking every sequence: a bad batch must not reach a kernel,
-  // where it would read outside the pages.
+  // The batch's sizes, after the SDK's checks of every sequence (a bad batch must not reach a
+  // kernel, where it would read outside the pages) and this kernel's own limits.
   Shape check(const kvrt_attention_batch& b) const {
-    auto invalid = [](const std::string& what) { sdk::fail(KVRT_ERR_INVALID_ARGUMENT, what); };
-    Shape shape;
     if (b.page_size == 0 || b.page_size > kMaxPageSize) {
       sdk::fail(KVRT_ERR_UNSUPPORTED, "batch.page_size " + std::to_string(b.page_size) +
                                           " not served: attn_cuda takes 1.." +
                                           std::to_string(kMaxPageSize));
     }
-    if (b.batch_size == 0) return shape;
-    if (b.qo_indptr == nullptr || b.kv_page_indptr == nullptr || b.kv_last_page_len == nullptr) {
-      invalid("batch arrays qo_indptr, kv_page_indptr and kv_last_page_len must not be NULL");
-    }
-    if (b.qo_indptr[0] != 0) invalid("batch.qo_indptr[0] must be 0");
-    if (b.kv_page_indptr[0] < 0) invalid("batch.kv_page_indptr[0] is negative");
-    shape.nnz = nnz(b);
-    if (shape.nnz > 0 && b.kv_page_indices == nullptr) invalid("batch.kv_page_indices is NULL");
-    for (uint32_t s = 0; s < b.batch_size; ++s) {
-      const std::string seq = "sequence " + std::to_string(s) + ": ";
-      const int64_t rows = int64_t{b.qo_indptr[s + 1]} - b.qo_indptr[s];
-      const int64_t pages = int64_t{b.kv_page_indptr[s + 1]} - b.kv_page_indptr[s];
-      if (rows < 0) invalid(seq + "qo_indptr decreases");
-      if (pages < 0) invalid(seq + "kv_page_indptr decreases");
-      for (int64_t p = b.kv_page_indptr[s]; p < b.kv_page_indptr[s + 1]; ++p) {
-        if (b.kv_page_indices[p] < 0) {
-          invalid(seq + "negative page id " + std::to_string(b.kv_page_indices[p]));
-        }
+    Shape shape;
+    sdk::check_batch(b, [&](const sdk::BatchSequence& seq) {
+      for (int32_t p = seq.page_begin; p < seq.page_begin + seq.pages; ++p) {
         shape.max_page = std::max<int64_t>(shape.max_page, b.kv_page_indices[p]);
       }
-      const int32_t last = b.kv_last_page_len[s];
-      if (pages > 0 && (last < 1 || static_cast<uint32_t>(last) > b.page_size)) {
-        invalid(seq + "kv_last_page_len " + std::to_string(last) + " outside 1.." +
-                std::to_string(b.page_size));
-      }
-      const int64_t kv_len = pages == 0 ? 0 : (pages - 1) * b.page_size + last;
-      if (kv_len > std::numeric_limits<int32_t>::max()) invalid(seq + "too many KV tokens");
-      if (rows > 0 && kv_len == 0) invalid(seq + "query rows but no KV tokens");
-      if (b.causal != 0 && rows > kv_len) {
-        invalid(seq + std::to_string(rows) + " causal query rows but only " +
-                std::to_string(kv_len) + " KV tokens (the new tokens' K/V must be written)");
-      }
-      shape.max_kv_len = std::max(shape.max_kv_len, kv_len);
+      shape.max_kv_len = std::max<int64_t>(shape.max_kv_len, seq.kv_len);
+    });
+    if (b.batch_size == 0) return shape;
+    // The kernels find a row's sequence by its index into qo_indptr.
+    if (b.qo_indptr[0] != 0) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "batch.qo_indptr[0] must be 0");
     }
-    const int64_t total = b.qo_indptr[b.batch_size];
-    if (total > std::numeric_limits<int32_t>::max()) invalid("too many query rows");
-    shape.total_rows = static_cast<int32_t>(total);
+    shape.nnz = nnz(b);
+    shape.total_rows = b.qo_indptr[b.batch_size];
     return shape;
   }
 
@@ -318,8 +293,9 @@ class CudaAttention : public sdk::AttentionBase {
     if (l.scale_mode != KVRT_SCALE_NONE && (l.k_scale == nullptr || l.v_scale == nullptr)) {
       return "the layout's scale pointers are NULL";
     }
-    if (!on_device(l.k_base) || !on_device(l.v_base) ||
-        (l.scale_mode != KVRT_SCALE_NONE && (!on_device(l.k_scale) || !on_device(l.v_scale)))) {
+    if (!cuda::is_device_memory(l.k_base) || !cuda::is_device_memory(l.v_base) ||
+        (l.scale_mode != KVRT_SCALE_NONE &&
+         (!cuda::is_device_memory(l.k_scale) || !cuda::is_device_memory(l.v_scale)))) {
       return "attn_cuda reads pages in CUDA device memory only; this store's are in host memory";
     }
     return "";
@@ -327,15 +303,6 @@ class CudaAttention : public sdk::AttentionBase {
 
   static uint32_t element_bytes(kvrt_dtype d) {
     return d == KVRT_DTYPE_F32 ? 4 : d == KVRT_DTYPE_BF16 ? 2 : d == KVRT_DTYPE_FP8_E4M3 ? 1 : 0;
-  }
-
-  static bool on_device(const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it for the next call
-      return false;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
   }
 
   // The kernels' view of a layout. V inside the K row (an MLA latent) starts v_offset elements
