@@ -37,6 +37,15 @@ void wire_plugins(plugin::Registry& registry, const config::Config& cfg) {
 
 namespace {
 
+// What the plugins may take through the host's alloc: the KV pools on every rank and, on the
+// CPU, a MiB each for workspaces; on a GPU the plugins' workspaces (attention plans, split
+// partials) come from the reserve mem_fraction_static leaves for activations.
+void set_device_budget(plugin::Registry& registry, const Runtime& rt, int tp) {
+  const uint64_t workspaces =
+      rt.geometry.device.kind == KVRT_DEVICE_CPU ? uint64_t{1} << 20 : rt.budget.reserve();
+  registry.memory().set_device_budget((rt.plan.kv_budget + workspaces) * tp);
+}
+
 // The free memory of the configured CUDA device (device.ordinal), for the first plan; each
 // rank's own device is read again when its backend is made (make_backend below).
 Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
@@ -97,9 +106,7 @@ Result<uint64_t> replan_after_weights(Runtime& rt, const config::Config& cfg,
   rt.budget = tightest_budget;
   rt.plan = tightest->plan;
   rt.capacity_report = capacity::format_report(*tightest, rt.budget);
-  const auto activations = static_cast<uint64_t>(static_cast<double>(rt.budget.device_memory) *
-                                                 (1.0 - cfg.scheduler.mem_fraction_static));
-  registry.memory().set_device_budget((rt.plan.kv_budget + activations) * tp);
+  set_device_budget(registry, rt, tp);
   return rt.plan.num_pages;
 }
 
@@ -243,15 +250,7 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   rt.plan = planned.plan;
   rt.capacity_report = capacity::format_report(planned, rt.budget);
   rt.geometry = g;
-  if (device.kind == KVRT_DEVICE_CPU) {
-    registry.memory().set_device_budget(rt.plan.kv_budget * tp + (1 << 20) * tp);
-  } else {
-    // On a GPU the plugins' workspaces (attention plans, split partials) come from the share
-    // mem_fraction_static leaves for activations, so the account holds the KV pools and that.
-    const auto activations = static_cast<uint64_t>(
-        static_cast<double>(device_memory) * (1.0 - cfg.scheduler.mem_fraction_static));
-    registry.memory().set_device_budget((rt.plan.kv_budget + activations) * tp);
-  }
+  set_device_budget(registry, rt, tp);
   return Status::Ok();
 }
 
