@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/exec/thread_communicator.h"
+#include "tests/core/exec/communicator_reference.h"
 #include "tests/kernels/cuda/cuda_device.h"
 
 namespace kvrt::exec {
@@ -26,17 +27,6 @@ namespace {
 int cuda_devices() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-}
-
-// Rank r's input of n floats for the collective `seed`: values of very different magnitudes,
-// so the order of a sum shows in its bits.
-std::vector<float> input(int rank, size_t n, uint32_t seed) {
-  std::mt19937 rng(seed * 131 + static_cast<uint32_t>(rank));
-  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-12, 12);
-  std::vector<float> v(n);
-  for (float& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
-  return v;
 }
 
 // Small integers: every order of summing them gives the same, exact, sum.
@@ -48,38 +38,11 @@ std::vector<float> integers(int rank, size_t n) {
   return v;
 }
 
-std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &v[i], 4);
-    out[i] = static_cast<uint16_t>(bits >> 16);
-  }
-  return out;
-}
-
 float bf16_value(uint16_t bits) {
   const uint32_t wide = static_cast<uint32_t>(bits) << 16;
   float x;
   std::memcpy(&x, &wide, 4);
   return x;
-}
-
-// What every rank of a `size`-thread group ends with for the same inputs.
-template <class T>
-std::vector<T> threads_all_reduce(int size, const std::vector<std::vector<T>>& inputs,
-                                  ElementType type) {
-  ThreadGroup group(size);
-  std::vector<std::vector<T>> out = inputs;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < size; ++r) {
-    ranks.emplace_back([&, r] {
-      std::unique_ptr<Communicator> comm = group.communicator(r);
-      ASSERT_TRUE(comm->all_reduce_sum(out[r].data(), out[r].size(), type, nullptr).ok());
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  return out[0];
 }
 
 // A buffer on the current CUDA device, filled and read through `stream`.
@@ -211,9 +174,9 @@ TEST(NcclGroupTest, RanksOnGpusGiveTheThreadsResults) {
     bf16.push_back(to_bf16_bits(input(r, n, 2)));
     whole.push_back(integers(r, n));
   }
-  const std::vector<float> want_f32 = threads_all_reduce(size, f32, ElementType::kF32);
-  const std::vector<uint16_t> want_bf16 = threads_all_reduce(size, bf16, ElementType::kBF16);
-  const std::vector<float> want_whole = threads_all_reduce(size, whole, ElementType::kF32);
+  const std::vector<float> want_f32 = threads_reference(size, f32, ElementType::kF32);
+  const std::vector<uint16_t> want_bf16 = threads_reference(size, bf16, ElementType::kBF16);
+  const std::vector<float> want_whole = threads_reference(size, whole, ElementType::kF32);
   // Unequal parts with an empty one (rank 1, whose input is null), then equal parts.
   std::vector<size_t> counts(size);
   std::vector<float> want_gather;
