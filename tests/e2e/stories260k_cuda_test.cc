@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/eval/eval.h"
 #include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_reference.h"
 #include "tests/kernels/cuda/cuda_device.h"
@@ -23,21 +24,13 @@ using stories260k::model_dir;
 const std::vector<std::string> kOnCuda = {"device.kind=\"cuda\"", "attention.backend=\"attn_cuda\"",
                                           "device.memory=\"1GiB\""};
 
-// A store name, optionally with one option: "kv_fp8_e4m3:scale_mode=per_tensor".
-std::vector<std::string> store_sets(const std::string& store, std::string* name) {
-  const size_t colon = store.find(':');
-  *name = store.substr(0, colon);
-  if (colon == std::string::npos) return {};
-  const std::string option = store.substr(colon + 1);
-  const size_t eq = option.find('=');
-  return {"kv." + *name + "." + option.substr(0, eq) + "=\"" + option.substr(eq + 1) + "\""};
-}
-
 std::vector<int32_t> greedy_ids(const std::string& store, int tp, int page_size, bool cuda) {
-  std::string name;
-  std::vector<std::string> sets = store_sets(store, &name);
+  Result<eval::StoreVariant> variant = eval::parse_store_variant(store);  // kvrt eval's syntax
+  EXPECT_TRUE(variant.ok()) << variant.status().message();
+  if (!variant.ok()) return {};
+  std::vector<std::string> sets = variant->overrides;
   if (cuda) sets.insert(sets.end(), kOnCuda.begin(), kOnCuda.end());
-  e2e::ModelRun run(model_dir(), name, tp, page_size, sets);
+  e2e::ModelRun run(model_dir(), variant->store, tp, page_size, sets);
   EXPECT_TRUE(run.runtime.ok()) << run.runtime.status().message();
   if (!run.runtime.ok()) return {};
   Result<GenerateResult> out = e2e::greedy(run, kPrompt, static_cast<int>(kExpected.size()));
