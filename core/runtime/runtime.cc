@@ -276,13 +276,12 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   // preset's. A tokenizer goes with each.
   std::unique_ptr<model::LoadedWeights> weights;
   if (!cfg.model.path.empty()) {
-    const std::string tokenizer_path = cfg.model.path + "/tokenizer.model";
-    Result<std::unique_ptr<model::Tokenizer>> tok = model::load_sentencepiece(tokenizer_path);
+    Result<std::unique_ptr<model::Tokenizer>> tok = model::load_model_tokenizer(cfg.model.path);
     if (!tok.ok()) return tok.status();
     // An id the model has no row for would fail only when first sampled or embedded.
     if ((*tok)->vocab_size() > rt.model.vocab_size) {
-      return Status::ConfigError(tokenizer_path + ": the tokenizer has " +
-                                 std::to_string((*tok)->vocab_size()) +
+      return Status::ConfigError(model::model_tokenizer_path(cfg.model.path) +
+                                 ": the tokenizer has " + std::to_string((*tok)->vocab_size()) +
                                  " pieces, more than the model's vocab_size " +
                                  std::to_string(rt.model.vocab_size) + " (" + rt.model_name +
                                  "/config.json)");
