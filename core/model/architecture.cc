@@ -8,7 +8,8 @@ namespace kvrt::model {
 
 Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config) {
   if (config.architecture == "DeepseekV3ForCausalLM") return &deepseek_v3_family();
-  for (const char* llama : {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}) {
+  for (const char* llama :
+       {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}) {
     if (config.architecture == llama) return &llama_family();
   }
   std::string names;

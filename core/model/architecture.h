@@ -1,8 +1,8 @@
 // The architecture interface: one model family's tensors, how they shard over TP ranks, and a
 // step's forward written in a compute backend's ops (core/exec/backend.h). One instance holds
-// one rank's shard. Llama-family models are llama.h, DeepSeek-V3's MLA + MoE deepseek_v3.h; a
-// new family is a new file registered in architecture.cc, with no change to the others or to
-// the backends.
+// one rank's shard. Llama-family models (Llama, Mistral, Qwen2, Qwen3) are llama.h, DeepSeek-V3's
+// MLA + MoE deepseek_v3.h; a new family is a new file registered in architecture.cc, with no
+// change to the others or to the backends.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,11 @@
 #include "core/model/llama.h"
 
 #include <cmath>
+#include <numbers>
 
 #include "core/model/vocab_parallel.h"
 #include "core/model/weights.h"
+#include "kernels/shared/rope.h"
 
 namespace kvrt::model {
 namespace {
@@ -20,6 +22,7 @@ class Llama : public Architecture {
     exec::Buffer input_norm, post_norm;
     std::unique_ptr<exec::Matrix> qkv;      // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
     exec::Buffer qkv_bias;                  // [(nq + 2 nkv) * D], or empty
+    exec::Buffer q_norm, k_norm;            // [D] each (Qwen3), or empty
     std::unique_ptr<exec::Matrix> o;        // [H][nq * D]: this rank's columns of o_proj
     std::unique_ptr<exec::Matrix> gate_up;  // [2 I_r][H]: this rank's gate rows, then up rows
     std::unique_ptr<exec::Matrix> down;     // [H][I_r]: this rank's columns of down_proj
@@ -29,6 +32,7 @@ class Llama : public Architecture {
   LlamaShard shard_;
   int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
   std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;           // [D / 2]
   std::unique_ptr<VocabParallel> vocab_;  // the embedding, the final norm and the LM head
   // Activations, grown to the largest step seen.
   exec::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_;
@@ -39,6 +43,7 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   head_dim_ = c.head_dim;
+  inv_freq_ = rope_inverse_frequencies(c, head_dim_);
   nq_ = shard.q_heads.size();
   nkv_ = shard.kv_heads.size();
   // The shard's rows and columns within the tensors as held: all of each, or one rank's part.
@@ -52,8 +57,8 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
   const Range kv_rows{kv_heads.begin * head_dim_, kv_heads.end * head_dim_};
   const Range mlp = within(shard.intermediate, held.intermediate);
   const Range vocab = within(shard.vocab, held.vocab);
-  const int64_t o_cols = held.whole ? c.num_attention_heads * head_dim_
-                                    : held.q_heads.size() * head_dim_;
+  const int64_t o_cols =
+      held.whole ? c.num_attention_heads * head_dim_ : held.q_heads.size() * head_dim_;
   const int64_t down_cols = held.whole ? c.intermediate_size : held.intermediate.size();
   const int64_t qkv_rows = (nq_ + 2 * nkv_) * head_dim_, I = shard.intermediate.size();
   for (const LayerWeights& lw : weights.layers) {
@@ -70,6 +75,10 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
       append_rows(lw.k_bias, 1, kv_rows, &bias);
       append_rows(lw.v_bias, 1, kv_rows, &bias);
       l.qkv_bias = backend.upload(bias);
+    }
+    if (!lw.q_norm.empty()) {
+      l.q_norm = backend.upload(lw.q_norm);
+      l.k_norm = backend.upload(lw.k_norm);
     }
     l.o = backend.upload_matrix(columns_of(lw.o, o_cols, q_rows), hidden, nq_ * head_dim_);
     append_rows(lw.gate, hidden, mlp, &gate_up);
@@ -113,7 +122,7 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
   check(vocab_->embed(be, comm, in.ids, x_.data()));
 
   for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
-  be.rope_tables(in.positions, D, static_cast<float>(c.rope_theta), cos_.data(), sin_.data());
+  be.rope_tables_from(in.positions, inv_freq_, 1.0f, cos_.data(), sin_.data());
   be.reserve(&h_, T * H);
   be.reserve(&qkv_, T * qkv_width);
   be.reserve(&attn_, T * nq_ * D);
@@ -132,6 +141,14 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
     if (nq_ > 0 && status.ok()) {
       be.matmul(h, T, *l.qkv, qkv);
       if (l.qkv_bias.size() > 0) be.add_bias(qkv, T, qkv_width, l.qkv_bias);
+      if (l.q_norm.size() > 0) {
+        // Qwen3: each head of q and of k normalised on its own, before RoPE.
+        for (int64_t head = 0; head < nq_ + nkv_; ++head) {
+          float* x = qkv + head * D;
+          be.rms_norm_strided(x, qkv_width, head < nq_ ? l.q_norm : l.k_norm, x, qkv_width, T, D,
+                              eps);
+        }
+      }
       be.apply_rope(qkv, T, nq_ + nkv_, D, qkv_width, cos_.data(), sin_.data());
       if (check(kv.write(layer, qkv + nq_ * D, qkv + (nq_ + nkv_) * D, qkv_width)) &&
           check(kv.attend(layer, qkv, qkv_width, attn_.data(), nq_ * D))) {
@@ -196,8 +213,8 @@ Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int ra
   if (!held.whole &&
       !(same(held.q_heads, shard->q_heads) && same(held.kv_heads, shard->kv_heads) &&
         same(held.intermediate, shard->intermediate) && same(held.vocab, shard->vocab))) {
-    return Status::Internal("weights loaded for another TP rank than rank " +
-                            std::to_string(rank) + " of " + std::to_string(tp));
+    return Status::Internal("weights loaded for another TP rank than rank " + std::to_string(rank) +
+                            " of " + std::to_string(tp));
   }
   return std::unique_ptr<Architecture>(new Llama(weights, *shard, backend));
 }
@@ -234,6 +251,30 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
   s.intermediate = split(intermediate, tp, rank);
   s.vocab = split(vocab, tp, rank);
   return s;
+}
+
+std::vector<float> rope_inverse_frequencies(const ModelConfig& c, int64_t head_dim) {
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = kernels::shared::rope_inverse_frequency(static_cast<int64_t>(i), head_dim,
+                                                          static_cast<float>(c.rope_theta));
+  }
+  const ModelConfig::Llama3Rope& l = c.llama3;
+  if (l.factor <= 0) return inv_freq;
+  const double original = static_cast<double>(l.original_max_position_embeddings);
+  const double low_wavelen = original / l.low_freq_factor;
+  const double high_wavelen = original / l.high_freq_factor;
+  for (float& f : inv_freq) {
+    const double wavelen = 2 * std::numbers::pi / f;
+    if (wavelen > low_wavelen) {
+      f = static_cast<float>(f / l.factor);
+    } else if (wavelen >= high_wavelen) {
+      const double smooth =
+          (original / wavelen - l.low_freq_factor) / (l.high_freq_factor - l.low_freq_factor);
+      f = static_cast<float>((1 - smooth) * f / l.factor + smooth * f);
+    }
+  }
+  return inv_freq;
 }
 
 const ArchitectureFamily& llama_family() {

@@ -1,8 +1,11 @@
-// The Llama family (Llama, Mistral, Qwen2: GQA, rotate-half RoPE, RMSNorm, SwiGLU, optional
-// q/k/v biases) as an architecture. Megatron-style sharding over TP ranks: column-parallel
-// Q/K/V, gate and up; row-parallel o and down (each followed by an all-reduce);
-// vocab-parallel embedding and LM head. Attention heads are split by KV head groups, so every
-// rank's query heads share its KV heads evenly; KV heads are replicated when TP exceeds them.
+// The Llama family (Llama, Mistral, Qwen2, Qwen3: GQA, rotate-half RoPE with optional llama3
+// rope scaling, RMSNorm, SwiGLU, optional q/k/v biases, Qwen3's per-head q/k RMSNorm) as an
+// architecture. Qwen2 and Qwen3 are variants here rather than files of their own: each differs
+// from Llama by one step between the projections and RoPE, with the same tensors and sharding.
+// Megatron-style sharding over TP ranks: column-parallel Q/K/V, gate and up; row-parallel o and
+// down (each followed by an all-reduce); vocab-parallel embedding and LM head. Attention heads are
+// split by KV head groups, so every rank's query heads share its KV heads evenly; KV heads are
+// replicated when TP exceeds them.
 #pragma once
 
 #include "core/model/architecture.h"
@@ -25,5 +28,12 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
                                int64_t vocab, int rank, int tp);
 
 const ArchitectureFamily& llama_family();
+
+// RoPE's inverse frequencies for heads of `head_dim` ([head_dim / 2]): 1 / theta^(2i / head_dim)
+// in f32 as transformers computes them, with rope_scaling llama3 (config.llama3.factor > 0)
+// adjusted as its _compute_llama3_parameters does: wavelengths beyond
+// original_max_position_embeddings / low_freq_factor are divided by factor, those below
+// original / high_freq_factor kept, and those between interpolated.
+std::vector<float> rope_inverse_frequencies(const ModelConfig& config, int64_t head_dim);
 
 }  // namespace kvrt::model

@@ -41,17 +41,18 @@ MlaCounts count_mla(const ModelConfig& c) {
   int64_t moe_layers = 0;
   if (moe.n_routed_experts > 0) {
     const int64_t freq = std::max<int64_t>(1, moe.moe_layer_freq);
-    const int64_t first = (std::max<int64_t>(0, moe.first_k_dense_replace) + freq - 1) / freq * freq;
+    const int64_t first =
+        (std::max<int64_t>(0, moe.first_k_dense_replace) + freq - 1) / freq * freq;
     moe_layers = first < layers ? (layers - 1 - first) / freq + 1 : 0;
   }
   MlaCounts n;
   n.projections = layers * layer.projections +
                   moe_layers * (moe.n_routed_experts + moe.n_shared_experts) * 3 * h *
-                      moe.moe_intermediate_size +           // routed and shared experts
+                      moe.moe_intermediate_size +                       // routed and shared experts
                   (layers - moe_layers) * 3 * h * c.intermediate_size;  // dense gate, up, down
   n.other = layers * layer.other +
             moe_layers * moe.n_routed_experts * (h + 1);  // the router and its correction bias
-  n.other += c.vocab_size * h + h;  // embeddings, final norm
+  n.other += c.vocab_size * h + h;                        // embeddings, final norm
   if (!c.tie_word_embeddings) n.other += c.vocab_size * h;
   return n;
 }
@@ -75,6 +76,7 @@ int64_t ModelConfig::parameter_count() const {
   const int64_t h = hidden_size;
   int64_t per_layer = 2 * h;  // input and post-attention norms
   if (attention_bias) per_layer += q_dim() + 2 * kv_dim();
+  if (qk_norm) per_layer += 2 * head_dim;  // q_norm, k_norm
   int64_t total = projection_parameter_count() + vocab_size * h + num_hidden_layers * per_layer +
                   h;  // + final norm
   if (!tie_word_embeddings) total += vocab_size * h;
@@ -122,7 +124,7 @@ Status ModelConfig::validate(const std::string& source) const {
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> kSupported = {"LlamaForCausalLM", "Qwen2ForCausalLM",
-                                                      "MistralForCausalLM",
+                                                      "Qwen3ForCausalLM", "MistralForCausalLM",
                                                       "DeepseekV3ForCausalLM"};
   return kSupported;
 }
@@ -259,6 +261,7 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
     if (c.architecture.empty()) c.architecture = (*archs)[0].get<std::string>();
   }
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   const bool mistral = c.architecture == "MistralForCausalLM";
 
   // The fields the executor cannot do without: 0 and recorded when absent.
@@ -272,19 +275,22 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   }
   // Without num_key_value_heads the model is plain multi-head attention (transformers' rule).
   KVRT_ASSIGN(c.num_key_value_heads, f.Int("num_key_value_heads", c.num_attention_heads));
-  if (f.Find("head_dim") == nullptr) {
+  if (f.Find("head_dim") == nullptr && qwen3) {
+    c.head_dim = 128;  // Qwen3Config's default, whatever hidden_size / heads is
+  } else if (f.Find("head_dim") == nullptr) {
     c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
     c.head_dim_inexact = c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0;
   } else {
     KVRT_ASSIGN(c.head_dim, f.Int("head_dim", std::nullopt));
   }
-  const int64_t default_max_pos = qwen2 ? 32768 : mistral ? 131072 : 2048;
+  const int64_t default_max_pos = qwen2 || qwen3 ? 32768 : mistral ? 131072 : 2048;
   KVRT_ASSIGN(c.max_position_embeddings, f.Int("max_position_embeddings", default_max_pos));
   KVRT_ASSIGN(c.rms_norm_eps, f.Double("rms_norm_eps", 1e-6));
   KVRT_ASSIGN(c.rope_theta, f.Double("rope_theta", 10000.0));
   KVRT_ASSIGN(c.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
   // Qwen2 always has q/k/v biases and its config has no field for them; honour one if present.
   KVRT_ASSIGN(c.attention_bias, f.Bool("attention_bias", qwen2));
+  c.qk_norm = qwen3;  // Qwen3's q_norm and k_norm have no switch in its config
   // Newer transformers write "dtype", older ones "torch_dtype"; a wrapper may say it on top.
   for (const Fields* level : {&f, &top}) {
     for (const char* key : {"torch_dtype", "dtype"}) {
@@ -294,8 +300,9 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   KVRT_ASSIGN(c.hidden_act, f.String("hidden_act", "silu"));
   c.rope_scaling = f.Find("rope_scaling") != nullptr;
   KVRT_ASSIGN(c.mlp_bias, f.Bool("mlp_bias", false));
-  if (qwen2) {
-    // Qwen2 only uses its window when use_sliding_window is set (check_runnable refuses it).
+  if (qwen2 || qwen3) {
+    // Qwen2 / Qwen3 only use their window when use_sliding_window is set (check_runnable
+    // refuses it).
     KVRT_ASSIGN(c.use_sliding_window, f.Bool("use_sliding_window", false));
   } else {
     KVRT_ASSIGN(c.sliding_window, f.Int("sliding_window", 0));
@@ -345,12 +352,28 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
       KVRT_ASSIGN(y.mscale_all_dim, r.Double("mscale_all_dim", 0));
       KVRT_ASSIGN(y.attention_factor, r.Double("attention_factor", 0));
       KVRT_ASSIGN(y.truncate, r.Bool("truncate", true));
+    } else if (c.rope_scaling_type == "llama3") {
+      // transformers' _validate_llama3_parameters requires all four.
+      ModelConfig::Llama3Rope& l = c.llama3;
+      for (auto [key, field] :
+           {std::pair{"factor", &l.factor}, std::pair{"low_freq_factor", &l.low_freq_factor},
+            std::pair{"high_freq_factor", &l.high_freq_factor}}) {
+        if (r.Find(key) == nullptr) return r.Error(key, "missing (required by rope_type llama3)");
+        KVRT_ASSIGN(*field, r.Double(key, 0));
+      }
+      if (r.Find("original_max_position_embeddings") == nullptr) {
+        return r.Error("original_max_position_embeddings",
+                       "missing (required by rope_type llama3)");
+      }
+      KVRT_ASSIGN(l.original_max_position_embeddings,
+                  r.Int("original_max_position_embeddings", std::nullopt));
     }
   }
   c.other_moe = f.Find("num_local_experts") != nullptr || f.Find("num_experts") != nullptr;
   c.fp8_checkpoint = is_fp8_quantized(*object) || is_fp8_quantized(root);
 
-  const bool llama_ids = !qwen2;  // Llama and Mistral configs default to <s> = 1, </s> = 2.
+  // Llama and Mistral configs default to <s> = 1, </s> = 2; Qwen's to none.
+  const bool llama_ids = !qwen2 && !qwen3;
   if (const json* bos = f.Find("bos_token_id")) {
     KVRT_ASSIGN(c.bos_token_id, f.TokenId("bos_token_id", *bos));
   } else if (llama_ids) {
@@ -375,10 +398,10 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   // whose largest weight matrices already hold more than 2^48 parameters (100 times the
   // largest published model) describes no real model, and would overflow 64-bit byte counts.
   const long double h = c.hidden_size, layers = c.num_hidden_layers;
-  const long double q = static_cast<long double>(c.num_attention_heads) *
-                        std::max<int64_t>({c.head_dim, c.mla.qk_nope_head_dim +
-                                                           c.mla.qk_rope_head_dim,
-                                           c.mla.v_head_dim});
+  const long double q =
+      static_cast<long double>(c.num_attention_heads) *
+      std::max<int64_t>(
+          {c.head_dim, c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim, c.mla.v_head_dim});
   const long double experts = std::max<int64_t>(1, c.moe.n_routed_experts + c.moe.n_shared_experts);
   const long double inter = std::max(c.intermediate_size, c.moe.moe_intermediate_size);
   const long double kv = static_cast<long double>(c.num_key_value_heads) * c.head_dim +
@@ -425,8 +448,9 @@ Status check_deepseek(const ModelConfig& c, const std::string& source) {
   const ModelConfig::Yarn& y = c.yarn;
   if (y.factor > 0) {
     if (!(y.beta_fast > 0 && y.beta_slow > 0 && y.original_max_position_embeddings > 0)) {
-      return error("rope_scaling", "yarn needs positive beta_fast, beta_slow and "
-                                   "original_max_position_embeddings");
+      return error("rope_scaling",
+                   "yarn needs positive beta_fast, beta_slow and "
+                   "original_max_position_embeddings");
     }
     if (!(c.rope_theta > 1)) return error("rope_theta", "yarn needs a base above 1");
   }
@@ -461,6 +485,37 @@ Status check_deepseek(const ModelConfig& c, const std::string& source) {
   return Status::Ok();
 }
 
+// rope_scaling as the executor runs it: "default" (plain RoPE), llama3 in the Llama family,
+// yarn in DeepSeek-V3; every other type is refused by name rather than run as plain RoPE.
+Status check_rope_scaling(const ModelConfig& c, bool deepseek, const std::string& source) {
+  const std::string& type = c.rope_scaling_type;
+  const std::string implemented =
+      deepseek ? "DeepSeek-V3 runs \"default\" and \"yarn\""
+               : "the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\" and \"llama3\"";
+  if (type.empty()) {
+    return Status::Unsupported(source + ": rope_scaling: no rope_type (" + implemented + ")");
+  }
+  if (type == "default" || (deepseek && type == "yarn")) return Status::Ok();
+  if (deepseek || type != "llama3") {
+    return Status::Unsupported(source + ": rope_scaling: unsupported type '" + type + "' (" +
+                               implemented + ")");
+  }
+  const ModelConfig::Llama3Rope& l = c.llama3;
+  auto error = [&](const std::string& key, const std::string& why) {
+    return Status::ConfigError(source + ": rope_scaling: " + key + ": " + why);
+  };
+  if (!(l.factor > 0)) return error("factor", "must be positive for llama3");
+  if (!(l.low_freq_factor > 0)) return error("low_freq_factor", "must be positive for llama3");
+  // The medium band's interpolation divides by their difference.
+  if (!(l.high_freq_factor > l.low_freq_factor)) {
+    return error("high_freq_factor", "must exceed low_freq_factor for llama3");
+  }
+  if (l.original_max_position_embeddings <= 0) {
+    return error("original_max_position_embeddings", "must be positive for llama3");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status check_runnable(const ModelConfig& c, const std::string& source) {
@@ -488,12 +543,8 @@ Status check_runnable(const ModelConfig& c, const std::string& source) {
                                "' (only silu, i.e. SwiGLU, is implemented)");
   }
   const bool deepseek = c.architecture == "DeepseekV3ForCausalLM";
-  if (c.rope_scaling && !(deepseek && c.rope_scaling_type == "yarn")) {
-    return Status::Unsupported(
-        source + ": rope_scaling: unsupported type '" + c.rope_scaling_type + "' (" +
-        (deepseek ? "DeepSeek-V3 models run with plain RoPE or yarn" : "only plain RoPE is "
-                                                                       "implemented") +
-        ")");
+  if (c.rope_scaling) {
+    if (Status s = check_rope_scaling(c, deepseek, source); !s.ok()) return s;
   }
   if (deepseek) {
     if (Status s = check_deepseek(c, source); !s.ok()) return s;

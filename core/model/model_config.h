@@ -30,6 +30,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;  // lm_head shares embed_tokens
   bool attention_bias = false;       // q/k/v projections have a bias (Qwen2); o has none
+  bool qk_norm = false;              // per-head RMSNorm of q and k before RoPE (Qwen3)
   // Sliding-window attention span in tokens, 0 = full attention. Mistral v0.1 sets 4096; the
   // executor decides whether it can honour it (it only matters beyond that many tokens).
   int64_t sliding_window = 0;
@@ -77,9 +78,16 @@ struct ModelConfig {
     double attention_factor = 0;            // 0: absent (derived from mscale)
     bool truncate = true;
   } yarn;
-  std::string rope_scaling_type;  // "" when rope_scaling is null
-  bool other_moe = false;       // num_local_experts / num_experts: another MoE layout
-  bool fp8_checkpoint = false;  // quantization_config.quant_method = "fp8"
+  // rope_scaling of type "llama3" (Llama 3.1 / 3.2): the inverse frequencies adjusted as
+  // transformers' _compute_llama3_parameters does; factor 0 when rope_scaling is another type.
+  struct Llama3Rope {
+    double factor = 0;
+    double low_freq_factor = 0, high_freq_factor = 0;
+    int64_t original_max_position_embeddings = 0;
+  } llama3;
+  std::string rope_scaling_type;  // rope_type (or the older "type"); "" when rope_scaling is null
+  bool other_moe = false;         // num_local_experts / num_experts: another MoE layout
+  bool fp8_checkpoint = false;    // quantization_config.quant_method = "fp8"
 
   // What check_runnable() needs beyond the shape: fields as read, and those absent.
   std::string hidden_act = "silu";
@@ -116,19 +124,20 @@ struct ModelConfig {
 
 // Reads config.json text (`source` names it in messages): every field above, defaulting as
 // the transformers config classes do (num_key_value_heads = num_attention_heads, head_dim =
-// hidden_size / num_attention_heads, attention_bias = true for Qwen2 only, ...). A multimodal
-// wrapper's "text_config" is read instead of the top level when that has no
-// num_hidden_layers. Fails only on text that is not a JSON object or a field of the wrong type
-// ("<source>: <field>: expected an integer, found ..."); absent fields are recorded in
-// `missing`, not refused.
+// hidden_size / num_attention_heads (Qwen3: 128), attention_bias = true for Qwen2 only, ...). A
+// multimodal wrapper's "text_config" is read instead of the top level when that has no
+// num_hidden_layers. Fails only on text that is not a JSON object, a field of the wrong type
+// ("<source>: <field>: expected an integer, found ...") or a rope_scaling of type yarn or llama3
+// without the keys it needs; other absent fields are recorded in `missing`, not refused.
 Result<ModelConfig> read_hf_config(std::string_view text, const std::string& source);
 // The same from a file; NotFound naming it when it cannot be read.
 Result<ModelConfig> read_hf_config_file(const std::string& path);
 
 // Whether the executor can run `config`: a supported architecture (supported_architectures()),
-// the required fields present, hidden_act silu, no rope_scaling (DeepSeek-V3: yarn only), no
-// mlp_bias, no Qwen2 sliding window, DeepSeek-V3's MLA and router fields usable, and
-// validate(). Errors name `source` and the field.
+// the required fields present, hidden_act silu, rope_scaling absent, "default", "llama3" (the
+// Llama family) or "yarn" (DeepSeek-V3) -- "linear", "dynamic" and the rest are refused by name
+// --, no mlp_bias, no Qwen2 / Qwen3 sliding window, DeepSeek-V3's MLA and router fields usable,
+// and validate(). Errors name `source` and the field.
 Status check_runnable(const ModelConfig& config, const std::string& source);
 
 // read_hf_config_file, then check_runnable.

@@ -119,6 +119,10 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
                           &l.post_norm, &l.gate, &l.up, &l.down}) {
       f(*t);
     }
+    // Only where present, so the presets' pinned fingerprints stay as they were.
+    for (const auto* t : {&l.q_norm, &l.k_norm}) {
+      if (!t->empty()) f(*t);
+    }
   }
   f(w.final_norm);
   f(w.lm_head);
@@ -202,6 +206,13 @@ Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
     for (const Block& b : plan) {
       s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
       if (!s.ok()) return s;
+    }
+    if (c.qk_norm) {  // one weight for every head, so whole on every rank
+      for (const Block& b : {Block{"self_attn.q_norm.weight", {d}, all(d), {}, &l.q_norm},
+                             Block{"self_attn.k_norm.weight", {d}, all(d), {}, &l.k_norm}}) {
+        s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
+        if (!s.ok()) return s;
+      }
     }
     if (c.attention_bias) {
       for (const Block& b : {Block{"self_attn.q_proj.bias", {q}, q_rows, {}, &l.q_bias},
@@ -314,6 +325,10 @@ Weights generate_llama(const ModelConfig& config, uint64_t seed) {
     fill_random(l.gate, in * h, kStd, seed, p + "mlp.gate_proj.weight");
     fill_random(l.up, in * h, kStd, seed, p + "mlp.up_proj.weight");
     fill_random(l.down, h * in, kStd, seed, p + "mlp.down_proj.weight");
+    if (c.qk_norm) {
+      l.q_norm.assign(static_cast<size_t>(c.head_dim), 1.0f);
+      l.k_norm.assign(static_cast<size_t>(c.head_dim), 1.0f);
+    }
     if (c.attention_bias) {
       l.q_bias.assign(q, 0.0f);
       l.k_bias.assign(kv, 0.0f);

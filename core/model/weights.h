@@ -21,6 +21,7 @@ struct LayerWeights {
   std::vector<float> input_norm;              // [H] RMSNorm before attention
   std::vector<float> q, k, v;                 // [Q][H], [KV][H], [KV][H]
   std::vector<float> q_bias, k_bias, v_bias;  // [Q], [KV], [KV]; empty unless attention_bias
+  std::vector<float> q_norm, k_norm;          // [head_dim] each; empty unless qk_norm (Qwen3)
   std::vector<float> o;                       // [H][Q]
   std::vector<float> post_norm;               // [H] RMSNorm before the MLP
   std::vector<float> gate, up;                // [I][H]

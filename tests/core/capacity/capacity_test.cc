@@ -165,9 +165,8 @@ TEST(ModelShape, KimiK2IsMlaWithFp8Projections) {
   // routers and their correction biases stay in bf16.
   const uint64_t total = s->parameters + s->fp8_parameters;
   EXPECT_NEAR(static_cast<double>(total), 1.0264e12, 0.001e12);
-  EXPECT_EQ(s->parameters,
-            2ull * 163840 * 7168 + 60ull * 384 * (7168 + 1) + 61ull * (1536 + 512 + 2 * 7168) +
-                7168);
+  EXPECT_EQ(s->parameters, 2ull * 163840 * 7168 + 60ull * 384 * (7168 + 1) +
+                               61ull * (1536 + 512 + 2 * 7168) + 7168);
   EXPECT_EQ(*weight_bytes(*s, "auto"), s->parameters * 2 + s->fp8_parameters);
   EXPECT_EQ(*weight_bytes(*s, "bf16"), total * 2);
 }
@@ -243,6 +242,49 @@ TEST(ModelShape, OneParserPlansWhatTheRuntimeRuns) {
   Status runnable = model::check_runnable(*c, "config.json");
   EXPECT_TRUE(runnable.ok()) << runnable.message();
   EXPECT_EQ(s->parameters + s->fp8_parameters, static_cast<uint64_t>(c->parameter_count()));
+}
+
+// `kvrt capacity --model DIR` on the Qwen3 and Llama-3 checkpoints (explicit head_dim, q/k norms,
+// rope_scaling llama3): the KV shape the runtime runs and, in bf16 as stored, the weights the
+// checkpoint holds (its bytes less the safetensors header).
+TEST(ModelShape, PlansTinyQwen3AndTinyLlama3) {
+  const std::string models =
+      std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR") : ".") +
+      "/../shared/models/";
+  struct Case {
+    const char* name;
+    const char* architecture;
+    uint32_t head_dim;
+  };
+  for (const Case& m :
+       {Case{"tiny-qwen3", "Qwen3ForCausalLM", 16}, Case{"tiny-llama3", "LlamaForCausalLM", 8}}) {
+    SCOPED_TRACE(m.name);
+    const std::string dir = models + m.name;
+    if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << dir << " not found";
+    Result<ModelShape> s = read_model_shape(dir);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_EQ(s->architecture, m.architecture);
+    EXPECT_EQ(s->torch_dtype, "bfloat16");
+    EXPECT_EQ(s->kv.layers, 2u);
+    EXPECT_EQ(s->kv.kv_heads, 2u);
+    EXPECT_EQ(s->kv.head_dim, m.head_dim);
+    EXPECT_EQ(s->kv.v_head_dim, m.head_dim);
+    Result<model::ModelConfig> c = model::read_hf_config_file(dir + "/config.json");
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    Status runnable = model::check_runnable(*c, "config.json");
+    EXPECT_TRUE(runnable.ok()) << runnable.message();
+    EXPECT_EQ(s->parameters, static_cast<uint64_t>(c->parameter_count()));
+    Result<uint64_t> bytes = weight_bytes(*s, "auto");
+    ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+    uint64_t header = 0;
+    std::ifstream(dir + "/model.safetensors", std::ios::binary)
+        .read(reinterpret_cast<char*>(&header), sizeof(header));  // little-endian, as this host
+    EXPECT_EQ(*bytes, s->checkpoint_bytes - 8 - header);
+    Result<kvrt_kv_geometry> g = kv_geometry(s->kv, 2, 16);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    EXPECT_EQ(g->num_kv_heads, 1u);  // one of the two KV heads per rank at TP 2
+    EXPECT_EQ(g->k_head_dim, m.head_dim);
+  }
 }
 
 TEST(ModelShape, UnknownNamesListTheKnownOnes) {

@@ -109,12 +109,12 @@ TEST(DeepseekV3Config, RefusesWhatItCannotRunByName) {
     ASSERT_FALSE(r.ok()) << c.to;
     EXPECT_THAT(r.status().message(), HasSubstr(c.expect));
   }
-  // A Llama with rope_scaling is still refused: yarn is DeepSeek-V3's here.
+  // A Llama with yarn is refused: yarn is DeepSeek-V3's here (Llama's is llama3).
   Result<ModelConfig> llama = parse(replace(
       replace(base, "DeepseekV3ForCausalLM", "LlamaForCausalLM"), "\"rope_scaling\": null",
       "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}"));
   ASSERT_FALSE(llama.ok());
-  EXPECT_THAT(llama.status().message(), HasSubstr("only plain RoPE is implemented"));
+  EXPECT_THAT(llama.status().message(), HasSubstr("rope_scaling: unsupported type 'yarn'"));
 }
 
 // The expected values are transformers' _compute_yarn_parameters (float32 pow and divisions,

@@ -205,8 +205,8 @@ TEST(ModelConfigTest, Errors) {
   ASSERT_FALSE(arch.ok());
   EXPECT_THAT(arch.status().message(),
               HasSubstr("config.json: architectures: unsupported 'GPT2LMHeadModel' (supported: "
-                        "LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, "
-                        "DeepseekV3ForCausalLM)"));
+                        "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                        "MistralForCausalLM, DeepseekV3ForCausalLM)"));
 
   auto missing = ParseEdited(Replace(kLlamaConfig, "\"hidden_size\": 8,", ""));
   ASSERT_FALSE(missing.ok());
@@ -224,7 +224,8 @@ TEST(ModelConfigTest, Errors) {
                                   "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}"));
   ASSERT_FALSE(rope.ok());
   EXPECT_EQ(rope.status().code(), Status::Code::kUnsupported);
-  EXPECT_THAT(rope.status().message(), HasSubstr("rope_scaling: unsupported"));
+  EXPECT_THAT(rope.status().message(),
+              HasSubstr("config.json: rope_scaling: unsupported type 'linear'"));
 
   auto gqa =
       ParseEdited(Replace(kLlamaConfig, "\"num_attention_heads\": 2, \"num_key_value_heads\": 1",
@@ -244,6 +245,144 @@ TEST(ModelConfigTest, Errors) {
   auto absent = parse_hf_config("/nonexistent/config.json");
   ASSERT_FALSE(absent.ok());
   EXPECT_TRUE(absent.status().IsNotFound());
+}
+
+// The shared tiny checkpoints' config.json, or "" (the test skips) when absent.
+std::string SharedModelConfig(const std::string& name) {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  if (root == nullptr) return "";
+  fs::path path = fs::path(root) / ".." / "shared" / "models" / name / "config.json";
+  return fs::exists(path) ? path.string() : "";
+}
+
+TEST(ModelConfigTest, ParsesTinyQwen3) {
+  const std::string path = SharedModelConfig("tiny-qwen3");
+  if (path.empty()) GTEST_SKIP() << "../shared/models/tiny-qwen3 not found (KVRT_SOURCE_DIR)";
+  auto c = parse_hf_config(path);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->architecture, "Qwen3ForCausalLM");
+  EXPECT_EQ(c->head_dim, 16);  // explicit, not hidden_size / heads = 8
+  EXPECT_EQ(c->q_dim(), 64);
+  EXPECT_EQ(c->kv_dim(), 32);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->rope_scaling);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+  EXPECT_EQ(c->bos_token_id, 151643);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{151645});
+  // Tied embeddings 151936 * 32, per layer q 64*32, k and v 2 * 32*32, o 32*64, MLP 3 * 64*32,
+  // norms 2 * 32 and q_norm, k_norm 2 * 16; the final norm.
+  EXPECT_EQ(c->parameter_count(), 151936 * 32 + 2 * (2048 + 2048 + 2048 + 6144 + 64 + 32) + 32);
+}
+
+TEST(ModelConfigTest, ParsesTinyLlama3RopeScaling) {
+  const std::string path = SharedModelConfig("tiny-llama3");
+  if (path.empty()) GTEST_SKIP() << "../shared/models/tiny-llama3 not found (KVRT_SOURCE_DIR)";
+  auto c = parse_hf_config(path);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->rope_scaling);
+  EXPECT_EQ(c->rope_scaling_type, "llama3");
+  EXPECT_DOUBLE_EQ(c->llama3.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c->llama3.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c->llama3.high_freq_factor, 4.0);
+  EXPECT_EQ(c->llama3.original_max_position_embeddings, 8192);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 5e5);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{128001, 128008, 128009}));
+  EXPECT_EQ(c->yarn.factor, 0);  // llama3 is not yarn
+}
+
+TEST(ModelConfigTest, Qwen3Defaults) {
+  const std::string qwen3 = Replace(kLlamaConfig, "LlamaForCausalLM", "Qwen3ForCausalLM");
+  auto c = ParseEdited(qwen3);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->head_dim, 128);  // Qwen3Config's default, not hidden / heads
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->max_position_embeddings, 32768);
+  EXPECT_EQ(c->bos_token_id, -1);
+  EXPECT_TRUE(c->eos_token_ids.empty());
+  // With head_dim as Llama's, Qwen3 adds only q_norm and k_norm per layer.
+  auto same =
+      ParseEdited(Replace(qwen3, "\"vocab_size\": 16", "\"vocab_size\": 16, \"head_dim\": 4"));
+  auto llama = ParseEdited(kLlamaConfig);
+  ASSERT_TRUE(same.ok() && llama.ok());
+  EXPECT_EQ(same->parameter_count(), llama->parameter_count() + 2 * 4);
+
+  auto window =
+      ParseEdited(Replace(qwen3, "\"hidden_act\"", "\"use_sliding_window\": true, \"hidden_act\""));
+  ASSERT_FALSE(window.ok());
+  EXPECT_THAT(window.status().message(), HasSubstr("use_sliding_window: true is not implemented"));
+}
+
+TEST(ModelConfigTest, RopeScalingTypes) {
+  auto with = [](const std::string& scaling, const char* arch = "LlamaForCausalLM") {
+    return ParseEdited(Replace(Replace(kLlamaConfig, "LlamaForCausalLM", arch),
+                               "\"rope_scaling\": null", "\"rope_scaling\": " + scaling));
+  };
+  const std::string llama3 =
+      "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+      "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}";
+  for (const char* arch : {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}) {
+    SCOPED_TRACE(arch);
+    auto c = with(llama3, arch);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->rope_scaling_type, "llama3");
+    EXPECT_DOUBLE_EQ(c->llama3.factor, 8.0);
+    EXPECT_DOUBLE_EQ(c->llama3.low_freq_factor, 1.0);
+    EXPECT_DOUBLE_EQ(c->llama3.high_freq_factor, 4.0);
+    EXPECT_EQ(c->llama3.original_max_position_embeddings, 8192);
+  }
+  // "default" is plain RoPE, under either key.
+  for (const char* plain : {"{\"rope_type\": \"default\"}", "{\"type\": \"default\"}"}) {
+    auto c = with(plain);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(c->llama3.factor, 0);
+  }
+  // Types not implemented are refused by name, with the file and the key, under either key.
+  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+    for (const char* key : {"type", "rope_type"}) {
+      SCOPED_TRACE(std::string(key) + " " + type);
+      auto c = with("{\"" + std::string(key) + "\": \"" + type + "\", \"factor\": 2.0}");
+      ASSERT_FALSE(c.ok());
+      EXPECT_EQ(c.status().code(), Status::Code::kUnsupported);
+      EXPECT_THAT(c.status().message(),
+                  HasSubstr("config.json: rope_scaling: unsupported type '" + std::string(type) +
+                            "' (the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\" "
+                            "and \"llama3\")"));
+    }
+  }
+  auto untyped = with("{\"factor\": 2.0}");
+  ASSERT_FALSE(untyped.ok());
+  EXPECT_THAT(untyped.status().message(), HasSubstr("config.json: rope_scaling: no rope_type"));
+  // llama3 needs all four keys, and a medium band to interpolate over.
+  for (const char* key :
+       {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+    SCOPED_TRACE(key);
+    // Each key is followed by a comma, as "rope_type" ends the object.
+    std::string text = Replace(llama3, "\"rope_type\": \"llama3\", ", "");
+    text.insert(text.size() - 1, ", \"rope_type\": \"llama3\"");
+    const size_t at = text.find(std::string("\"") + key + "\"");
+    text.erase(at, text.find(", ", at) + 2 - at);
+    auto c = with(text);
+    ASSERT_FALSE(c.ok());
+    EXPECT_THAT(c.status().message(), HasSubstr(std::string("config.json: rope_scaling: ") + key +
+                                                ": missing (required by rope_type llama3)"));
+  }
+  auto inverted = with(Replace(llama3, "\"high_freq_factor\": 4.0", "\"high_freq_factor\": 1.0"));
+  ASSERT_FALSE(inverted.ok());
+  EXPECT_THAT(inverted.status().message(),
+              HasSubstr("rope_scaling: high_freq_factor: must exceed low_freq_factor"));
+  auto typed = with(Replace(llama3, "\"factor\": 8.0", "\"factor\": \"8\""));
+  ASSERT_FALSE(typed.ok());
+  EXPECT_THAT(typed.status().message(), HasSubstr("rope_scaling: factor: expected a number"));
 }
 
 // ---- f16 conversion ----
@@ -426,10 +565,10 @@ TEST(SafetensorsTest, EmptyTensorConvertsIntoNothing) {
   TempDir dir;
   const std::string path = dir / "model.safetensors";
   for (const char* dtype : {"F32", "BF16", "F16"}) {
-    WriteRawSafetensors(path,
-                        std::string(R"({"e":{"dtype":")") + dtype +
-                            R"(","shape":[0, 3],"data_offsets":[0,0]}})",
-                        0);
+    WriteRawSafetensors(
+        path,
+        std::string(R"({"e":{"dtype":")") + dtype + R"(","shape":[0, 3],"data_offsets":[0,0]}})",
+        0);
     auto ck = SafetensorsCheckpoint::open(path);
     ASSERT_TRUE(ck.ok()) << ck.status().message();
     auto e = ck->get("e");
@@ -526,9 +665,10 @@ TEST(ModelConfigTest, IntegersOutside32BitsAreRefusedByName) {
     text.replace(at, text.find_first_of(",}", at) - at, value);
     auto c = read_hf_config(text, "config.json");
     ASSERT_FALSE(c.ok()) << key;
-    EXPECT_THAT(c.status().message(),
-                HasSubstr("config.json: " + key + ": out of range: expected an integer in "
-                                                  "0..2147483647, found " + value));
+    EXPECT_THAT(c.status().message(), HasSubstr("config.json: " + key +
+                                                ": out of range: expected an integer in "
+                                                "0..2147483647, found " +
+                                                value));
   }
 }
 
@@ -640,9 +780,13 @@ class TinyHfModel {
  public:
   static constexpr int64_t kH = 8, kQ = 8, kKv = 4, kI = 16, kV = 16;
 
-  explicit TinyHfModel(bool qwen2 = false, bool tied = true) {
+  explicit TinyHfModel(bool qwen2 = false, bool tied = true, bool qwen3 = false) {
     std::string config = kLlamaConfig;
     if (qwen2) config = Replace(config, "LlamaForCausalLM", "Qwen2ForCausalLM");
+    if (qwen3) {
+      config = Replace(Replace(config, "LlamaForCausalLM", "Qwen3ForCausalLM"), "\"vocab_size\"",
+                       "\"head_dim\": 4, \"vocab_size\"");
+    }
     if (!tied)
       config = Replace(config, "\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
     WriteFile(dir_ / "config.json", config);
@@ -662,6 +806,10 @@ class TinyHfModel {
       Add(p + "self_attn.q_proj.bias", {kQ});
       Add(p + "self_attn.k_proj.bias", {kKv});
       Add(p + "self_attn.v_proj.bias", {kKv});
+    }
+    if (qwen3) {
+      Add(p + "self_attn.q_norm.weight", {kQ / 2}, "BF16");
+      Add(p + "self_attn.k_norm.weight", {kQ / 2}, "BF16");
     }
     if (!tied) Add("lm_head.weight", {kV, kH});
   }
@@ -711,6 +859,15 @@ TEST(WeightsTest, LoadsSyntheticHfDirectory) {
   EXPECT_EQ(wq->layers[0].v_bias.size(), 4u);
   EXPECT_EQ(wq->lm_head.size(), 128u);
   EXPECT_EQ(&wq->output_embedding(), &wq->lm_head);
+  EXPECT_TRUE(wq->layers[0].q_norm.empty());
+
+  // Qwen3's per-head norms, one head_dim each, read from bf16 as they are.
+  TinyHfModel qwen3(/*qwen2=*/false, /*tied=*/true, /*qwen3=*/true);
+  auto w3 = qwen3.Load();
+  ASSERT_TRUE(w3.ok()) << w3.status().message();
+  EXPECT_EQ(w3->layers[0].q_norm, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+  EXPECT_EQ(w3->layers[0].k_norm, (std::vector<float>{0.5f, 1.5f, 2.5f, 3.5f}));
+  EXPECT_TRUE(w3->layers[0].q_bias.empty());
 }
 
 TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
@@ -751,6 +908,15 @@ TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
         HasSubstr("'model.layers.0.self_attn.v_proj.bias' is missing (expected shape [4])"));
   }
   {
+    TinyHfModel m(/*qwen2=*/false, /*tied=*/true, /*qwen3=*/true);
+    m.Remove("model.layers.0.self_attn.k_norm.weight");
+    auto w = m.Load();
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(
+        w.status().message(),
+        HasSubstr("'model.layers.0.self_attn.k_norm.weight' is missing (expected shape [4])"));
+  }
+  {
     TinyHfModel m(/*qwen2=*/false, /*tied=*/false);
     m.Remove("lm_head.weight");
     auto w = m.Load();
@@ -767,7 +933,8 @@ TEST(PresetTest, NamesAndUnknown) {
                                       "synth-mla", "synth-mla-tiny"}));
   auto w = make_preset("synth-7b");
   ASSERT_FALSE(w.ok());
-  EXPECT_EQ(w.status().message(), "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench, "
+  EXPECT_EQ(w.status().message(),
+            "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench, "
             "synth-llama3-8b, synth-mla, synth-mla-tiny)");
   EXPECT_FALSE(preset_config("").ok());
 }
