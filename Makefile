@@ -11,7 +11,7 @@ CMAKE_ARGS ?=
 PACKAGES = cmake g++ make pkg-config ccache libtomlplusplus-dev libboost-dev libspdlog-dev \
            libfmt-dev libcli11-dev libhwy-dev libxxhash-dev libgtest-dev libgmock-dev \
            libbenchmark-dev libopenblas-dev libsentencepiece-dev nlohmann-json3-dev curl \
-           openmpi-bin libopenmpi-dev
+           openmpi-bin libopenmpi-dev libpcre2-dev libutf8proc-dev
 
 # What only the tests need: Chromium for the HTML report's browser test and libpng to read its
 # screenshot. A machine that cannot install them still tests: that one test skips, saying why.

@@ -35,9 +35,10 @@ Result<TokenizerConfig> parse_tokenizer_config(std::string_view json, const std:
 // silently ignored.
 Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& json_path,
                                                      const std::string& config_path);
-// The same from the files' text (config_json "" for none); name stands for the file in errors.
+// The same from tokenizer.json's text and a parsed config (a default TokenizerConfig for none);
+// name stands for the file in errors.
 Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
-                                                      std::string_view config_json,
+                                                      const TokenizerConfig& config,
                                                       const std::string& name);
 
 }  // namespace kvrt::model
