@@ -111,6 +111,7 @@ fuzz-long: fuzz-build
 
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true
+	KVRT_SOURCE_DIR=. ./$(BUILD)/bin/tokenizer_bench --benchmark_counters_tabular=true
 
 install: build
 	cmake --install $(BUILD)
