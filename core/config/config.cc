@@ -453,6 +453,8 @@ const std::vector<Field>& Schema() {
                   true),
       StringField("server", "record_trace",
                   [](auto& c) -> auto& { return c.server.record_trace; }, {}, true),
+      StringField("server", "chat_template",
+                  [](auto& c) -> auto& { return c.server.chat_template; }, {}, true),
       StringArrayField("plugins", "path", [](auto& c) -> auto& { return c.plugin_paths; }),
       BoolField("plugins", "verify", [](auto& c) -> auto& { return c.verify_plugins; }),
   };
