@@ -16,7 +16,7 @@
 #include "core/exec/mpi_group.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
-#include "core/server/chat_template.h"
+#include "core/server/chat_prompt.h"
 #include "core/server/http_server.h"
 #include "core/server/step_loop.h"
 
@@ -90,29 +90,21 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   limits.tokenizer = rt.tokenizer.get();
   limits.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
   limits.context_length = rt.model.max_position_embeddings;
-  // The model directory's chat template when the subset kvrt renders can read it; else the
-  // default, with the reason in the log.
-  std::string chat_template = "default (<role>: <content> lines, then assistant:)";
-  Result<server::ModelChatTemplate> model_template =
-      server::load_model_chat_template(cfg.model.path);
-  if (!model_template.ok()) {
-    spdlog::warn("chat template: {}; chat requests use the default template",
-                 model_template.status().message());
-  } else if (model_template->found) {
-    limits.chat_template = &model_template->chat_template;
-    limits.bos_text = model_template->bos;
-    limits.eos_text = model_template->eos;
-    chat_template = model_template->source;
-    spdlog::info("chat template: {}", chat_template);
-  }
+  // The chat template: the model directory's own unless [server] chat_template names another;
+  // one kvrt cannot render stops the server here, never a silent fallback.
+  Result<server::ChatFormat> chat =
+      server::resolve_chat_format(cfg.server.chat_template, cfg.model.path, rt.tokenizer.get());
+  if (!chat.ok()) return fail(chat.status());
+  limits.chat = &*chat;
+  spdlog::info("chat template: {}", chat->description);
+  const std::string chat_template = chat->description;
   const std::string effective = config::to_toml(cfg);
   const json store = plugin_json(*registry.load(cfg.kv.store).value());
   const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
   server::ServerInfo info;
   info.model_name = rt.model_name;
   info.model_info = json{{"model_path", rt.model_name},
-                         {"tokenizer_path", cfg.model.path.empty() ? "" : cfg.model.path +
-                                                                              "/tokenizer.model"},
+                         {"tokenizer_path", cfg.model.path},
                          {"is_generation", true},
                          {"vocab_size", rt.model.vocab_size},
                          {"context_length", rt.model.max_position_embeddings},

@@ -1,8 +1,12 @@
 #include "core/server/api.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <optional>
 #include <span>
+#include <utility>
 
 namespace kvrt::server {
 
@@ -72,6 +76,120 @@ std::variant<std::vector<int32_t>, ApiError> read_ids(const json& v, const std::
 
 }  // namespace
 
+std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& j) {
+  if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
+    return bad("messages", "expected a non-empty list of {role, content}");
+  }
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < j["messages"].size(); ++i) {
+    const json& m = j["messages"][i];
+    const std::string at = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return bad(at + ".role", "expected a string (system, user or assistant)");
+    }
+    if (!m.contains("content") || !m["content"].is_string()) {
+      return bad(at + ".content", "expected a string");
+    }
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
+namespace {
+
+// A JSON object body, valid UTF-8, or the error.
+std::variant<json, ApiError> read_object(std::string_view body) {
+  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
+  return j;
+}
+
+// The fields of `j` outside `known`, refused by name.
+std::optional<ApiError> unknown_field(const json& j, std::initializer_list<const char*> known) {
+  for (const auto& [key, value] : j.items()) {
+    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) ==
+        known.end()) {
+      return bad(key, "unknown field");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const json& j, const char* key, bool* out) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_boolean()) return bad(key, "expected a boolean, found " + type_name(j[key]));
+  *out = j[key].get<bool>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<json, ApiError> tokenize_json(std::string_view body, const ModelLimits& limits) {
+  auto parsed = read_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
+  if (auto e = unknown_field(j, {"model", "prompt", "messages", "add_special_tokens",
+                                 "add_generation_prompt", "return_token_strs"})) {
+    return *e;
+  }
+  if (limits.tokenizer == nullptr) return ApiError{400, "the model has no tokenizer", ""};
+  const bool chat = j.contains("messages");
+  if (chat == j.contains("prompt")) return bad("prompt", "give prompt or messages, not both");
+  // vLLM's defaults: a prompt gets the tokenizer's special tokens, a conversation only what the
+  // template writes.
+  bool add_special_tokens = !chat, add_generation_prompt = true, token_strs = false;
+  for (auto [key, out] : {std::pair{"add_special_tokens", &add_special_tokens},
+                          std::pair{"add_generation_prompt", &add_generation_prompt},
+                          std::pair{"return_token_strs", &token_strs}}) {
+    if (auto e = read_bool(j, key, out)) return *e;
+  }
+  std::vector<int32_t> ids;
+  if (chat) {
+    if (j.contains("add_special_tokens") && add_special_tokens) {
+      return bad("add_special_tokens", "true is not supported with messages: the chat template "
+                                       "writes the special tokens");
+    }
+    auto messages = read_chat_messages(j);
+    if (auto* e = std::get_if<ApiError>(&messages)) return *e;
+    static const ChatFormat kDefault;
+    Result<std::vector<int32_t>> rendered = chat_prompt_ids(
+        limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
+        std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
+    if (!rendered.ok()) return bad("messages", rendered.status().message());
+    ids = std::move(*rendered);
+  } else {
+    if (!j["prompt"].is_string()) {
+      return bad("prompt", "expected a string, found " + type_name(j["prompt"]));
+    }
+    ids = limits.tokenizer->encode(j["prompt"].get<std::string>(), add_special_tokens);
+  }
+  json answer = {{"count", ids.size()}, {"max_model_len", limits.context_length}, {"tokens", ids},
+                 {"token_strs", nullptr}};
+  if (token_strs) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(limits.tokenizer->piece(id));
+    answer["token_strs"] = std::move(strs);
+  }
+  return answer;
+}
+
+std::variant<json, ApiError> detokenize_json(std::string_view body, const ModelLimits& limits) {
+  auto parsed = read_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
+  if (auto e = unknown_field(j, {"model", "tokens"})) return *e;
+  if (limits.tokenizer == nullptr) return ApiError{400, "the model has no tokenizer", ""};
+  if (!j.contains("tokens")) return bad("tokens", "missing");
+  auto ids = read_ids(j["tokens"], "tokens", limits.vocab_size);
+  if (auto* e = std::get_if<ApiError>(&ids)) return *e;
+  // As vLLM: transformers' decode, special tokens kept.
+  model::DecodeOptions options;
+  options.skip_special_tokens = false;
+  return json{{"prompt", limits.tokenizer->decode(std::get<std::vector<int32_t>>(ids), options)}};
+}
+
 std::string error_body(const ApiError& e) {
   json error = {{"message", e.message}, {"type", e.type}, {"code", e.status}};
   error["param"] = e.param.empty() ? json(nullptr) : json(e.param);
@@ -80,10 +198,9 @@ std::string error_body(const ApiError& e) {
 
 std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
                                                     const ModelLimits& limits) {
-  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
+  auto parsed = read_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   static const char* const kKnown[] = {"text", "input_ids", "sampling_params", "stream", "rid",
                                        "return_logprob", "logprob_start_len", "top_logprobs_num",
                                        "return_text_in_logprobs", "modalities"};
@@ -295,18 +412,11 @@ std::variant<json, ApiError> openai_sampling(const json& j) {
 
 }  // namespace
 
-std::string apply_default_chat_template(const std::vector<ChatMessage>& messages) {
-  std::string text;
-  for (const ChatMessage& m : messages) text += m.role + ": " + m.content + "\n";
-  return text + "assistant:";
-}
-
 std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const ModelLimits& limits,
                                                   bool chat) {
-  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
-  if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
+  auto parsed = read_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
   auto sampling = openai_sampling(j);
   if (auto* e = std::get_if<ApiError>(&sampling)) return *e;
   if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) ||
@@ -318,34 +428,16 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   json generate = {{"sampling_params", std::get<json>(sampling)}};
   if (j.contains("stream")) generate["stream"] = j["stream"];
   if (chat) {
-    if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
-      return bad("messages", "expected a non-empty list of {role, content}");
-    }
-    std::vector<ChatMessage> messages;
-    for (size_t i = 0; i < j["messages"].size(); ++i) {
-      const json& m = j["messages"][i];
-      const std::string at = "messages[" + std::to_string(i) + "]";
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return bad(at + ".role", "expected a string (system, user or assistant)");
-      }
-      if (!m.contains("content") || !m["content"].is_string()) {
-        return bad(at + ".content", "expected a string");
-      }
-      messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-    }
-    if (limits.chat_template != nullptr) {
-      Result<std::string> text =
-          limits.chat_template->render(messages, limits.bos_text, limits.eos_text);
-      if (!text.ok()) return bad("messages", text.status().message());
-      // The tokenizer puts BOS first itself: the template's BOS text would be read as text.
-      std::string prompt = std::move(*text);
-      if (!limits.bos_text.empty() && prompt.rfind(limits.bos_text, 0) == 0) {
-        prompt.erase(0, limits.bos_text.size());
-      }
-      generate["text"] = prompt;
-    } else {
-      generate["text"] = apply_default_chat_template(messages);
-    }
+    auto messages = read_chat_messages(j);
+    if (auto* e = std::get_if<ApiError>(&messages)) return *e;
+    if (limits.tokenizer == nullptr) return bad("messages", "the model has no tokenizer");
+    static const ChatFormat kDefault;
+    Result<std::vector<int32_t>> ids =
+        chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
+                        std::get<std::vector<ChatMessage>>(messages),
+                        /*add_generation_prompt=*/true);
+    if (!ids.ok()) return bad("messages", ids.status().message());
+    generate["input_ids"] = *ids;
   } else {
     if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
     const json& p = j["prompt"];
@@ -362,7 +454,8 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
     // Name the OpenAI field, not the /generate one it was mapped to.
     ApiError error = *e;
     for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_tokens"},
-                            std::pair{"sampling_params.", ""}, std::pair{"input_ids", "prompt"},
+                            std::pair{"sampling_params.", ""},
+                            std::pair{"input_ids", chat ? "messages" : "prompt"},
                             std::pair{"text", chat ? "messages" : "prompt"}}) {
       const std::string f = from;
       if (error.param.rfind(f, 0) == 0) {

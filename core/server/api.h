@@ -12,7 +12,7 @@
 
 #include "core/exec/sampler.h"
 #include "core/model/tokenizer.h"
-#include "core/server/chat_template.h"
+#include "core/server/chat_prompt.h"
 
 namespace kvrt::server {
 
@@ -31,10 +31,8 @@ struct ModelLimits {
   const model::Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int64_t context_length = 0;  // max_position_embeddings
-  // The model directory's chat template (chat_template.h) and its BOS / EOS text; nullptr: the
-  // default template.
-  const ChatTemplate* chat_template = nullptr;
-  std::string bos_text, eos_text;
+  // How chat is rendered (chat_prompt.h); nullptr: kvrt's default template.
+  const ChatFormat* chat = nullptr;
 };
 
 // Which API a call came through: its answer takes that API's shape.
@@ -70,9 +68,19 @@ enum class Finish { kLength, kStop, kAbort };
 std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const ModelLimits& limits,
                                                   bool chat);
 
-// The chat template when the model directory ships none kvrt can read: each message as
-// "<role>: <content>\n", then "assistant:" for the answer to follow.
-std::string apply_default_chat_template(const std::vector<ChatMessage>& messages);
+// j["messages"]: a non-empty list of {"role", "content"} strings (OpenAI chat's messages).
+std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const nlohmann::json& j);
+
+// POST /tokenize in vLLM's shape: {"model"?, "prompt": "...", "add_special_tokens"? (default
+// true)} or {"model"?, "messages": [...], "add_generation_prompt"? (default true)} rendered by
+// the chat template as /v1/chat/completions does, "return_token_strs"? (each id's piece) ->
+// {"count", "max_model_len", "tokens", "token_strs"}.
+std::variant<nlohmann::json, ApiError> tokenize_json(std::string_view body,
+                                                     const ModelLimits& limits);
+// POST /detokenize: {"model"?, "tokens": [...]} -> {"prompt": "..."}, special tokens kept as
+// transformers' decode does (vLLM's answer).
+std::variant<nlohmann::json, ApiError> detokenize_json(std::string_view body,
+                                                       const ModelLimits& limits);
 
 // A request's state as it is answered (finished, or so far when streaming).
 struct GenerateResult {

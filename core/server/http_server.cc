@@ -170,7 +170,8 @@ class Session : public std::enable_shared_from_this<Session> {
         {"/get_model_info", http::verb::get},   {"/get_server_info", http::verb::get},
         {"/metrics", http::verb::get},          {"/v1/completions", http::verb::post},
         {"/v1/chat/completions", http::verb::post}, {"/v1/models", http::verb::get},
-        {"/flush_cache", http::verb::post}};
+        {"/flush_cache", http::verb::post},     {"/tokenize", http::verb::post},
+        {"/detokenize", http::verb::post}};
     const Route* route = nullptr;
     for (const Route& r : kRoutes) {
       if (path == r.path) route = &r;
@@ -198,6 +199,12 @@ class Session : public std::enable_shared_from_this<Session> {
       }));
     }
     if (path == "/abort_request") return abort_request();
+    if (path == "/tokenize" || path == "/detokenize") {
+      auto answer = path == "/tokenize" ? tokenize_json(request_.body(), server_.limits)
+                                        : detokenize_json(request_.body(), server_.limits);
+      if (auto* e = std::get_if<ApiError>(&answer)) return respond(e->status, error_body(*e));
+      return respond(200, to_text(std::get<json>(answer)));
+    }
     if (path == "/flush_cache") {
       // Refused while requests run, as SGLang does: their pages are in the cache.
       Result<uint64_t> flushed = server_.loop.call([](serve::ServingCore& core) {

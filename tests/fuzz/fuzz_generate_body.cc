@@ -1,6 +1,7 @@
-// The bodies of POST /generate, /v1/completions and /v1/chat/completions (kvrt serve): every
-// field checked by parse_generate / parse_openai, against a 512-token byte tokenizer and a
-// 2048-token context; a call that passes is answered as JSON in its API's shape.
+// The bodies of POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize
+// (kvrt serve): every field checked by parse_generate / parse_openai / tokenize_json /
+// detokenize_json, against a 512-token byte tokenizer and a 2048-token context; a call that
+// passes is answered as JSON in its API's shape.
 #include <cstdint>
 #include <string_view>
 
@@ -14,6 +15,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.vocab_size = 512;
   limits.context_length = 2048;
   const std::string_view body(reinterpret_cast<const char*>(data), size);
+  for (auto answer : {kvrt::server::tokenize_json(body, limits),
+                      kvrt::server::detokenize_json(body, limits)}) {
+    if (auto* e = std::get_if<kvrt::server::ApiError>(&answer)) {
+      (void)kvrt::server::error_body(*e);
+    } else {
+      (void)kvrt::server::to_text(std::get<nlohmann::json>(answer));
+    }
+  }
   for (int api = 0; api < 3; ++api) {
     auto call = api == 0 ? kvrt::server::parse_generate(body, limits)
                          : kvrt::server::parse_openai(body, limits, /*chat=*/api == 2);

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "core/cli/workload.h"
 #include "core/client/http_client.h"
@@ -131,11 +132,12 @@ class ServerTest : public ::testing::Test {
     limits.tokenizer = rt_->tokenizer.get();
     limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
     limits.context_length = rt_->model.max_position_embeddings;
-    if (chat_.found) {
-      limits.chat_template = &chat_.chat_template;
-      limits.bos_text = chat_.bos;
-      limits.eos_text = chat_.eos;
-    }
+    // As kvrt serve does: [server] chat_template, else the model directory's own.
+    Result<ChatFormat> chat =
+        resolve_chat_format(cfg_->server.chat_template, cfg_->model.path, rt_->tokenizer.get());
+    ASSERT_TRUE(chat.ok()) << chat.status().message();
+    chat_ = std::move(*chat);
+    limits.chat = &chat_;
     ServerInfo info;
     info.model_name = "test-model";
     info.model_info = json{{"model_path", rt_->model_name}}.dump();
@@ -172,7 +174,7 @@ class ServerTest : public ::testing::Test {
   std::unique_ptr<config::Config> cfg_;
   std::unique_ptr<plugin::Registry> registry_;
   std::unique_ptr<runtime::Runtime> rt_;
-  ModelChatTemplate chat_;  // set before serve(): the model directory's template
+  ChatFormat chat_;  // the served chat template
   std::unique_ptr<FaultyExecutor> faulty_;
   std::unique_ptr<serve::ServingCore> core_;
   std::unique_ptr<StepLoop> loop_;
@@ -693,85 +695,8 @@ TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
   EXPECT_EQ(stream.finish(so_far), want + "\xE2");
 }
 
-// The shapes real chat templates take: ChatML, and a Llama-2-style one with a system prompt
-// folded into the first turn, strip(), loop.index0 and raise_exception. As in Jinja, a set
-// inside a for loop lasts one iteration; one outside it (an if is no scope) lasts.
-TEST(ChatTemplate, RendersChatMLAndLlama2Shapes) {
-  const std::vector<ChatMessage> chat = {
-      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye"}};
-  Result<ChatTemplate> chatml = ChatTemplate::parse(
-      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
-      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}");
-  ASSERT_TRUE(chatml.ok()) << chatml.status().message();
-  Result<std::string> r = chatml->render(chat, "", "");
-  ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ(*r,
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
-            "<|im_start|>assistant\n");
-
-  Result<ChatTemplate> llama2 = ChatTemplate::parse(
-      "{%- if messages[0]['role'] == 'system' -%}\n"
-      "  {%- set system = messages[0]['content'] -%}{%- set offset = 1 -%}\n"
-      "{%- else -%}{%- set system = none -%}{%- set offset = 0 -%}{%- endif -%}\n"
-      "{%- for message in messages[offset:] if false -%}{%- endfor -%}");
-  EXPECT_FALSE(llama2.ok());  // slices are refused by name
-  EXPECT_NE(llama2.status().message().find("slices"), std::string::npos)
-      << llama2.status().message();
-
-  llama2 = ChatTemplate::parse(
-      "{{ bos_token }}{% if messages[0].role == 'system' %}{% set sys = messages[0].content %}"
-      "{% endif %}{% for message in messages %}"
-      "{% if message.role == 'system' %}"
-      "{% elif message.role == 'user' %}"
-      "{{ '[INST] ' ~ (('<<SYS>>\\n' ~ sys ~ '\\n<</SYS>>\\n\\n') if sys is defined and loop.index0 == 1 "
-      "else '') ~ message.content.strip() ~ ' [/INST]' }}"
-      "{% elif message.role == 'assistant' %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}"
-      "{% else %}{{ raise_exception('Unknown role: ' + message.role) }}{% endif %}{% endfor %}");
-  ASSERT_TRUE(llama2.ok()) << llama2.status().message();
-  r = llama2->render(chat, "<s>", "</s>");
-  ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_EQ(*r, "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello. </s>[INST] Bye [/INST]");
-  r = llama2->render({{"tool", "x"}}, "<s>", "</s>");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("Unknown role: tool"), std::string::npos);
-
-  // Loops nested over the messages are cut off, not left to run for 4^20 iterations.
-  std::string nested;
-  for (int i = 0; i < 20; ++i) nested += "{% for m" + std::to_string(i) + " in messages %}";
-  nested += "x";
-  for (int i = 0; i < 20; ++i) nested += "{% endfor %}";
-  Result<ChatTemplate> runaway = ChatTemplate::parse(nested);
-  ASSERT_TRUE(runaway.ok()) << runaway.status().message();
-  r = runaway->render(chat, "", "");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("too long to render"), std::string::npos);
-
-  // Whitespace control: "-" strips the whitespace on its side.
-  Result<ChatTemplate> trimmed = ChatTemplate::parse("a  {%- if true -%}  b  {%- endif %} c");
-  ASSERT_TRUE(trimmed.ok());
-  EXPECT_EQ(*trimmed->render({}, "", ""), "ab c");
-}
-
-TEST(ChatTemplate, RefusesWhatItCannotRenderByName) {
-  for (const auto& [source, named] : std::vector<std::pair<std::string, std::string>>{
-           {"{% macro x() %}{% endmacro %}", "macro"},
-           {"{{ messages | tojson }}", "tojson"},
-           {"{% set ns = namespace(a=1) %}", "namespace"},
-           {"{% for m in messages %}", "endfor"},
-           {"{% if x %}", "endif"},
-           {"{{ 'unclosed }}", "closing quote"},
-           {"{{ x", "closing }}"}}) {
-    Result<ChatTemplate> t = ChatTemplate::parse(source);
-    ASSERT_FALSE(t.ok()) << source;
-    EXPECT_NE(t.status().message().find(named), std::string::npos)
-        << source << ": " << t.status().message();
-  }
-}
-
 // A model directory with a tokenizer_config.json chat template: /v1/chat/completions renders
-// the conversation with it (its BOS text becoming the BOS id), and /get_server_info names it.
+// the conversation with it (its BOS text becoming the BOS id), and /tokenize gives the same ids.
 TEST_F(ServerTest, ChatUsesTheModelDirectorysTemplate) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   namespace fs = std::filesystem;
@@ -790,35 +715,127 @@ TEST_F(ServerTest, ChatUsesTheModelDirectorysTemplate) {
                  "{% endif %}"}}
                .dump();
   }
-  Result<ModelChatTemplate> loaded = load_model_chat_template(dir.string());
-  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  ASSERT_TRUE(loaded->found);
-  EXPECT_EQ(loaded->bos, "<s>");
-  chat_ = std::move(*loaded);
   serve({"model.path=\"" + dir.string() + "\""});
+  EXPECT_FALSE(chat_.is_default);
+  EXPECT_EQ(chat_.bos, "<s>");
   const json messages = json::array({{{"role", "user"}, {"content", "Tell me a story"}}});
   Reply chat = post(port_, "/v1/chat/completions",
                     {{"messages", messages}, {"max_tokens", 5}, {"temperature", 0}});
   ASSERT_EQ(chat.status, 200) << chat.body;
   const std::vector<int32_t> want = rt_->tokenizer->encode("USER: Tell me a story\nASSISTANT:", true);
   EXPECT_EQ(chat.json_body()["usage"]["prompt_tokens"], want.size());
+  Reply tokens = post(port_, "/tokenize", {{"messages", messages}});
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  EXPECT_EQ(tokens.json_body()["tokens"].get<std::vector<int32_t>>(), want);
   // The same prompt through /generate's input_ids gives the same answer.
   Reply gen = post(port_, "/generate",
                    {{"input_ids", want}, {"sampling_params", {{"max_new_tokens", 5}}}});
   ASSERT_EQ(gen.status, 200);
   EXPECT_EQ(chat.json_body()["choices"][0]["message"]["content"], gen.json_body()["text"]);
   fs::remove_all(dir);
+}
 
-  // A template the subset cannot read is refused with the reason (the server then uses the
-  // default template and logs it).
+// A template kvrt cannot render stops the server at start-up, naming the file, unless
+// [server] chat_template says "default" or names a file.
+TEST(ChatFormat, AnUnrenderableTemplateIsRefusedUnlessOverridden) {
+  namespace fs = std::filesystem;
   const fs::path bad = fs::temp_directory_path() / ("kvrt_chat_bad_" + std::to_string(getpid()));
   fs::create_directories(bad);
-  std::ofstream(bad / "chat_template.jinja") << "{% macro m() %}{% endmacro %}";
-  Result<ModelChatTemplate> refused = load_model_chat_template(bad.string());
-  EXPECT_FALSE(refused.ok());
+  std::ofstream(bad / "chat_template.jinja") << "{% include 'other.jinja' %}";
+  Result<ChatFormat> refused = resolve_chat_format("", bad.string(), nullptr);
+  ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("chat_template.jinja"), std::string::npos)
       << refused.status().message();
+  EXPECT_NE(refused.status().message().find("[server] chat_template"), std::string::npos)
+      << refused.status().message();
+  Result<ChatFormat> fallback = resolve_chat_format("default", bad.string(), nullptr);
+  ASSERT_TRUE(fallback.ok()) << fallback.status().message();
+  EXPECT_TRUE(fallback->is_default);
+  std::ofstream(bad / "good.jinja")
+      << "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}";
+  Result<ChatFormat> file = resolve_chat_format((bad / "good.jinja").string(), bad.string(), nullptr);
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_FALSE(file->is_default);
+  Result<std::string> text = render_chat(*file, {{"user", "hi"}}, true);
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_EQ(*text, "[user] hi");
+  // A directory without a template: the default, said so.
+  Result<ChatFormat> none = resolve_chat_format("", model_dir(), nullptr);
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_TRUE(none->is_default);
+  EXPECT_NE(none->description.find("ships no chat template"), std::string::npos);
   fs::remove_all(bad);
+}
+
+// POST /tokenize and /detokenize in vLLM's shape, against the tokenizer itself.
+TEST_F(ServerTest, TokenizeAndDetokenizeAnswerAsTheTokenizer) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  const model::Tokenizer& tok = *rt_->tokenizer;
+  Reply r = post(port_, "/tokenize", {{"model", "test-model"}, {"prompt", "Once upon a time"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body()["tokens"].get<std::vector<int32_t>>(), tok.encode("Once upon a time", true));
+  EXPECT_EQ(r.json_body()["count"], 5);
+  EXPECT_EQ(r.json_body()["max_model_len"], rt_->model.max_position_embeddings);
+  Reply plain =
+      post(port_, "/tokenize", {{"prompt", "Once upon a time"}, {"add_special_tokens", false},
+                                {"return_token_strs", true}});
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.json_body()["tokens"].get<std::vector<int32_t>>(),
+            tok.encode("Once upon a time", false));
+  EXPECT_EQ(plain.json_body()["token_strs"][0], tok.piece(tok.encode("Once upon a time", false)[0]));
+  // stories260k ships no template: the default's lines, with BOS.
+  Reply chat = post(port_, "/tokenize",
+                    {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"add_generation_prompt", false}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(chat.json_body()["tokens"].get<std::vector<int32_t>>(), tok.encode("user: hi\n", true));
+  const std::vector<int32_t> ids = {1, 403, 407, 261, 378};
+  Reply text = post(port_, "/detokenize", {{"tokens", ids}});
+  ASSERT_EQ(text.status, 200) << text.body;
+  model::DecodeOptions keep;
+  keep.skip_special_tokens = false;
+  EXPECT_EQ(text.json_body()["prompt"], tok.decode(ids, keep));
+  // Bad bodies name the field.
+  for (const auto& [target, body, param] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"/tokenize", {{"prompt", "x"}, {"temperature", 1}}, "temperature"},
+           {"/tokenize", {{"prompt", 3}}, "prompt"},
+           {"/tokenize", {{"prompt", "x"}, {"messages", json::array()}}, "prompt"},
+           {"/tokenize", {{"prompt", "x"}, {"add_special_tokens", "yes"}}, "add_special_tokens"},
+           {"/tokenize", {{"messages", json::array()}}, "messages"},
+           {"/detokenize", {{"tokens", {1, 1 << 20}}}, "tokens[1]"},
+           {"/detokenize", json::object(), "tokens"}}) {
+    Reply e = post(port_, target, body);
+    EXPECT_EQ(e.status, 400) << target << " " << body.dump();
+    EXPECT_EQ(e.json_body()["error"]["param"], param) << e.body;
+  }
+}
+
+// tiny-qwen3 (a real Qwen3 directory: tokenizer.json, its own chat template): chat renders with
+// the model's template, and the greedy answer decodes as the reference (transformers.js's
+// tokenizer, @lenml/tokenizers 3.7) decodes issue 26's reference continuation.
+TEST_F(ServerTest, ChatOnTinyQwen3UsesItsOwnTemplate) {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  const std::string dir = std::string(root != nullptr ? root : ".") + "/../shared/models/tiny-qwen3";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " not found";
+  serve({"model.path=\"" + dir + "\""});
+  EXPECT_EQ(chat_.description, dir + "/tokenizer_config.json (chat_template)");
+  const json messages = json::array({{{"role", "user"}, {"content", "Hello! Who are you?"}}});
+  const std::vector<int32_t> prompt = {151644, 872,    198, 9707,   0,      10479, 525,
+                                       498,    30,     151645, 198, 151644, 77091, 198};
+  Reply tokens = post(port_, "/tokenize", {{"messages", messages}});
+  ASSERT_EQ(tokens.status, 200) << tokens.body;
+  EXPECT_EQ(tokens.json_body()["tokens"].get<std::vector<int32_t>>(), prompt);
+  Reply chat = post(port_, "/v1/chat/completions",
+                    {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  EXPECT_EQ(chat.json_body()["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(chat.json_body()["choices"][0]["message"]["content"],
+            "\xE5\xB6\x9D\xE4\xB8\x8D\xE8\x87\xB3\xE4\xBA\x8E\xEF\xB9\xBB_CREATE climates Myth "
+            "planes BATCH");
+  Reply text = post(port_, "/detokenize", {{"tokens", {151644, 872, 198, 9707}}});
+  ASSERT_EQ(text.status, 200) << text.body;
+  EXPECT_EQ(text.json_body()["prompt"], "<|im_start|>user\nHello");
 }
 
 }  // namespace

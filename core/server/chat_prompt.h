@@ -1,0 +1,58 @@
+// The prompt of a chat conversation, as transformers' apply_chat_template(tokenize=True) builds
+// it: the chat template rendered (the model's own, a file the operator names, or kvrt's default
+// for a model that ships none), then tokenized without adding special tokens, since the
+// template writes its own BOS. Used by /v1/chat/completions, /tokenize and `kvrt tokenize`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model/tokenizer.h"
+#include "core/server/chat_template.h"
+#include "core/util/status.h"
+
+namespace kvrt::server {
+
+// kvrt's template for a model that ships none: each message as "<role>: <content>\n", then
+// "assistant:" for the answer to follow when add_generation_prompt.
+inline constexpr const char* kDefaultChatTemplate =
+    "default (<role>: <content> lines, then assistant:)";
+std::string apply_default_chat_template(const std::vector<ChatMessage>& messages,
+                                        bool add_generation_prompt = true);
+
+// Which template a server or a command renders chat with.
+struct ChatFormat {
+  // What it is, for the log and /get_server_info: the file the template came from, or the
+  // default's description with the reason it is used.
+  std::string description;
+  bool is_default = true;      // kvrt's "<role>: <content>" lines (apply_default_chat_template)
+  ChatTemplate chat_template;  // when !is_default
+  std::string bos, eos;        // the template's bos_token / eos_token
+};
+
+// The format for `setting` ([server] chat_template) and a model or tokenizer directory:
+//   ""        the directory's own template; the default, said so in `description`, when the
+//             directory ships none; an error naming the file, construct and offset when it ships
+//             one kvrt cannot render (set "default" or a file to serve anyway);
+//   "default" kvrt's default, whatever the directory ships;
+//   a path    a .jinja file, or a tokenizer_config.json holding a chat_template.
+// bos / eos come from the directory's tokenizer_config.json, else from `tokenizer` (its BOS
+// and EOS pieces) when given.
+Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::string& model_dir,
+                                       const model::Tokenizer* tokenizer);
+
+// The rendered conversation; a template's raise_exception is an error with its message.
+Result<std::string> render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
+                                bool add_generation_prompt);
+
+// The prompt ids: a template's rendering encoded without special tokens (its BOS text is the
+// BOS id: a tokenizer.json matches it as a special token; for a tokenizer that would read it as
+// text, a leading bos text becomes bos_id()), or the default's text with the tokenizer's special
+// tokens (BOS) added, as `kvrt generate --prompt` encodes text.
+Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
+                                             const model::Tokenizer& tokenizer,
+                                             const std::vector<ChatMessage>& messages,
+                                             bool add_generation_prompt);
+
+}  // namespace kvrt::server
