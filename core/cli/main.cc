@@ -29,6 +29,7 @@
 #include "core/cli/bench_http.h"
 #include "core/cli/matrix.h"
 #include "core/cli/serve.h"
+#include "core/cli/tokenize.h"
 #include "core/config/config.h"
 #include "core/eval/calibrate.h"
 #include "core/eval/eval.h"
@@ -707,7 +708,35 @@ int run_command_line(int argc, char** argv) {
   serve->add_option("--set", overrides, "override a key: section.key=value");
   serve->add_flag("--verify-plugins", verify_plugins, verify_help);
 
+  CLI::App* tokenize = app.add_subcommand(
+      "tokenize", "print the token ids of a text, a file or a conversation (no weights loaded)");
+  cli::TokenizeArgs tok;
+  tokenize->add_option("dir", tok.dir, "model or tokenizer directory")->required();
+  tokenize->add_option("--text", tok.text, "text to tokenize");
+  tokenize->add_option("--file", tok.file, "a file whose bytes are tokenized exactly");
+  tokenize->add_option("--messages", tok.messages,
+                       "a JSON file of [{\"role\", \"content\"}, ...]: rendered by the "
+                       "directory's chat template and tokenized as apply_chat_template does");
+  tokenize->add_flag("--no-generation-prompt", tok.no_generation_prompt,
+                     "with --messages: add_generation_prompt false");
+  tokenize->add_flag("--add-special-tokens", tok.add_special_tokens,
+                     "with --text/--file: add what transformers adds (BOS)");
+  tokenize->add_flag("--json", tok.json, "print {\"ids\": [...]}");
+
+  CLI::App* detokenize =
+      app.add_subcommand("detokenize", "print the text of token ids (no weights loaded)");
+  cli::DetokenizeArgs detok;
+  detokenize->add_option("dir", detok.dir, "model or tokenizer directory")->required();
+  detokenize->add_option("--ids", detok.ids, "token ids, e.g. 1,2,3")
+      ->delimiter(',')
+      ->required();
+  detokenize->add_flag("--skip-special-tokens", detok.skip_special_tokens,
+                       "leave special tokens out (default: kept, as transformers' decode)");
+  detokenize->add_flag("--json", detok.json, "print {\"text\": \"...\"}");
+
   CLI11_PARSE(app, argc, argv);
+  if (tokenize->parsed()) return cli::run_tokenize(tok);
+  if (detokenize->parsed()) return cli::run_detokenize(detok);
   if (verify_plugins) overrides.push_back("plugins.verify=true");
   if (serve->parsed()) return cli::run_serve(config_path, overrides);
   if (bench->parsed()) return kvrt::run_bench(config_path, overrides, bench_args);

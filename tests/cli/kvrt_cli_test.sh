@@ -63,4 +63,48 @@ if [ -f "$model/model.safetensors" ]; then
 else
   echo "skipped the generation checks: $model not found"
 fi
+# kvrt tokenize / detokenize on the released tokenizers (references: transformers.js's
+# tokenizers, @lenml/tokenizers 3.7; with special tokens as Python transformers adds them).
+toks=$src/../shared/tokenizers
+if [ -f "$toks/qwen3/tokenizer.json" ]; then
+  printf 'line one\r\nline  two\t\r\n123456 caf\xc3\xa9' >"$out/crlf.txt"
+  "$kvrt" tokenize "$toks/qwen3" --file "$out/crlf.txt" --json >"$out/tok.json" 2>"$out/tok.err"
+  check "tokenize --file keeps CRLF and the missing newline (qwen3)" grep -qx \
+    '{"ids":\[1056,825,319,1056,220,1378,4474,16,17,18,19,20,21,51950\]}' "$out/tok.json"
+  "$kvrt" tokenize "$toks/llama-3.1" --file "$out/crlf.txt" >"$out/tok.txt" 2>"$out/tok.err"
+  check "tokenize prints the ids on one line (llama-3.1)" grep -qx \
+    '1074 832 319 1074 220 1403 4574 4513 10961 53050' "$out/tok.txt"
+  : >"$out/empty.txt"
+  "$kvrt" tokenize "$toks/deepseek-v3" --file "$out/empty.txt" --json >"$out/tok.json" 2>&1
+  check "an empty file gives no ids" grep -qx '{"ids":\[\]}' "$out/tok.json"
+  "$kvrt" tokenize "$toks/deepseek-v3" --text Hi --add-special-tokens --json >"$out/tok.json" 2>&1
+  check "--add-special-tokens adds DeepSeek-V3's BOS (add_bos_token)" grep -qx \
+    '{"ids":\[0,23166\]}' "$out/tok.json"
+  "$kvrt" tokenize "$toks/llama-3.1" --text Hi --add-special-tokens --json >"$out/tok.json" 2>&1
+  check "--add-special-tokens adds Llama 3.1's BOS (post-processor)" grep -qx \
+    '{"ids":\[128000,13347\]}' "$out/tok.json"
+  echo '[{"role": "user", "content": "Hello! Who are you?"}]' >"$out/messages.json"
+  "$kvrt" tokenize "$toks/qwen3" --messages "$out/messages.json" >"$out/tok.txt" 2>"$out/tok.err"
+  check "tokenize --messages renders qwen3's template" grep -qx \
+    '151644 872 198 9707 0 10479 525 498 30 151645 198 151644 77091 198' "$out/tok.txt"
+  "$kvrt" tokenize "$toks/qwen3" --messages "$out/messages.json" --no-generation-prompt \
+    >"$out/tok.txt" 2>"$out/tok.err"
+  check "--no-generation-prompt leaves the assistant turn out" grep -qx \
+    '151644 872 198 9707 0 10479 525 498 30 151645 198' "$out/tok.txt"
+  "$kvrt" detokenize "$toks/qwen3" --ids 151644,872,198,9707 --json >"$out/detok.json" 2>&1
+  check "detokenize keeps special tokens" grep -qxF '{"text":"<|im_start|>user\nHello"}' \
+    "$out/detok.json"
+  "$kvrt" detokenize "$toks/qwen3" --ids 151644,872,198,9707 --skip-special-tokens \
+    >"$out/detok.txt" 2>&1
+  check "--skip-special-tokens leaves them out" diff "$out/detok.txt" <(printf 'user\nHello\n')
+  "$kvrt" detokenize "$toks/qwen3" --ids 5,999999 >"$out/detok.txt" 2>"$out/detok.err"
+  check "an id outside the vocabulary is refused" test $? -ne 0
+  check "and named" grep -q "999999 is outside the vocabulary" "$out/detok.err"
+  "$kvrt" tokenize "$toks/qwen3" >"$out/tok.txt" 2>"$out/tok.err"
+  check "tokenize without input is refused" grep -q "exactly one of --text" "$out/tok.err"
+  "$kvrt" tokenize "$out" --text hi >"$out/tok.txt" 2>"$out/tok.err"
+  check "a directory without a tokenizer is refused by name" grep -q "tokenizer.json" "$out/tok.err"
+else
+  echo "skipped the tokenize checks: $toks not found"
+fi
 exit $failed
