@@ -41,4 +41,19 @@ wait "$client"
 check "SIGTERM exits 0" test $rc -eq 0
 check "the request in flight got its answer" grep -q '"completion_tokens"' "$out/long.json"
 check "the log says it stopped" grep -q "kvrt serve: stopped" "$out/serve.err"
+# A chat template kvrt cannot render stops the server at start-up, naming the file; "default"
+# (or a template file) in [server] chat_template serves anyway, and /get_server_info says which.
+mkdir -p "$out/bad-template"
+for f in config.json model.safetensors tokenizer.model; do ln -s "$model/$f" "$out/bad-template/$f"; done
+echo "{% include 'other.jinja' %}" >"$out/bad-template/chat_template.jinja"
+"$kvrt" serve --set "model.path=\"$out/bad-template\"" --set server.port=0 \
+  >"$out/refused.out" 2>"$out/refused.err"
+check "an unrenderable template stops kvrt serve" test $? -ne 0
+check "naming the file" grep -q "chat_template.jinja" "$out/refused.err"
+check "and the way out" grep -q '\[server\] chat_template' "$out/refused.err"
+start_serve --set "model.path=\"$out/bad-template\"" --set 'server.chat_template="default"'
+check "chat_template = \"default\" serves it" test -n "$port"
+check "/get_server_info names the default" bash -c \
+  "curl -s '$url/get_server_info' | grep -q 'as \[server\] chat_template says'"
+kill -TERM "$pid"; wait "$pid"; pid=
 exit $failed
