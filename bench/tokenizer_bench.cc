@@ -125,6 +125,17 @@ void BM_EncodeCold(benchmark::State& state, const std::string& name, const std::
   report(state, input, tokens);
 }
 
+// Loading: reading and parsing the files, building the vocabulary and merge tables.
+void BM_Load(benchmark::State& state, const std::string& name) {
+  for (auto _ : state) {
+    std::unique_ptr<Tokenizer> tok = load(name, state);
+    if (tok == nullptr) return;
+    benchmark::DoNotOptimize(tok.get());
+  }
+}
+
+BENCHMARK_CAPTURE(BM_Load, qwen3, std::string("qwen3"))->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Load, llama31, std::string("llama-3.1"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, sentencepiece_stories260k, std::string("stories260k"), stories_text)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Encode, qwen3_stories, std::string("qwen3"), stories_text)

@@ -1177,6 +1177,7 @@ Status HfTokenizer::read_model(const json& model, const Reader& r) {
   if (vocab == model.end() || !vocab->is_object())
     return r.invalid("model.vocab", "is not an object");
   int32_t max_id = -1;
+  vocab_.reserve(vocab->size());
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (1 << 30)) {
       return r.invalid("model.vocab[\"" + token + "\"]", "is not a token id");
@@ -1221,33 +1222,33 @@ Status HfTokenizer::read_model(const json& model, const Reader& r) {
     return r.invalid("model.merges", "is not a list");
   }
   merges_.reserve(merges->size());
-  std::string a, b;
+  std::string merged;
+  std::string_view a, b;
   for (size_t rank = 0; rank < merges->size(); ++rank) {
     const json& m = (*merges)[rank];
-    const std::string key = "model.merges[" + std::to_string(rank) + "]";
+    const auto key = [rank] { return "model.merges[" + std::to_string(rank) + "]"; };
     if (m.is_string()) {
       // "a b": exactly one space, as the reference requires.
       const std::string& line = m.get_ref<const std::string&>();
       const size_t space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        return r.invalid(key, "is not \"a b\"");
+        return r.invalid(key(), "is not \"a b\"");
       }
-      a = line.substr(0, space);
-      b = line.substr(space + 1);
+      a = std::string_view(line).substr(0, space);
+      b = std::string_view(line).substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
+      a = m[0].get_ref<const std::string&>();
+      b = m[1].get_ref<const std::string&>();
     } else {
-      return r.invalid(key, "is neither \"a b\" nor [\"a\", \"b\"]");
+      return r.invalid(key(), "is neither \"a b\" nor [\"a\", \"b\"]");
     }
     const auto ia = vocab_.find(a), ib = vocab_.find(b);
-    const std::string merged =
-        a + (b.compare(0, continuing_subword_prefix_.size(), continuing_subword_prefix_) == 0
-                 ? b.substr(continuing_subword_prefix_.size())
-                 : b);
+    const bool prefixed =
+        b.compare(0, continuing_subword_prefix_.size(), continuing_subword_prefix_) == 0;
+    merged.assign(a).append(b.substr(prefixed ? continuing_subword_prefix_.size() : 0));
     const auto im = vocab_.find(merged);
     if (ia == vocab_.end() || ib == vocab_.end() || im == vocab_.end()) {
-      return r.invalid(key, "merges tokens that are not in model.vocab");
+      return r.invalid(key(), "merges tokens that are not in model.vocab");
     }
     merges_.insert_or_assign(pair_key(ia->second, ib->second),
                              std::pair(static_cast<int32_t>(rank), im->second));
@@ -1334,7 +1335,13 @@ Status HfTokenizer::read_one_post_processor(const json& j, const std::string& ke
 
 Status HfTokenizer::load(const json& root, const TokenizerConfig& config, const Reader& r) {
   if (!root.is_object()) return r.invalid("the file", "is not a JSON object");
-  if (Status s = read_model(root.contains("model") ? root["model"] : json(), r); !s.ok()) return s;
+  // root's member, or null when absent (by reference: the model's vocabulary is large).
+  const auto member = [&root](const char* key) -> const json& {
+    static const json kNull;
+    const auto it = root.find(key);
+    return it == root.end() ? kNull : *it;
+  };
+  if (Status s = read_model(member("model"), r); !s.ok()) return s;
 
   // Added tokens: their ids may extend the vocabulary.
   if (const auto it = root.find("added_tokens"); it != root.end() && !it->is_null()) {
@@ -1365,20 +1372,17 @@ Status HfTokenizer::load(const json& root, const TokenizerConfig& config, const 
   special_.assign(pieces_.size(), false);
   for (const AddedToken& t : added_) special_[t.id] = t.special;
 
-  if (Status s = read_normalizer(r, root.value("normalizer", json()), "normalizer", &normalizer_);
+  if (Status s = read_normalizer(r, member("normalizer"), "normalizer", &normalizer_); !s.ok()) {
+    return s;
+  }
+  if (Status s = read_pre_tokenizer(r, member("pre_tokenizer"), "pre_tokenizer", &pre_tokenizer_);
       !s.ok()) {
     return s;
   }
-  if (Status s = read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer",
-                                    &pre_tokenizer_);
-      !s.ok()) {
+  if (Status s = read_decoder(r, member("decoder"), "decoder", &decoder_); !s.ok()) {
     return s;
   }
-  if (Status s = read_decoder(r, root.value("decoder", json()), "decoder", &decoder_); !s.ok()) {
-    return s;
-  }
-  if (Status s = read_post_processor(root.value("post_processor", json()), "post_processor", r);
-      !s.ok()) {
+  if (Status s = read_post_processor(member("post_processor"), "post_processor", r); !s.ok()) {
     return s;
   }
   // Normalized added tokens match the normalized text, the others the text as given.
