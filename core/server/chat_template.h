@@ -12,12 +12,12 @@
 // a.b, a[k], slices a[start:stop:step], calls with keyword arguments, + - * / // % ** ~,
 // comparisons, in / not in, and / or / not, x if c else y, filters (safe tojson list first last
 // length count reverse sort join string unique upper lower title capitalize trim indent int
-// float abs items default d replace selectattr rejectattr map dictsort), tests (is [not]
-// defined undefined none string number integer boolean mapping sequence iterable callable odd
-// even true false lower upper), string methods (strip lstrip rstrip with characters, split,
-// startswith endswith with a string or a list, replace, upper lower title capitalize), dict
-// methods (get items keys values dictsort), and the globals namespace(), range(),
-// raise_exception() and strftime_now().
+// float abs items default d replace select reject selectattr rejectattr map(attribute=)
+// dictsort), tests (is [not] defined undefined none string number integer boolean mapping
+// sequence iterable callable odd even true false lower upper), string methods (strip lstrip
+// rstrip with characters, split, startswith endswith with a string or a list, replace, upper
+// lower title capitalize), dict methods (get items keys values dictsort), and the globals
+// namespace(), range(), raise_exception() and strftime_now().
 //
 // Where the reference and Python's Jinja differ, kvrt follows the reference, except: strip,
 // lstrip and rstrip honour their characters argument (the reference ignores it and strips
