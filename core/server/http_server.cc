@@ -1,12 +1,14 @@
 #include "core/server/http_server.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -351,23 +353,36 @@ class Session : public std::enable_shared_from_this<Session> {
     write(std::move(res));
   }
 
-  // A client that goes away aborts its request: the socket turning readable with nothing to
-  // read is its close.
+  // A client that goes away aborts its request. Only a close or a reset says so: the socket
+  // turning readable can also be the next bytes of a request not yet whole (python requests
+  // writes headers and body apart) or a wake-up with nothing behind it, so the watch looks with
+  // a non-blocking peek and waits again unless the read would end the stream or fail.
   void watch_disconnect() {
     // A wait left from an earlier exchange on this keep-alive connection fires when the next
     // request's bytes arrive (and are read at once): it must not abort the new one.
     const uint64_t exchange = ++exchange_;
+    rearm_disconnect_watch(exchange);
+  }
+  void rearm_disconnect_watch(uint64_t exchange) {
     stream_.socket().async_wait(
         tcp::socket::wait_read, [self = shared_from_this(), exchange](beast::error_code ec) {
           if (self->unfinished_ == 0 || exchange != self->exchange_) return;
-          beast::error_code e2;
-          const size_t available = self->stream_.socket().available(e2);
-          if (ec || e2 || available == 0) {
-            self->abort_generation("the client disconnected");
-            self->client_gone_ = true;
+          const bool open = !ec && self->peer_open();
+          const size_t available = open ? self->stream_.socket().available(ec) : 0;
+          if (open && !ec) {
+            // Bytes of a pipelined request are left for the next read; nothing yet: wait again.
+            if (available == 0) self->rearm_disconnect_watch(exchange);
+            return;
           }
-          // Bytes of a pipelined request: left for the next read.
+          self->abort_generation("the client disconnected");
+          self->client_gone_ = true;
         });
+  }
+  // False when the peer closed its side (a read would return 0) or reset the connection.
+  bool peer_open() {
+    char byte;
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
   }
 
   void abort_generation(const std::string& reason) {

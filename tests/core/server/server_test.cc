@@ -365,6 +365,39 @@ TEST_F(ServerTest, DisconnectAbortsTheRequest) {
   EXPECT_LT(generated, 2000u);
 }
 
+// python requests (urllib3) writes a request's headers and its body in two sends on a reused
+// keep-alive connection: the body not having arrived yet is not the client going away.
+TEST_F(ServerTest, KeepAliveHeadersAndBodyInTwoWritesAreNeverAborted) {
+  serve({"model.preset=synth-tiny"});
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  stream.socket().set_option(tcp::no_delay(true));
+  const std::string body =
+      json{{"input_ids", {1, 2, 3}}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump();
+  const std::string head = "POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n";
+  beast::flat_buffer buffer;
+  int aborted = 0, answered = 0;
+  for (int i = 0; i < 1000; ++i) {
+    net::write(stream.socket(), net::buffer(head));
+    // Gaps of 0 to 63 us: the body lands while the server is busy with the headers, or after.
+    std::this_thread::sleep_for(std::chrono::microseconds(i % 64));
+    net::write(stream.socket(), net::buffer(body));
+    http::response<http::string_body> res;
+    beast::error_code ec;
+    http::read(stream, buffer, res, ec);
+    ASSERT_FALSE(ec) << "request " << i << ": " << ec.message();
+    ASSERT_EQ(res.result_int(), 200) << res.body();
+    ++answered;
+    const json j = json::parse(res.body());
+    if (j["meta_info"]["finish_reason"]["type"] == "abort") ++aborted;
+  }
+  EXPECT_EQ(answered, 1000);
+  EXPECT_EQ(aborted, 0);
+}
+
 TEST_F(ServerTest, AbortByRid) {
   // synth-bench and 8000 tokens: seconds of decoding, so the abort comes while it runs even on
   // a loaded machine (a request that ends first would leave nothing to abort).
