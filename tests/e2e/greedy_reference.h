@@ -1,16 +1,26 @@
 // What the tests of checkpoints against scripts/reference_forward.py's float64 forward pass
 // share: a prompt's reference greedy ids with each step's top-1 margin, and the check of kvrt's
-// ids against them up to the reference's first near-tie.
+// ids against them up to the reference's first near-tie -- through engines over weights loaded
+// once per test binary (the matrix of stores, TP and page sizes), and through the runtime
+// (build_runtime, which also loads the directory's tokenizer.json: once, as a big one takes
+// seconds).
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "core/exec/engine.h"
+#include "core/exec/generate.h"
+#include "core/model/architecture.h"
+#include "core/model/model_config.h"
+#include "core/plugin/registry.h"
 #include "tests/e2e/model_run.h"
 
 namespace kvrt::e2e {
@@ -41,6 +51,22 @@ inline double smallest_compared_margin(const std::vector<GreedyReference>& refs)
   return least;
 }
 
+// kvrt's greedy ids after each reference prompt, prefilled in chunks of 3 (so prefill also
+// runs over earlier pages), equal the reference's compared steps.
+inline void expect_reference_ids(exec::Engine& engine, const std::vector<GreedyReference>& refs) {
+  for (const GreedyReference& r : refs) {
+    SCOPED_TRACE("prompt of " + std::to_string(r.prompt.size()) + " ids");
+    const size_t n = compared_steps(r);
+    ASSERT_GT(n, 0u);
+    exec::GenerateOptions options;
+    options.max_new_tokens = static_cast<int32_t>(n);
+    options.prefill_chunk = 3;
+    Result<exec::GenerateResult> out = exec::generate(engine, r.prompt, options);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    EXPECT_EQ(out->ids, std::vector<int32_t>(r.ids.begin(), r.ids.begin() + n));
+  }
+}
+
 // The KV stores, TP sizes and page sizes a checkpoint is checked at, and the tests' names.
 using StoreTpPage = std::tuple<std::string, int, int>;
 inline auto stores_tp_pages() {
@@ -52,25 +78,55 @@ inline std::string store_tp_page_name(const ::testing::TestParamInfo<StoreTpPage
          std::to_string(std::get<2>(info.param));
 }
 
-// The checkpoint in `dir` (with `kv_heads` KV heads of `head_dim`) run at `at`: kvrt's greedy
-// ids after each reference prompt equal the reference's compared steps. device.memory fits
-// the f32 embedding of a 150k vocabulary and its bf16 LM head, whole at TP 1.
-inline void expect_reference_ids(const std::string& dir, const StoreTpPage& at,
-                                 const std::vector<GreedyReference>& refs, uint32_t kv_heads,
-                                 uint32_t head_dim) {
-  const auto& [store, tp, page_size] = at;
-  ModelRun run(dir, store, tp, page_size, {"device.memory=\"96MiB\""});
-  ASSERT_TRUE(run.runtime.ok()) << run.runtime.status().message();
-  EXPECT_EQ(run.runtime->geometry.num_kv_heads, kv_heads / static_cast<uint32_t>(tp));
-  EXPECT_EQ(run.runtime->geometry.k_head_dim, head_dim);
-  for (const GreedyReference& r : refs) {
-    SCOPED_TRACE("prompt of " + std::to_string(r.prompt.size()) + " ids");
-    const size_t n = compared_steps(r);
-    ASSERT_GT(n, 0u);
-    Result<exec::GenerateResult> out = greedy(run, r.prompt, static_cast<int>(n));
-    ASSERT_TRUE(out.ok()) << out.status().message();
-    EXPECT_EQ(out->ids, std::vector<int32_t>(r.ids.begin(), r.ids.begin() + n));
+// A checkpoint directory's weights, loaded by its architecture family once for the test
+// binary, and engines over them with real plugins; fails the test (null) on an error.
+class CheckpointEngines {
+ public:
+  explicit CheckpointEngines(const std::string& dir) {
+    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
+    Result<model::ModelConfig> config = model::parse_hf_config(dir + "/config.json");
+    EXPECT_TRUE(config.ok()) << config.status().message();
+    if (!config.ok()) return;
+    bf16_weights_ = config->torch_dtype == "bfloat16";  // as the runtime's dtype "auto"
+    Result<const model::ArchitectureFamily*> family = model::find_architecture(*config);
+    EXPECT_TRUE(family.ok()) << family.status().message();
+    if (!family.ok()) return;
+    Result<std::unique_ptr<model::LoadedWeights>> weights = (*family)->load(dir, 0, 1);
+    EXPECT_TRUE(weights.ok()) << weights.status().message();
+    if (weights.ok()) weights_ = std::move(*weights);
   }
+
+  // An engine at `at` whose pool holds `tokens` tokens.
+  std::unique_ptr<exec::Engine> engine(const StoreTpPage& at, int64_t tokens) {
+    const auto& [store, tp, page_size] = at;
+    if (weights_ == nullptr) return nullptr;
+    exec::EngineOptions o;
+    o.tp = tp;
+    o.page_size = static_cast<uint32_t>(page_size);
+    o.num_pages = static_cast<uint64_t>((tokens + page_size - 1) / page_size);
+    o.bf16_weights = bf16_weights_;
+    Result<const plugin::LoadedPlugin*> kv = registry_.load_kv_store(store);
+    Result<const plugin::LoadedPlugin*> attention = registry_.load("attn_cpu");
+    EXPECT_TRUE(kv.ok() && attention.ok());
+    if (!kv.ok() || !attention.ok()) return nullptr;
+    o.plugins.store = *kv;
+    o.plugins.attention = *attention;
+    Result<std::unique_ptr<exec::Engine>> e = exec::Engine::create(*weights_, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+ private:
+  plugin::Registry registry_;
+  std::unique_ptr<model::LoadedWeights> weights_;
+  bool bf16_weights_ = false;
+};
+
+// The longest reference sequence (prompt and compared steps), what a pool must hold.
+inline int64_t longest_sequence(const std::vector<GreedyReference>& refs) {
+  size_t most = 0;
+  for (const GreedyReference& r : refs) most = std::max(most, r.prompt.size() + compared_steps(r));
+  return static_cast<int64_t>(most);
 }
 
 }  // namespace kvrt::e2e
