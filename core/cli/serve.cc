@@ -14,6 +14,7 @@
 #include "core/config/config.h"
 #include "core/plugin/registry.h"
 #include "core/exec/mpi_group.h"
+#include "core/model/tokenizer.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/server/chat_prompt.h"
@@ -104,7 +105,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   server::ServerInfo info;
   info.model_name = rt.model_name;
   info.model_info = json{{"model_path", rt.model_name},
-                         {"tokenizer_path", cfg.model.path},
+                         {"tokenizer_path", model::model_tokenizer_path(cfg.model.path)},
                          {"is_generation", true},
                          {"vocab_size", rt.model.vocab_size},
                          {"context_length", rt.model.max_position_embeddings},

@@ -563,8 +563,10 @@ std::string to_text(const json& j) {
 }
 
 const std::string& TextStream::update(const std::vector<int32_t>& ids) {
-  if (tokenizer_ == nullptr || ids.size() <= read_) return text_;
-  const std::span<const int32_t> all(ids);
+  if (tokenizer_ == nullptr || context_.size() + ids.size() <= read_) return text_;
+  all_.assign(context_.begin(), context_.end());
+  all_.insert(all_.end(), ids.begin(), ids.end());
+  const std::span<const int32_t> all(all_);
   const std::string before = tokenizer_->decode(all.subspan(prefix_, read_ - prefix_));
   const std::string now = tokenizer_->decode(all.subspan(prefix_));
   if (now.size() <= before.size() || now.compare(0, before.size(), before) != 0) return text_;
@@ -577,12 +579,19 @@ const std::string& TextStream::update(const std::vector<int32_t>& ids) {
   }
   text_.append(fresh);
   prefix_ = read_;
-  read_ = ids.size();
+  read_ = all_.size();
   return text_;
 }
 
 std::string TextStream::finish(const std::vector<int32_t>& ids) const {
-  return tokenizer_ == nullptr ? text_ : tokenizer_->decode(ids);
+  if (tokenizer_ == nullptr) return text_;
+  std::vector<int32_t> all = context_;
+  all.insert(all.end(), ids.begin(), ids.end());
+  const std::string head = tokenizer_->decode(context_);
+  std::string whole = tokenizer_->decode(all);
+  // A context whose last character the output completes: the output alone.
+  if (whole.compare(0, head.size(), head) != 0) return tokenizer_->decode(ids);
+  return whole.substr(head.size());
 }
 
 size_t find_stop(std::string_view text, const std::vector<std::string>& stops,

@@ -116,10 +116,14 @@ std::string to_text(const nlohmann::json& j);
 // whole on every token: each step decodes only the ids since the last emitted character (plus
 // the one before, so a decoder's spacing rules see context), and a character whose bytes are
 // split across tokens is held back until it is whole, so a streamed delta never carries half
-// of one (vLLM's prefix / read offsets).
+// of one (vLLM's prefix / read offsets). The output is decoded after `context`, the prompt's last
+// ids, so that a decoder's rule for a sequence's first piece (a Metaspace decoder dropping its
+// space, as transformers' Llama-2 and Mistral tokenizer.json files do) never eats the output's
+// first space.
 class TextStream {
  public:
-  explicit TextStream(const model::Tokenizer* tokenizer) : tokenizer_(tokenizer) {}
+  explicit TextStream(const model::Tokenizer* tokenizer, std::vector<int32_t> context = {})
+      : tokenizer_(tokenizer), context_(std::move(context)), read_(context_.size()) {}
   // The ids so far (each call one or more longer than the last); returns the text now whole.
   const std::string& update(const std::vector<int32_t>& ids);
   // Every id decoded at once: the exact final text (an unfinished character included).
@@ -128,8 +132,10 @@ class TextStream {
 
  private:
   const model::Tokenizer* tokenizer_;
+  std::vector<int32_t> context_;
+  std::vector<int32_t> all_;  // context_ then the output so far
   std::string text_;
-  size_t prefix_ = 0;  // ids[prefix_, read_) were decoded into the end of text_
+  size_t prefix_ = 0;  // all_[prefix_, read_) were decoded into the end of text_ (or context_)
   size_t read_ = 0;
 };
 

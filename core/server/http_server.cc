@@ -286,7 +286,11 @@ class Session : public std::enable_shared_from_this<Session> {
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[i].size());
       p.stop = call_.stop;
       for (const std::string& stop : p.stop) p.longest_stop = std::max(p.longest_stop, stop.size());
-      p.text.emplace(server_.limits.tokenizer);
+      // The prompt's last ids, as vLLM's incremental detokenizer starts from them.
+      const std::vector<int32_t>& prompt = call_.prompts[i];
+      p.text.emplace(server_.limits.tokenizer,
+                     std::vector<int32_t>(prompt.end() - std::min<size_t>(prompt.size(), 4),
+                                          prompt.end()));
       serve::GenerateRequest r;
       r.id = p.id;
       r.input_ids = call_.prompts[i];

@@ -728,6 +728,35 @@ TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
   EXPECT_EQ(stream.finish(so_far), want + "\xE2");
 }
 
+// A tokenizer.json whose decoder drops a sequence's first space (Mistral's Strip, like
+// Metaspace): the output decoded after the prompt's last ids keeps its first space, streamed and
+// finished alike.
+TEST(TextStream, KeepsTheFirstSpaceOfTheOutputAfterThePrompt) {
+  const std::string dir = std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR")
+                                                                     : ".") +
+                          "/tests/data/tokenizers/mistral";
+  Result<std::unique_ptr<model::Tokenizer>> tok = model::load_model_tokenizer(dir);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  const std::vector<int32_t> ids = (*tok)->encode("Once upon a time, there was", false);
+  ASSERT_GT(ids.size(), 4u);
+  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 2);
+  const std::vector<int32_t> output(ids.begin() + 2, ids.end());
+  const std::string whole = (*tok)->decode(ids), head = (*tok)->decode(prompt);
+  ASSERT_EQ(whole.rfind(head, 0), 0u);
+  const std::string want = whole.substr(head.size());
+  ASSERT_EQ(want[0], ' ') << want;
+  EXPECT_NE((*tok)->decode(output), want);  // alone, the first space is gone
+  TextStream stream(tok->get(), prompt);
+  std::vector<int32_t> so_far;
+  for (int32_t id : output) {
+    so_far.push_back(id);
+    const std::string& text = stream.update(so_far);
+    EXPECT_EQ(want.compare(0, text.size(), text), 0) << text;
+  }
+  EXPECT_EQ(stream.text(), want);
+  EXPECT_EQ(stream.finish(output), want);
+}
+
 // A model directory with a tokenizer_config.json chat template: /v1/chat/completions renders
 // the conversation with it (its BOS text becoming the BOS id), and /tokenize gives the same ids.
 TEST_F(ServerTest, ChatUsesTheModelDirectorysTemplate) {
