@@ -104,8 +104,10 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
   server::ServerInfo info;
   info.model_name = rt.model_name;
+  const std::string tokenizer_path =
+      cfg.model.path.empty() ? "" : model::model_tokenizer_path(cfg.model.path);
   info.model_info = json{{"model_path", rt.model_name},
-                         {"tokenizer_path", model::model_tokenizer_path(cfg.model.path)},
+                         {"tokenizer_path", tokenizer_path},
                          {"is_generation", true},
                          {"vocab_size", rt.model.vocab_size},
                          {"context_length", rt.model.max_position_embeddings},
