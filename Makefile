@@ -82,7 +82,7 @@ test-asan: test-deps
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
 # The threaded parts (the host tier's copy thread, concurrent writes, TP ranks, a FIFO's writer,
-# the HTTP server's network and step threads) under TSan.
+# the HTTP server's network and step threads, the tokenizer's shared merge cache) under TSan.
 # OpenMP and OpenBLAS run one thread each: libgomp's barriers are not instrumented, so TSan
 # would report its workers' reuse of the caller's stack as races.
 test-tsan: deps
@@ -90,10 +90,10 @@ test-tsan: deps
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
 	  engine_test stories260k_test stories260k_scheduler_test tiny_deepseek_v3_test kv_bf16_paged \
-	  kv_fp8_e4m3 kv_f32_paged kv_host_tiered attn_cpu file_test server_test
+	  kv_fp8_e4m3 kv_f32_paged kv_host_tiered attn_cpu file_test server_test hf_tokenizer_test
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|f32|fp8|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest)'
+	  -R '^(conformance\.kv_(bf16|f32|fp8|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest|HfTokenizerReference)'
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan, each run for FUZZ_SECONDS.
 fuzz-build:
