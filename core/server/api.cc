@@ -108,8 +108,9 @@ std::variant<json, ApiError> read_object(std::string_view body) {
 
 // The fields of `j` outside `known`, refused by name.
 std::optional<ApiError> unknown_field(const json& j, std::initializer_list<const char*> known) {
-  for (const auto& [key, value] : j.items()) {
-    if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) ==
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (std::find_if(known.begin(), known.end(), [&key](const char* k) { return key == k; }) ==
         known.end()) {
       return bad(key, "unknown field");
     }
