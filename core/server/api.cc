@@ -608,4 +608,18 @@ size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
   return best;
 }
 
+size_t stop_safe_length(std::string_view text, const std::vector<std::string>& stops) {
+  size_t safe = text.size();
+  for (const std::string& stop : stops) {
+    // The longest proper prefix of `stop` that `text` ends with.
+    for (size_t n = std::min(stop.size() - (stop.empty() ? 0 : 1), text.size()); n > 0; --n) {
+      if (text.compare(text.size() - n, n, stop, 0, n) == 0) {
+        safe = std::min(safe, text.size() - n);
+        break;
+      }
+    }
+  }
+  return safe;
+}
+
 }  // namespace kvrt::server

@@ -142,5 +142,9 @@ class TextStream {
 // The first byte offset of a stop string in `text`, and which one, or npos.
 size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
                  std::string* matched);
+// How much of an unfinished output may be streamed: `text` without its longest suffix that is
+// the start of a stop string (the rest may yet complete one, and a stop string is never sent),
+// as vLLM and SGLang hold it back. A match inside `text` is find_stop's to cut.
+size_t stop_safe_length(std::string_view text, const std::vector<std::string>& stops);
 
 }  // namespace kvrt::server

@@ -499,16 +499,23 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // One server-sent event with the cumulative text and the new output ids, as SGLang sends.
   void stream_chunk(Pending& p) {
+    // An unfinished output's text stops short of what may be the start of a stop string.
+    const size_t shown =
+        p.result.finished ? p.result.text.size() : stop_safe_length(p.result.text, p.stop);
     if (call_.dialect != Dialect::kGenerate) {
-      const std::string& text = p.result.text;
-      const std::string delta = text.size() > p.sent_text ? text.substr(p.sent_text) : "";
+      const std::string_view text = std::string_view(p.result.text).substr(0, shown);
+      const std::string delta =
+          text.size() > p.sent_text ? std::string(text.substr(p.sent_text)) : "";
       p.sent_text = std::max(p.sent_text, text.size());
       if (delta.empty() && !p.result.finished) return;
       send_chunk("data: " + to_text(openai_chunk(call_, p.result, delta, openai_id(p), created_)) +
                  "\n\n");
       return;
     }
+    std::string text = std::move(p.result.text);
+    p.result.text = text.substr(0, shown);
     const json event = generate_json(p.result, p.sent_ids);
+    p.result.text = std::move(text);
     p.sent_ids = p.result.output_ids.size();
     send_chunk("data: " + to_text(event) + "\n\n");
   }

@@ -37,6 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     r.finished = true;
     std::string matched;
     (void)kvrt::server::find_stop(r.text, c.stop, &matched);
+    (void)kvrt::server::stop_safe_length(r.text, c.stop);
     (void)kvrt::server::to_text(kvrt::server::generate_json(r));
     (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
     (void)kvrt::server::to_text(kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0));

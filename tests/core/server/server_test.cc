@@ -256,6 +256,46 @@ TEST_F(ServerTest, StopStringEndsTheTextBeforeIt) {
   EXPECT_EQ(j["meta_info"]["finish_reason"]["matched"], "girl");
 }
 
+// A stream never sends part of a stop string: the streamed text, /generate's cumulative events
+// and OpenAI's deltas alike, equals the answer without streaming (issue 27).
+TEST_F(ServerTest, StreamedTextHoldsBackWhatMayBeAStopString) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  const json sp = {{"max_new_tokens", 27}, {"stop", {" girl"}}};
+  Reply plain = post(port_, "/generate", {{"text", "Once upon a time"}, {"sampling_params", sp}});
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const std::string want = plain.json_body()["text"];
+  EXPECT_EQ(want, ", there was a little");
+  Reply r = post(port_, "/generate",
+                 {{"text", "Once upon a time"}, {"stream", true}, {"sampling_params", sp}});
+  ASSERT_EQ(r.status, 200);
+  bool done = false;
+  const std::vector<json> events = events_of(r.body, &done);
+  ASSERT_FALSE(events.empty());
+  for (const json& e : events) {
+    const std::string text = e["text"];
+    EXPECT_EQ(want.compare(0, text.size(), text), 0) << "sent " << text;
+  }
+  EXPECT_EQ(events.back()["text"], want);
+  Reply c = post(port_, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 27},
+                                            {"stop", {" girl"}}, {"stream", true}});
+  ASSERT_EQ(c.status, 200);
+  std::string deltas;
+  for (const json& e : events_of(c.body, &done)) {
+    deltas += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(deltas, want);
+}
+
+TEST(StopSafeLength, HoldsBackTheLongestStartOfAStopString) {
+  EXPECT_EQ(stop_safe_length("a little gir", {" girl"}), 8u);
+  EXPECT_EQ(stop_safe_length("a littl", {" girl", "little girl"}), 2u);  // the longest wins
+  EXPECT_EQ(stop_safe_length("a little", {" girl"}), 8u);
+  EXPECT_EQ(stop_safe_length("a little ", {" girl"}), 8u);
+  EXPECT_EQ(stop_safe_length("abc", {}), 3u);
+  EXPECT_EQ(stop_safe_length("", {"x"}), 0u);
+}
+
 // Every bad body is a 400 naming the field; the server stays up for the next request.
 TEST_F(ServerTest, BadInputIsA400NamingTheField) {
   serve({"model.preset=synth-tiny"});
