@@ -119,6 +119,28 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(server_.options.max_body_bytes);
     stream_.expires_after(kIdleTimeout);
+    // The header first: a client that sends "Expect: 100-continue" waits for the interim answer
+    // before its body (curl does for bodies over 1 MiB).
+    http::async_read_header(stream_, buffer_, *parser_,
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->on_read(ec, n);
+                              self->read_body();
+                            });
+  }
+  void read_body() {
+    const auto& head = parser_->get();
+    auto expect = head.find(http::field::expect);
+    if (expect != head.end() && beast::iequals(expect->value(), "100-continue") &&
+        head.version() >= 11 && !parser_->is_done()) {
+      auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      return net::async_write(stream_, net::buffer(*interim),
+                              [self = shared_from_this(), interim](beast::error_code ec, size_t) {
+                                if (ec) return self->shutdown_write();
+                                http::async_read(self->stream_, self->buffer_, *self->parser_,
+                                                 beast::bind_front_handler(&Session::on_read,
+                                                                           self));
+                              });
+    }
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&Session::on_read, shared_from_this()));
   }
@@ -341,8 +363,13 @@ class Session : public std::enable_shared_from_this<Session> {
       });
     }
     if (call_.stream) {
-      send_raw("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-               "Transfer-Encoding: chunked\r\nConnection: " +
+      // HTTP/1.0 has no chunked encoding: the events go out as they are and the connection's
+      // close ends them.
+      chunked_ = request_.version() >= 11;
+      if (!chunked_) keep_alive_ = false;
+      send_raw(std::string(chunked_ ? "HTTP/1.1" : "HTTP/1.0") +
+               " 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" +
+               (chunked_ ? "Transfer-Encoding: chunked\r\n" : "") + "Connection: " +
                std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
     }
     watch_disconnect();
@@ -470,7 +497,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (call_.stream) {
       stream_chunk(p);
       send_chunk("data: [DONE]\n\n");
-      send_raw("0\r\n\r\n");
+      if (chunked_) send_raw("0\r\n\r\n");
       after_response();
       return;
     }
@@ -521,6 +548,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void send_chunk(const std::string& data) {
+    if (!chunked_) return send_raw(data);
     char size[20];
     const auto end = std::to_chars(size, size + sizeof size, data.size(), 16).ptr;
     std::string bytes;
@@ -605,6 +633,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   bool keep_alive_ = true;
+  bool chunked_ = true;  // a stream's events in chunked encoding (HTTP/1.1)
   bool closing_ = false;
   bool client_gone_ = false;
   bool health_ = false;

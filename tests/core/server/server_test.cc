@@ -296,6 +296,58 @@ TEST(StopSafeLength, HoldsBackTheLongestStartOfAStopString) {
   EXPECT_EQ(stop_safe_length("", {"x"}), 0u);
 }
 
+// HTTP/1.0 cannot read chunked encoding: a stream is answered with the events as they are and
+// the connection closed at the end.
+TEST_F(ServerTest, Http10StreamIsSentWithoutChunksAndClosed) {
+  serve({"model.preset=synth-tiny"});
+  net::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  const std::string body =
+      json{{"input_ids", {1, 2, 3}},
+           {"stream", true},
+           {"sampling_params", {{"max_new_tokens", 4}, {"ignore_eos", true}}}}
+          .dump();
+  net::write(socket, net::buffer("POST /generate HTTP/1.0\r\nContent-Length: " +
+                                 std::to_string(body.size()) + "\r\n\r\n" + body));
+  std::string answer;
+  beast::error_code ec;
+  net::read(socket, net::dynamic_buffer(answer), ec);  // to the server's close
+  EXPECT_EQ(ec, net::error::eof) << ec.message();
+  EXPECT_EQ(answer.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << answer;
+  EXPECT_EQ(answer.find("Transfer-Encoding"), std::string::npos) << answer;
+  const std::string events = answer.substr(answer.find("\r\n\r\n") + 4);
+  EXPECT_EQ(events.rfind("data: {", 0), 0u) << events;
+  bool done = false;
+  std::vector<int32_t> ids;
+  for (const json& e : events_of(events, &done)) {
+    for (int32_t id : ids_of(e)) ids.push_back(id);
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(ids.size(), 4u);
+}
+
+// "Expect: 100-continue" is answered before the client sends its body.
+TEST_F(ServerTest, ExpectContinueIsAnswered) {
+  serve({"model.preset=synth-tiny"});
+  net::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  const std::string body =
+      json{{"input_ids", {1, 2, 3}}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump();
+  net::write(socket, net::buffer("POST /generate HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                 "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
+  std::string interim;
+  net::read_until(socket, net::dynamic_buffer(interim), "\r\n\r\n");
+  EXPECT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  net::write(socket, net::buffer(body));
+  beast::flat_buffer buffer;
+  http::response<http::string_body> res;
+  http::read(socket, buffer, res);
+  EXPECT_EQ(res.result_int(), 200) << res.body();
+  EXPECT_EQ(json::parse(res.body())["meta_info"]["completion_tokens"], 2);
+}
+
 // Every bad body is a 400 naming the field; the server stays up for the next request.
 TEST_F(ServerTest, BadInputIsA400NamingTheField) {
   serve({"model.preset=synth-tiny"});
