@@ -118,6 +118,21 @@ std::optional<ApiError> unknown_field(const json& j, std::initializer_list<const
   return std::nullopt;
 }
 
+// The prompt ids of j["messages"] through the served chat template (kvrt's default when the
+// server has none), as /v1/chat/completions and /tokenize both read them.
+std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const ModelLimits& limits,
+                                                      bool add_generation_prompt) {
+  auto messages = read_chat_messages(j);
+  if (auto* e = std::get_if<ApiError>(&messages)) return *e;
+  if (limits.tokenizer == nullptr) return bad("messages", "the model has no tokenizer");
+  static const ChatFormat kDefault;
+  Result<std::vector<int32_t>> ids =
+      chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
+                      std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
+  if (!ids.ok()) return bad("messages", ids.status().message());
+  return std::move(*ids);
+}
+
 std::optional<ApiError> read_bool(const json& j, const char* key, bool* out) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   if (!j[key].is_boolean()) return bad(key, "expected a boolean, found " + type_name(j[key]));
@@ -152,14 +167,9 @@ std::variant<json, ApiError> tokenize_json(std::string_view body, const ModelLim
       return bad("add_special_tokens", "true is not supported with messages: the chat template "
                                        "writes the special tokens");
     }
-    auto messages = read_chat_messages(j);
-    if (auto* e = std::get_if<ApiError>(&messages)) return *e;
-    static const ChatFormat kDefault;
-    Result<std::vector<int32_t>> rendered = chat_prompt_ids(
-        limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
-        std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
-    if (!rendered.ok()) return bad("messages", rendered.status().message());
-    ids = std::move(*rendered);
+    auto rendered = chat_ids(j, limits, add_generation_prompt);
+    if (auto* e = std::get_if<ApiError>(&rendered)) return *e;
+    ids = std::get<std::vector<int32_t>>(std::move(rendered));
   } else {
     if (!j["prompt"].is_string()) {
       return bad("prompt", "expected a string, found " + type_name(j["prompt"]));
@@ -202,13 +212,10 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   auto parsed = read_object(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& j = std::get<json>(parsed);
-  static const char* const kKnown[] = {"text", "input_ids", "sampling_params", "stream", "rid",
-                                       "return_logprob", "logprob_start_len", "top_logprobs_num",
-                                       "return_text_in_logprobs", "modalities"};
-  for (const auto& item : j.items()) {
-    bool known = false;
-    for (const char* k : kKnown) known |= item.key() == k;
-    if (!known) return bad(item.key(), "unknown field");
+  if (auto e = unknown_field(
+          j, {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob",
+              "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "modalities"})) {
+    return *e;
   }
   if (j.contains("return_logprob") && j["return_logprob"] == true) {
     return bad("return_logprob", "log probabilities are not supported yet");
@@ -429,16 +436,9 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   json generate = {{"sampling_params", std::get<json>(sampling)}};
   if (j.contains("stream")) generate["stream"] = j["stream"];
   if (chat) {
-    auto messages = read_chat_messages(j);
-    if (auto* e = std::get_if<ApiError>(&messages)) return *e;
-    if (limits.tokenizer == nullptr) return bad("messages", "the model has no tokenizer");
-    static const ChatFormat kDefault;
-    Result<std::vector<int32_t>> ids =
-        chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
-                        std::get<std::vector<ChatMessage>>(messages),
-                        /*add_generation_prompt=*/true);
-    if (!ids.ok()) return bad("messages", ids.status().message());
-    generate["input_ids"] = *ids;
+    auto ids = chat_ids(j, limits, /*add_generation_prompt=*/true);
+    if (auto* e = std::get_if<ApiError>(&ids)) return *e;
+    generate["input_ids"] = std::get<std::vector<int32_t>>(ids);
   } else {
     if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
     const json& p = j["prompt"];
@@ -563,13 +563,22 @@ std::string to_text(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+std::vector<int32_t> TextStream::window(const std::vector<int32_t>& ids, size_t from) const {
+  std::vector<int32_t> w;
+  if (from < context_.size())
+    w.assign(context_.begin() + static_cast<ptrdiff_t>(from), context_.end());
+  const size_t skip = from > context_.size() ? from - context_.size() : 0;
+  w.insert(w.end(), ids.begin() + static_cast<ptrdiff_t>(skip), ids.end());
+  return w;
+}
+
 const std::string& TextStream::update(const std::vector<int32_t>& ids) {
-  if (tokenizer_ == nullptr || context_.size() + ids.size() <= read_) return text_;
-  all_.assign(context_.begin(), context_.end());
-  all_.insert(all_.end(), ids.begin(), ids.end());
-  const std::span<const int32_t> all(all_);
-  const std::string before = tokenizer_->decode(all.subspan(prefix_, read_ - prefix_));
-  const std::string now = tokenizer_->decode(all.subspan(prefix_));
+  const size_t total = context_.size() + ids.size();
+  if (tokenizer_ == nullptr || total <= read_) return text_;
+  const std::vector<int32_t> w = window(ids, prefix_);
+  const std::span<const int32_t> all(w);
+  const std::string before = tokenizer_->decode(all.first(read_ - prefix_));
+  const std::string now = tokenizer_->decode(all);
   if (now.size() <= before.size() || now.compare(0, before.size(), before) != 0) return text_;
   const std::string_view fresh = std::string_view(now).substr(before.size());
   // A character cut between tokens: an incomplete sequence, or the decoder's U+FFFD for one.
@@ -580,16 +589,14 @@ const std::string& TextStream::update(const std::vector<int32_t>& ids) {
   }
   text_.append(fresh);
   prefix_ = read_;
-  read_ = all_.size();
+  read_ = total;
   return text_;
 }
 
 std::string TextStream::finish(const std::vector<int32_t>& ids) const {
   if (tokenizer_ == nullptr) return text_;
-  std::vector<int32_t> all = context_;
-  all.insert(all.end(), ids.begin(), ids.end());
   const std::string head = tokenizer_->decode(context_);
-  std::string whole = tokenizer_->decode(all);
+  std::string whole = tokenizer_->decode(window(ids, 0));
   // A context whose last character the output completes: the output alone.
   if (whole.compare(0, head.size(), head) != 0) return tokenizer_->decode(ids);
   return whole.substr(head.size());

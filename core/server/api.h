@@ -131,11 +131,15 @@ class TextStream {
   const std::string& text() const { return text_; }
 
  private:
+  // Positions [from, end) of context_ followed by ids.
+  std::vector<int32_t> window(const std::vector<int32_t>& ids, size_t from) const;
+
   const model::Tokenizer* tokenizer_;
   std::vector<int32_t> context_;
-  std::vector<int32_t> all_;  // context_ then the output so far
   std::string text_;
-  size_t prefix_ = 0;  // all_[prefix_, read_) were decoded into the end of text_ (or context_)
+  // Positions in context_ then the output: [prefix_, read_) were decoded into the end of text_
+  // (or are the context).
+  size_t prefix_ = 0;
   size_t read_ = 0;
 };
 
