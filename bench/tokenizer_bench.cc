@@ -10,12 +10,11 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/model/hf_tokenizer.h"
 #include "core/model/tokenizer.h"
+#include "core/util/file.h"
 
 namespace {
 
@@ -29,11 +28,11 @@ fs::path source_dir() {
   return root == nullptr ? fs::path(".") : fs::path(root);
 }
 
+// A data file's bytes (util::read_file, bounded as any file kvrt reads); "" when unreadable.
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  kvrt::Result<std::string> text =
+      kvrt::util::read_file(path.string(), kvrt::util::kEvalCorpusFile);
+  return text.ok() ? std::move(*text) : std::string();
 }
 
 // text repeated (whole copies, then a cut) to kTextBytes; "" when text is.

@@ -12,10 +12,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
 #include "core/model/tokenizer.h"
+#include "core/util/file.h"
 
 namespace kvrt::model {
 namespace {
@@ -29,11 +29,9 @@ std::string source_dir() {
   return root == nullptr ? "" : root;
 }
 
+// A test data file's bytes (util::read_file, bounded as any file kvrt reads).
 std::string read_text(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+  return util::read_file(path.string(), util::kTokenizerFile).value();
 }
 
 std::string shorten(const std::string& text) {
