@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -123,6 +124,25 @@ class CheckpointEngines {
 };
 
 // The longest reference sequence (prompt and compared steps), what a pool must hold.
+// A suite over one checkpoint of ../shared/models (Checkpoint::kName) for every store, TP size
+// and page size, its engines built once for the suite; each case skips when it is absent.
+template <typename Checkpoint>
+class CheckpointSuite : public ::testing::TestWithParam<StoreTpPage> {
+ public:
+  static std::string dir() { return shared_model_dir(Checkpoint::kName); }
+  static bool present() { return std::filesystem::exists(dir() + "/model.safetensors"); }
+
+ protected:
+  static void SetUpTestSuite() {
+    if (present()) engines_ = std::make_unique<CheckpointEngines>(dir());
+  }
+  static void TearDownTestSuite() { engines_.reset(); }
+  void SetUp() override {
+    if (!present()) GTEST_SKIP() << Checkpoint::kName << " not found at " << dir();
+  }
+  static inline std::unique_ptr<CheckpointEngines> engines_;
+};
+
 inline int64_t longest_sequence(const std::vector<GreedyReference>& refs) {
   size_t most = 0;
   for (const GreedyReference& r : refs) most = std::max(most, r.prompt.size() + compared_steps(r));

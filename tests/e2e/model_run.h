@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,12 @@
 #include "core/runtime/runtime.h"
 
 namespace kvrt::e2e {
+
+// ../shared/models/<name> from the source tree ($KVRT_SOURCE_DIR, else the working directory).
+inline std::string shared_model_dir(const std::string& name) {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  return std::string(root != nullptr ? root : ".") + "/../shared/models/" + name;
+}
 
 // A runtime for the model in `dir` with these settings; the registry outlives it.
 struct ModelRun {

@@ -26,10 +26,7 @@ namespace {
 const std::vector<int32_t> kPrompt = {1, 403, 407, 261, 378};
 const std::vector<int32_t> kExpected = {128, 433, 255, 410, 283, 141, 224, 335, 317, 400, 81, 439};
 
-std::string model_dir() {
-  const char* root = std::getenv("KVRT_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/../shared/models/tiny-deepseek-v3";
-}
+std::string model_dir() { return e2e::shared_model_dir("tiny-deepseek-v3"); }
 
 bool have_model() { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
 

@@ -8,8 +8,6 @@
 // compared; the smallest margin crossed is 0.0185 logits (the long prompt's step 14).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -21,12 +19,12 @@
 namespace kvrt {
 namespace {
 
-std::string model_dir() {
-  const char* root = std::getenv("KVRT_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/../shared/models/tiny-llama3";
-}
+struct Checkpoint {
+  static constexpr const char* kName = "tiny-llama3";
+};
 
-bool have_model() { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
+std::string model_dir() { return e2e::CheckpointSuite<Checkpoint>::dir(); }
+bool have_model() { return e2e::CheckpointSuite<Checkpoint>::present(); }
 
 // rope_scaling llama3 divides the low frequencies by 32, interpolates the middle band and keeps
 // the high ones, as transformers' _compute_llama3_parameters (the reference's numbers).
@@ -56,17 +54,7 @@ TEST(TinyLlama3Reference, ComparesEveryStep) {
               e2e::smallest_compared_margin(e2e::kTinyLlama3Reference));
 }
 
-class TinyLlama3Run : public ::testing::TestWithParam<e2e::StoreTpPage> {
- protected:
-  static void SetUpTestSuite() {
-    if (have_model()) engines_ = std::make_unique<e2e::CheckpointEngines>(model_dir());
-  }
-  static void TearDownTestSuite() { engines_.reset(); }
-  void SetUp() override {
-    if (!have_model()) GTEST_SKIP() << "tiny-llama3 not found at " << model_dir();
-  }
-  static inline std::unique_ptr<e2e::CheckpointEngines> engines_;
-};
+using TinyLlama3Run = e2e::CheckpointSuite<Checkpoint>;
 
 TEST_P(TinyLlama3Run, GreedyIdsMatchTheReference) {
   std::unique_ptr<exec::Engine> engine =

@@ -8,8 +8,6 @@
 // 10).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -20,12 +18,12 @@
 namespace kvrt {
 namespace {
 
-std::string model_dir() {
-  const char* root = std::getenv("KVRT_SOURCE_DIR");
-  return std::string(root != nullptr ? root : ".") + "/../shared/models/tiny-qwen3";
-}
+struct Checkpoint {
+  static constexpr const char* kName = "tiny-qwen3";
+};
 
-bool have_model() { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
+std::string model_dir() { return e2e::CheckpointSuite<Checkpoint>::dir(); }
+bool have_model() { return e2e::CheckpointSuite<Checkpoint>::present(); }
 
 // Issue 26's smoke check, which the reference reproduces.
 const std::vector<int32_t> kIssueIds = {121628, 114159, 148887, 25823, 91299, 46495, 24730, 98791};
@@ -38,17 +36,7 @@ TEST(TinyQwen3Reference, StartsWithTheIssuesIdsAndComparesEveryStep) {
               e2e::compared_steps(r), e2e::smallest_compared_margin(e2e::kTinyQwen3Reference));
 }
 
-class TinyQwen3 : public ::testing::TestWithParam<e2e::StoreTpPage> {
- protected:
-  static void SetUpTestSuite() {
-    if (have_model()) engines_ = std::make_unique<e2e::CheckpointEngines>(model_dir());
-  }
-  static void TearDownTestSuite() { engines_.reset(); }
-  void SetUp() override {
-    if (!have_model()) GTEST_SKIP() << "tiny-qwen3 not found at " << model_dir();
-  }
-  static inline std::unique_ptr<e2e::CheckpointEngines> engines_;
-};
+using TinyQwen3 = e2e::CheckpointSuite<Checkpoint>;
 
 TEST_P(TinyQwen3, GreedyIdsMatchTheReference) {
   std::unique_ptr<exec::Engine> engine =
