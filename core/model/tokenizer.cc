@@ -207,16 +207,17 @@ std::string model_tokenizer_path(const std::string& dir) {
 
 Result<std::unique_ptr<Tokenizer>> load_model_tokenizer(const std::string& dir) {
   namespace fs = std::filesystem;
-  const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
-  const std::string model_path = (fs::path(dir) / "tokenizer.model").string();
+  const std::string path = model_tokenizer_path(dir);
   const std::string config_path = (fs::path(dir) / "tokenizer_config.json").string();
   std::error_code ec;
   const bool has_config = fs::exists(config_path, ec);
-  if (fs::exists(json_path, ec)) return load_hf_tokenizer(json_path, has_config ? config_path : "");
-  if (!fs::exists(model_path, ec)) {
+  if (fs::path(path).filename() == "tokenizer.json") {
+    return load_hf_tokenizer(path, has_config ? config_path : "");
+  }
+  if (!fs::exists(path, ec)) {
     return Status::NotFound(dir + ": no tokenizer.json or tokenizer.model in this directory");
   }
-  Result<std::unique_ptr<SentencePieceTokenizer>> sp = open_sentencepiece(model_path);
+  Result<std::unique_ptr<SentencePieceTokenizer>> sp = open_sentencepiece(path);
   if (!sp.ok()) return sp.status();
   if (has_config) {
     Result<TokenizerConfig> config = read_tokenizer_config(config_path);
