@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/exec/backend.h"
+#include "core/parallel/backend.h"
 
 namespace kvrt::exec {
 

@@ -25,7 +25,7 @@
 #include <tuple>
 #include <vector>
 
-#include "core/exec/backend.h"
+#include "core/parallel/backend.h"
 #include "core/util/status.h"
 
 namespace kvrt::exec {

@@ -220,8 +220,8 @@ Status Engine::lead(uint64_t op, std::span<const uint8_t> payload, size_t extra_
     return s;
   }
   Communicator& comm = local_->communicator();
-  // A collective that fails leaves the group unusable (communicator.h): later commands say so
-  // instead of waiting on ranks that may have left.
+  // A collective that fails leaves the group unusable (core/parallel/communicator.h): later
+  // commands say so instead of waiting on ranks that may have left.
   auto broke = [this](const Status& s) {
     broken_ = s.WithContext("the TP group failed; the engine cannot step again");
     return broken_;

@@ -1,10 +1,11 @@
 // The execution engine: a model sharded over TP ranks, each a RankExecutor (architecture +
 // backend + its KV store and attention handle + its communicator), stepping together. Where the
-// ranks run is the TP group's (tp_group.h): threads of this process, or one process each under
-// an MPI launcher. Rank 0 leads: it takes the caller's batches and KV-tier requests and
-// broadcasts each as a command (bytes) to the other ranks, which follow -- on threads of their
-// own here, or in follow() in their own processes -- so the same loop serves both. It knows
-// nothing of requests or scheduling: the caller owns page allocation and hands it batches.
+// ranks run is the TP group's (core/parallel/tp_group.h): threads of this process, or one
+// process each under an MPI launcher. Rank 0 leads: it takes the caller's batches and KV-tier
+// requests and broadcasts each as a command (bytes) to the other ranks, which follow -- on
+// threads of their own here, or in follow() in their own processes -- so the same loop serves
+// both. It knows nothing of requests or scheduling: the caller owns page allocation and hands it
+// batches.
 #pragma once
 
 #include <functional>

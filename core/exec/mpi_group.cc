@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/model/parallel.h"
+#include "core/parallel/shard.h"
 #include "kernels/cpu/convert.h"
 
 namespace kvrt::exec {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/exec/tp_group.h"
+#include "core/parallel/tp_group.h"
 #include "core/util/status.h"
 
 namespace kvrt::exec {

@@ -4,7 +4,7 @@
 // MpiGroup: one rank per process) and keeps using that group's communicators for host buffers,
 // so the engine's commands, statuses and logits travel as before.
 //
-// What differs from the threads' and MPI's communicators (communicator.h):
+// What differs from the threads' and MPI's communicators (core/parallel/communicator.h):
 // - Each call goes where its buffer lives (cudaPointerGetAttributes): device and managed memory
 //   through NCCL on the given stream (nullptr: the legacy default stream), host memory, pinned
 //   or not, through the inner communicator (broadcast_idle always). Every rank must pass the
@@ -24,7 +24,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/exec/tp_group.h"
+#include "core/parallel/tp_group.h"
 #include "core/util/status.h"
 
 // nccl.h's ncclComm_t is a pointer to this: users of this header need no NCCL include.

@@ -8,10 +8,10 @@
 #include <memory>
 #include <vector>
 
-#include "core/exec/backend.h"
 #include "core/exec/batch.h"
-#include "core/exec/communicator.h"
 #include "core/model/architecture.h"
+#include "core/parallel/backend.h"
+#include "core/parallel/communicator.h"
 #include "core/plugin/attention.h"
 #include "core/plugin/kv_store.h"
 #include "core/util/status.h"

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/exec/communicator.h"
-#include "core/exec/tp_group.h"
+#include "core/parallel/communicator.h"
+#include "core/parallel/tp_group.h"
 
 namespace kvrt::exec {
 

@@ -1,5 +1,5 @@
 // The architecture interface: one model family's tensors, how they shard over TP ranks, and a
-// step's forward written in a compute backend's ops (core/exec/backend.h). One instance holds
+// step's forward written in a compute backend's ops (core/parallel/backend.h). One instance holds
 // one rank's shard. Llama-family models (Llama, Mistral, Qwen2, Qwen3) are llama.h, DeepSeek-V3's
 // MLA + MoE deepseek_v3.h; a new family is a new file registered in architecture.cc, with no
 // change to the others or to the backends.
@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-#include "core/exec/backend.h"
-#include "core/exec/communicator.h"
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
+#include "core/parallel/backend.h"
+#include "core/parallel/communicator.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "core/model/architecture.h"
-#include "core/model/parallel.h"
+#include "core/parallel/shard.h"
 
 namespace kvrt::model {
 

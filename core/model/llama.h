@@ -9,7 +9,7 @@
 #pragma once
 
 #include "core/model/architecture.h"
-#include "core/model/parallel.h"
+#include "core/parallel/shard.h"
 
 namespace kvrt::model {
 

@@ -9,9 +9,9 @@
 #include <span>
 #include <vector>
 
-#include "core/exec/backend.h"
-#include "core/exec/communicator.h"
-#include "core/model/parallel.h"
+#include "core/parallel/backend.h"
+#include "core/parallel/communicator.h"
+#include "core/parallel/shard.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {

@@ -11,7 +11,7 @@
 
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
-#include "core/model/parallel.h"
+#include "core/parallel/shard.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {

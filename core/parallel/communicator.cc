@@ -1,6 +1,6 @@
-#include "core/exec/communicator.h"
+#include "core/parallel/communicator.h"
 
-#include "core/model/parallel.h"
+#include "core/parallel/shard.h"
 
 namespace kvrt::exec {
 

@@ -1,12 +1,12 @@
 // Where a TP group's ranks run. The engine asks its group which ranks this process runs and for
-// each one's communicator: every rank, as threads (ThreadGroup, thread_communicator.h), or one
-// rank per process under an MPI launcher (MpiGroup, mpi_group.h).
+// each one's communicator: every rank, as threads (ThreadGroup, core/exec/thread_communicator.h),
+// or one rank per process under an MPI launcher (MpiGroup, core/exec/mpi_group.h).
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "core/exec/communicator.h"
+#include "core/parallel/communicator.h"
 
 namespace kvrt::exec {
 

@@ -1,7 +1,7 @@
 // The compute backend interface: where one rank's tensors live and the operations a layer's
 // forward is written in. An architecture (core/model/architecture.h) composes these ops and
 // never touches a BLAS, OpenMP or device memory itself, so a CUDA backend is an implementation
-// of this interface, not a change to the models. The CPU backend is cpu_backend.h.
+// of this interface, not a change to the models. The CPU backend is core/exec/cpu_backend.h.
 //
 // Buffers and matrices are the backend's (device memory on a GPU); pointers into them are only
 // passed back to the backend, to the communicator and to the plugins. Host-side arrays (token
@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "core/exec/communicator.h"
+#include "core/parallel/communicator.h"
 #include "kvrt/abi.h"
 
 namespace kvrt::exec {

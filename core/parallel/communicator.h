@@ -1,7 +1,8 @@
 // A communicator is one rank's handle on its tensor-parallel group, in the shape of NCCL's and
 // MPI's: created once per rank, collectives over typed buffers with a count and a stream. The
-// forward pass only sees this interface; threads in one process (thread_communicator.h) are one
-// implementation, MPI across processes and NCCL across GPUs are others.
+// forward pass only sees this interface; threads in one process
+// (core/exec/thread_communicator.h) are one implementation, MPI across processes and NCCL across
+// GPUs are others.
 //
 // Every rank of the group must call the same collectives in the same order with the same counts
 // (as with NCCL). A collective that fails returns the error on the ranks that see it; the group
