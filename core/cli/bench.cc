@@ -10,7 +10,6 @@
 #include <thread>
 #include <unordered_map>
 
-#include "core/sched/abort_reason.h"
 
 namespace kvrt::bench {
 namespace {
@@ -90,7 +89,7 @@ Status nothing_measured(const BenchReport& report) {
 
 void count_abort(const std::string& why, BenchReport* report) {
   ++report->aborted;
-  ++report->abort_reasons[why.empty() ? "no reason given" : sched::without_request_id(why)];
+  ++report->abort_reasons[why.empty() ? "no reason given" : why];
 }
 
 void follow_conversation(WorkloadPlan& plan, const WorkloadSpec& workload, int64_t conversation,
@@ -112,6 +111,7 @@ namespace {
 struct InFlight {
   Clock::time_point sent, last;
   bool has_token = false;
+  std::vector<int32_t> tokens;  // the prompt, then every token so far (a next turn's start)
 };
 
 }  // namespace
@@ -163,39 +163,43 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   std::vector<double>& e2e = samples.e2e;
   std::vector<double>& effective = samples.effective;
 
-  core.on_token([&](const sched::Request& r, int32_t) {
+  // What the workload's client hears of request `id`: each output's tokens (TTFT, ITL), then its
+  // end, which may send the conversation's next turn.
+  auto on_output = [&](uint64_t id, const serve::RequestOutput& out) {
     const Clock::time_point now = Clock::now();
-    InFlight& f = in_flight[r.spec.id];
-    if (r.output_len() == 1) {
-      ttft.push_back(seconds(now - f.sent));
-    } else if (f.has_token) {
-      itl.push_back(seconds(now - f.last));
+    auto it = in_flight.find(id);
+    if (it == in_flight.end()) return;
+    InFlight& f = it->second;
+    for (size_t k = 0; k < out.new_ids.size(); ++k) {
+      if (!f.has_token) {
+        ttft.push_back(seconds(now - f.sent));
+      } else {
+        itl.push_back(k == 0 ? seconds(now - f.last) : 0.0);  // ids of one step arrive together
+      }
+      f.last = now;
+      f.has_token = true;
     }
-    f.last = now;
-    f.has_token = true;
-  });
-  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
-    const Clock::time_point now = Clock::now();
-    auto it = in_flight.find(r.spec.id);
-    if (kind == sched::FinishKind::kAborted) {
-      count_abort(why, &report);
+    f.tokens.insert(f.tokens.end(), out.new_ids.begin(), out.new_ids.end());
+    if (!out.finished) return;
+    const bool done = serve::completed(out.finish_reason);
+    if (!done) {
+      count_abort(out.message, &report);
     } else {
       ++report.completed;
-      if (it != in_flight.end()) {
-        const double latency = seconds(now - it->second.sent);
-        e2e.push_back(latency);
-        if (latency > 0) effective.push_back(static_cast<double>(r.output_len()) / latency);
-      }
+      const double latency = seconds(now - f.sent);
+      e2e.push_back(latency);
+      if (latency > 0) effective.push_back(static_cast<double>(out.output_tokens) / latency);
     }
-    if (it != in_flight.end()) in_flight.erase(it);
-    auto t = turn_of.find(r.spec.id);
+    std::vector<int32_t> so_far = std::move(f.tokens);
+    in_flight.erase(it);
+    auto t = turn_of.find(id);
     if (t != turn_of.end()) {
-      follow_conversation(plan, workload, t->second.first, t->second.second,
-                          kind != sched::FinishKind::kAborted, r.tokens, &ready, &report);
+      follow_conversation(plan, workload, t->second.first, t->second.second, done,
+                          std::move(so_far), &ready, &report);
       turn_of.erase(t);
     }
     if (options.progress) options.progress(report.completed + report.aborted, report.requests);
-  });
+  };
   TimelineRecorder timeline(options.timeline_interval_s);
 
   double running_sum = 0, usage_sum = 0, queue_sum = 0;
@@ -209,10 +213,24 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     spec.id = p.id;
     spec.input_ids = std::move(p.prompt);
     spec.max_new_tokens = p.max_new_tokens;
-    in_flight[p.id] = InFlight{Clock::now(), {}, false};
-    if (p.conversation >= 0) turn_of[p.id] = {p.conversation, p.turn};
+    InFlight& f = in_flight[p.id];
+    f = InFlight{Clock::now(), {}, false, spec.input_ids};
     if (first_send == Clock::time_point{}) first_send = Clock::now();
-    core.submit(std::move(spec));
+    const uint64_t id = p.id;
+    if (Status s = core.submit(std::move(spec), [&on_output, id](const serve::RequestOutput& out) {
+          on_output(id, out);
+        });
+        !s.ok()) {
+      // Never served (too long for the pool or the context): counted as aborted, with why.
+      in_flight.erase(id);
+      count_abort(s.message(), &report);
+      if (p.conversation >= 0) {
+        follow_conversation(plan, workload, p.conversation, p.turn, false, {}, &ready, &report);
+      }
+      if (options.progress) options.progress(report.completed + report.aborted, report.requests);
+      return;
+    }
+    if (p.conversation >= 0) turn_of[p.id] = {p.conversation, p.turn};
   };
 
   while (true) {

@@ -292,23 +292,25 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   const Clock::time_point start = Clock::now();
   Clock::time_point first{}, last{};
   std::vector<int32_t> output;
-  std::string ended, reason;
-  core.on_token([&](const sched::Request&, int32_t token) {
-    last = Clock::now();
-    if (output.empty()) first = last;
-    output.push_back(token);
-  });
-  core.on_finish([&](const sched::Request&, sched::FinishKind kind, const std::string& why) {
-    ended = kind == sched::FinishKind::kAborted ? "aborted" : why;
-    reason = why;
-  });
+  std::optional<serve::RequestOutput> end;
   const std::vector<int32_t> prompt = request.input_ids;
-  core.submit(std::move(request));
+  Status submitted = core.submit(std::move(request), [&](const serve::RequestOutput& out) {
+    if (!out.new_ids.empty()) {
+      last = Clock::now();
+      if (output.empty()) first = last;
+      output.insert(output.end(), out.new_ids.begin(), out.new_ids.end());
+    }
+    if (out.finished) end = out;
+  });
+  if (!submitted.ok()) return fail(submitted);
   while (!core.idle()) {
     Result<sched::StepStats> st = core.step();
     if (!st.ok()) return fail(st.status());
   }
-  if (ended == "aborted") return fail(Status::InvalidArgument(reason));
+  if (!end || !serve::completed(end->finish_reason)) {
+    return fail(Status::Internal(end ? end->message : "the request never ended"));
+  }
+  const std::string ended = serve::finish_reason_name(end->finish_reason);
   std::cout << rt->tokenizer->decode(prompt) << rt->tokenizer->decode(output) << std::endl;
   if (args.verbose) {
     auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };

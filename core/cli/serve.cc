@@ -17,9 +17,9 @@
 #include "core/model/tokenizer.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
+#include "core/serve/step_loop.h"
 #include "core/server/chat_prompt.h"
 #include "core/server/http_server.h"
-#include "core/server/step_loop.h"
 
 namespace kvrt::cli {
 
@@ -73,10 +73,14 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   runtime::Runtime& rt = (*session)->rt;
   const bool over_mpi = (*session)->mpi != nullptr && cfg.tp.size > 1;
   std::fprintf(stderr, "%s", rt.capacity_report.c_str());
-  serve::ServingCore core(
-      runtime::serving_options(cfg, rt, runtime::store_ceilings(registry, rt)), rt.engine.get());
-  server::StepLoop loop(core, static_cast<size_t>(cfg.server.max_queued_requests) +
-                                  static_cast<size_t>(cfg.scheduler.max_running_requests));
+  serve::ServingOptions serving =
+      runtime::serving_options(cfg, rt, runtime::store_ceilings(registry, rt));
+  serving.tokenizer = rt.tokenizer.get();  // the answers' text and the stop strings
+  serve::ServingCore core(serving, rt.engine.get());
+  serve::StepLoopOptions loop_options;
+  loop_options.max_queued_requests = static_cast<size_t>(cfg.server.max_queued_requests);
+  loop_options.max_running_requests = static_cast<size_t>(cfg.scheduler.max_running_requests);
+  serve::StepLoop loop(core, loop_options);
 
   server::ServerOptions options;
   options.host = cfg.server.host;
@@ -85,12 +89,18 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   options.max_connections = cfg.server.max_connections;
   options.max_body_bytes = static_cast<uint64_t>(cfg.server.max_body_bytes);
   options.request_timeout_s = cfg.server.request_timeout_s;
+  options.header_timeout_s = cfg.server.header_timeout_s;
+  options.body_timeout_s = cfg.server.body_timeout_s;
+  options.idle_timeout_s = cfg.server.idle_timeout_s;
   options.api_key = cfg.server.api_key;
   options.record_trace = cfg.server.record_trace;
   server::ModelLimits limits;
   limits.tokenizer = rt.tokenizer.get();
   limits.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
   limits.context_length = rt.model.max_position_embeddings;
+  if (rt.tokenizer != nullptr) {
+    limits.max_prompt_bytes = server::prompt_byte_bound(*rt.tokenizer, limits.context_length);
+  }
   // The chat template: the model directory's own unless [server] chat_template names another;
   // one kvrt cannot render stops the server here, never a silent fallback.
   Result<server::ChatFormat> chat =
@@ -113,8 +123,8 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"context_length", rt.model.max_position_embeddings},
                          {"architecture", rt.model.architecture}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
-  info.server_info = [&cfg, &rt, effective, store, attention,
-                      chat_template](serve::ServingCore& c) {
+  loop.describe([&cfg, &rt, effective, store, attention,
+                 chat_template](const serve::ServingCore& c) {
     const metrics::Diagnosis d = c.diagnosis();
     return json{{"config", effective},
                 {"model_path", rt.model_name},
@@ -128,7 +138,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                 {"diagnosis", d.line},
                 {"num_running_reqs", c.scheduler().num_running()}}
         .dump(-1, ' ', false, json::error_handler_t::replace);
-  };
+  });
   server::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
   // A broken engine (its TP group failed) ends the server: the main thread hears it as SIGUSR1.
   loop.on_engine_broken([](const std::string&) { kill(getpid(), SIGUSR1); });

@@ -77,9 +77,12 @@ struct Config {
     int port = 30000;               // SGLang's; 0 picks a free port (the tests)
     int network_threads = 2;        // threads running the sockets (the step loop is another)
     int max_queued_requests = 1024; // waiting requests beyond this are answered 503
-    int max_connections = 4096;     // connections beyond this are closed at accept
+    int max_connections = 4096;     // past this an idle one is closed, else the new one: 503
     int64_t max_body_bytes = 16 << 20;  // larger request bodies are answered 413
     double request_timeout_s = 600;     // a request still running after this is aborted
+    double header_timeout_s = 10;  // accept (or a request's first byte) to its whole header: 408
+    double body_timeout_s = 30;    // the header to the whole body: 408
+    double idle_timeout_s = 60;    // keep-alive: idle this long between requests, closed
     double shutdown_grace_s = 30;       // SIGTERM: running requests get this long to finish
     std::string api_key;                // "": no authentication
     std::string record_trace;           // "": none; else a JSONL file kvrt bench --trace replays

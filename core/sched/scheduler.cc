@@ -44,50 +44,47 @@ Scheduler::RequestPtr Scheduler::arrive(RequestSpec spec) {
   return r;
 }
 
-void Scheduler::submit(RequestSpec spec) {
-  RequestPtr r = arrive(std::move(spec));
-  const std::string who = "request " + std::to_string(r->spec.id) + ": ";
-  if (r->tokens.empty())
-    return finish(std::move(r), FinishKind::kAborted, who + "the prompt is empty");
-  if (r->spec.max_new_tokens < 1) {
-    return finish(
-        std::move(r), FinishKind::kAborted,
-        who + "max_new_tokens must be at least 1, found " + std::to_string(r->spec.max_new_tokens));
+Status check_request(const SchedulerOptions& options, const RequestSpec& spec) {
+  if (spec.prompt.empty()) return Status::BadField("input_ids", "the prompt is empty");
+  if (spec.max_new_tokens < 1) {
+    return Status::BadField("max_new_tokens",
+                            "expected at least 1, found " + std::to_string(spec.max_new_tokens));
   }
-  for (size_t i = 0; i < r->tokens.size(); ++i) {
-    const int32_t t = r->tokens[i];
-    if (options_.vocab_size > 0 && (t < 0 || t >= options_.vocab_size)) {
-      return finish(std::move(r), FinishKind::kAborted,
-                    who + "prompt token " + std::to_string(t) + " at position " +
-                        std::to_string(i) + " is outside the vocabulary of " +
-                        std::to_string(options_.vocab_size));
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    const int32_t t = spec.prompt[i];
+    if (options.vocab_size > 0 && (t < 0 || t >= options.vocab_size)) {
+      return Status::BadField("input_ids", "token " + std::to_string(t) + " at position " +
+                                               std::to_string(i) +
+                                               " is outside the vocabulary of " +
+                                               std::to_string(options.vocab_size));
     }
   }
-  const uint64_t total = r->tokens.size() + static_cast<uint64_t>(r->spec.max_new_tokens);
-  const uint64_t pages = ceil_div(total, options_.page_size);
-  if (pages > options_.num_pages) {
-    return finish(std::move(r), FinishKind::kAborted,
-                  who + "needs " + std::to_string(total) + " tokens of KV (" +
-                      std::to_string(r->tokens.size()) + " prompt + " +
-                      std::to_string(r->spec.max_new_tokens) + " max_new_tokens, " +
-                      std::to_string(pages) + " pages) but the whole KV pool holds " +
-                      std::to_string(options_.num_pages * options_.page_size) + " tokens (" +
-                      std::to_string(options_.num_pages) + " pages); it can never run");
+  const uint64_t total = spec.prompt.size() + static_cast<uint64_t>(spec.max_new_tokens);
+  const std::string need = std::to_string(spec.prompt.size()) + " prompt tokens + " +
+                           std::to_string(spec.max_new_tokens) + " max_new_tokens = " +
+                           std::to_string(total) + " tokens";
+  if (options.max_context > 0 && static_cast<int64_t>(total) > options.max_context) {
+    return Status::BadField("max_new_tokens", need + " exceed the model's context of " +
+                                                  std::to_string(options.max_context) + " tokens");
   }
-  if (options_.max_context > 0 && static_cast<int64_t>(total) > options_.max_context) {
-    return finish(std::move(r), FinishKind::kAborted,
-                  who + std::to_string(r->tokens.size()) + " prompt + " +
-                      std::to_string(r->spec.max_new_tokens) +
-                      " max_new_tokens exceed the model's context of " +
-                      std::to_string(options_.max_context) + " tokens");
+  const uint64_t pages = ceil_div(total, options.page_size);
+  if (pages > options.num_pages) {
+    return Status::BadField(
+        "max_new_tokens",
+        need + " of KV (" + std::to_string(pages) + " pages) exceed max_total_num_tokens, the " +
+            std::to_string(options.num_pages * options.page_size) + " tokens (" +
+            std::to_string(options.num_pages) + " pages) of the whole KV pool: it can never run");
   }
+  return Status::Ok();
+}
+
+Status Scheduler::submit(RequestSpec spec) {
+  if (Status s = check_request(options_, spec); !s.ok()) return s;
+  RequestPtr r = arrive(std::move(spec));
   counters_.prompt_tokens += r->tokens.size();
   if (metrics_ != nullptr) metrics_->prompt_tokens_total.add(static_cast<double>(r->tokens.size()));
   waiting_.push_back(std::move(r));
-}
-
-void Scheduler::reject(RequestSpec spec, const std::string& reason) {
-  finish(arrive(std::move(spec)), FinishKind::kAborted, reason);
+  return Status::Ok();
 }
 
 bool Scheduler::abort(uint64_t id, const std::string& reason) {
@@ -193,7 +190,7 @@ void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason)
   release(*r, /*keep_in_cache=*/true);
   if (kind == FinishKind::kAborted) {
     ++counters_.aborted;
-    if (options_.log_interval > 0) spdlog::warn("Abort {}", reason);
+    if (options_.log_interval > 0) spdlog::warn("Abort request {}: {}", r->spec.id, reason);
   } else {
     ++counters_.finished;
   }
@@ -391,11 +388,12 @@ void Scheduler::emit(Request& r, int32_t token, Clock::time_point now) {
   }
   if (r.output_len() == 1) r.first_token = now;
   r.last_token = now;
-  if (on_token_) on_token_(r, token);
+  if (on_token_) r.stopped = on_token_(r, token);
 }
 
 std::optional<FinishKind> Scheduler::finish_kind(const Request& r) const {
   if (r.output_len() == 0) return std::nullopt;
+  if (r.stopped) return FinishKind::kStop;
   const std::vector<int32_t>& stop = r.spec.stop_ids;
   if (std::find(stop.begin(), stop.end(), r.tokens.back()) != stop.end()) return FinishKind::kStop;
   if (r.output_len() >= r.spec.max_new_tokens ||

@@ -8,7 +8,8 @@
 // and resets when a request is retracted. When decode runs out of pages the scheduler evicts
 // unreferenced cached prefixes (LRU), then retracts the running requests with the least
 // progress (their pages are freed, they go back to the queue and are recomputed later). A
-// request that can never fit is aborted with the reason. Every request ends exactly once.
+// request that can never fit is refused at submit (check_request). Every request submitted ends
+// exactly once.
 //
 // Page ownership: every page is in exactly one place -- the free list, the prefix cache, or one
 // request's private tail. check_invariants() verifies it (after every step in debug builds).
@@ -55,6 +56,8 @@ struct Request {
   PrefixCache::Node* locked = nullptr;
   int64_t cached_tokens = 0;  // served from the cache (device or tier), all admissions
   int32_t retractions = 0;
+  // The token callback ended it with its last token (a stop string in its text): a kStop.
+  bool stopped = false;
   uint64_t arrival_order = 0;
   Clock::time_point arrival, first_token, last_token;
 
@@ -140,6 +143,11 @@ struct StepStats {
   double seconds = 0;
 };
 
+// Whether the scheduler can ever serve `spec`: a prompt, ids inside the vocabulary,
+// max_new_tokens >= 1, the prompt plus max_new_tokens inside the model's context and the whole
+// pool. A refusal names the field ("input_ids", "max_new_tokens") and the numbers.
+Status check_request(const SchedulerOptions& options, const RequestSpec& spec);
+
 struct SchedulerCounters {
   uint64_t submitted = 0, finished = 0, aborted = 0, retractions = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, tier_loaded_tokens = 0;
@@ -148,8 +156,9 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
-  // Called for each generated token (after it is appended) and once per request at its end.
-  using TokenCallback = std::function<void(const Request&, int32_t token)>;
+  // Called for each generated token (after it is appended), and once per request at its end.
+  // A token callback that returns true ends the request with that token, as a stop.
+  using TokenCallback = std::function<bool(const Request&, int32_t token)>;
   using FinishCallback =
       std::function<void(const Request&, FinishKind kind, const std::string& reason)>;
 
@@ -166,12 +175,9 @@ class Scheduler {
   void publish_gauges() const;
   void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
 
-  // Queues a request; one that can never be served (empty prompt, ids outside the vocabulary,
-  // longer than the pool or the model's context) ends at once as aborted, with the reason.
-  void submit(RequestSpec spec);
-  // Ends a request at once as aborted with `reason`, without queueing it: for a check made
-  // outside the scheduler (the serving core's sampling parameters). Counted as submitted.
-  void reject(RequestSpec spec, const std::string& reason);
+  // Queues a request, or refuses one that can never be served (check_request): then nothing of
+  // it is kept and no callback hears of it.
+  Status submit(RequestSpec spec);
   // Ends a waiting or running request as aborted; returns false for an unknown id.
   bool abort(uint64_t id, const std::string& reason);
   // Empties the prefix cache (SGLang's /flush_cache), returning how many pages it freed; refused

@@ -27,79 +27,153 @@ ServingCore::ServingCore(const ServingOptions& options, sched::StepExecutor* exe
 
 void ServingCore::wire() {
   scheduler_.set_metrics(&server_metrics_);
-  scheduler_.on_token([this](const sched::Request& r, int32_t token) {
-    if (on_token_) on_token_(r, token);
+  scheduler_.on_token([this](const sched::Request& r, int32_t token) { return on_token(r, token); });
+  scheduler_.on_finish([this](const sched::Request& r, sched::FinishKind kind, const std::string&) {
+    on_finish(r, kind);
   });
-  scheduler_.on_finish(
-      [this](const sched::Request& r, sched::FinishKind kind, const std::string& reason) {
-        samplers_.erase(r.spec.id);
-        if (on_finish_) on_finish_(r, kind, reason);
-      });
   diagnosis_every_ = options_.diagnosis_interval > 0
                          ? options_.diagnosis_interval
                          : std::max(1, 5 * options_.scheduler.log_interval);
 }
 
 exec::Sampler& ServingCore::sampler_of(const sched::Request& r) {
-  auto it = samplers_.find(r.spec.id);
-  // A request submitted before its sampler existed cannot happen (submit makes it); greedy
-  // is the safe reading should it ever.
-  if (it == samplers_.end()) it = samplers_.emplace(r.spec.id, exec::Sampler({})).first;
-  return it->second;
+  // Every request the scheduler runs was submitted here, with its sampler.
+  return live_.at(r.spec.id).sampler;
 }
 
-namespace {
-
-// What the scheduler does not check: the sampling parameters and the stop ids.
-Status check_sampling(const GenerateRequest& r, int32_t vocab_size) {
+Status ServingCore::check_request(const GenerateRequest& r) const {
+  sched::RequestSpec spec;
+  spec.prompt = r.input_ids;
+  spec.max_new_tokens = r.max_new_tokens;
+  if (Status s = sched::check_request(options_.scheduler, spec); !s.ok()) return s;
   const exec::SamplingParams& p = r.sampling;
   if (!(std::isfinite(p.temperature) && p.temperature >= 0)) {
-    return Status::InvalidArgument(
-        "temperature: expected a finite number >= 0 (0 = greedy), found " +
-        std::to_string(p.temperature));
+    return Status::BadField("temperature", "expected a finite number >= 0 (0 = greedy), found " +
+                                               std::to_string(p.temperature));
   }
   if (!(p.top_p > 0 && p.top_p <= 1)) {
-    return Status::InvalidArgument("top_p: expected a number in (0, 1], found " +
-                                   std::to_string(p.top_p));
+    return Status::BadField("top_p",
+                            "expected a number in (0, 1], found " + std::to_string(p.top_p));
   }
   if (!(p.min_p >= 0 && p.min_p <= 1)) {
-    return Status::InvalidArgument("min_p: expected a number in [0, 1], found " +
-                                   std::to_string(p.min_p));
+    return Status::BadField("min_p",
+                            "expected a number in [0, 1], found " + std::to_string(p.min_p));
   }
   if (p.top_k < 0) {
-    return Status::InvalidArgument("top_k: expected 0 (all tokens) or more, found " +
-                                   std::to_string(p.top_k));
+    return Status::BadField("top_k",
+                            "expected 0 (all tokens) or more, found " + std::to_string(p.top_k));
   }
+  const int32_t vocab = options_.scheduler.vocab_size;
   for (int32_t id : r.stop_token_ids) {
-    if (vocab_size > 0 && (id < 0 || id >= vocab_size)) {
-      return Status::InvalidArgument("stop_token_ids: " + std::to_string(id) +
-                                     " is outside the vocabulary of " + std::to_string(vocab_size));
+    if (vocab > 0 && (id < 0 || id >= vocab)) {
+      return Status::BadField("stop_token_ids", std::to_string(id) +
+                                                    " is outside the vocabulary of " +
+                                                    std::to_string(vocab));
     }
+  }
+  for (const std::string& stop : r.stop) {
+    if (stop.empty()) return Status::BadField("stop", "a stop string is empty");
+  }
+  if (!r.stop.empty() && options_.tokenizer == nullptr) {
+    return Status::BadField("stop", "stop strings need a tokenizer, and this server has none");
   }
   return Status::Ok();
 }
 
-}  // namespace
-
-void ServingCore::submit(GenerateRequest request) {
-  const Status sampling = check_sampling(request, options_.scheduler.vocab_size);
-  if (sampling.ok()) samplers_.insert_or_assign(request.id, exec::Sampler(request.sampling));
+Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
+  if (Status s = check_request(request); !s.ok()) return s;
+  if (live_.count(request.id) != 0) {
+    return Status::Internal("request id " + std::to_string(request.id) + " is already in flight");
+  }
+  Live live(std::move(sink), request.sampling,
+            OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
+  live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
+  const uint64_t id = request.id;
+  live_.emplace(id, std::move(live));
   sched::RequestSpec spec;
-  spec.id = request.id;
+  spec.id = id;
   spec.prompt = std::move(request.input_ids);
   spec.max_new_tokens = request.max_new_tokens;
   spec.stop_ids = std::move(request.stop_token_ids);
-  if (!sampling.ok()) {
-    // Ended at once like the scheduler's own refusals: aborted, with the field named.
-    const std::string reason = "request " + std::to_string(spec.id) + ": " + sampling.message();
-    scheduler_.reject(std::move(spec), reason);
-    return;
-  }
-  scheduler_.submit(std::move(spec));
+  Status queued = scheduler_.submit(std::move(spec));
+  if (!queued.ok()) live_.erase(id);  // check_request said it would be taken
+  return queued;
 }
 
-bool ServingCore::abort(uint64_t id, const std::string& reason) {
-  return scheduler_.abort(id, reason);
+bool ServingCore::on_token(const sched::Request& r, int32_t token) {
+  Live& live = live_.at(r.spec.id);
+  live.output.push_back(token);
+  live.cached_tokens = r.cached_tokens;
+  if (!live.advanced) {
+    live.advanced = true;
+    step_outputs_.push_back(r.spec.id);
+  }
+  // A completed stop string ends the request with this token, counted as finished.
+  return options_.tokenizer != nullptr && live.text.update(live.output);
+}
+
+void ServingCore::on_finish(const sched::Request& r, sched::FinishKind kind) {
+  const uint64_t id = r.spec.id;
+  Live& live = live_.at(id);
+  RequestOutput end;
+  end.finished = true;
+  if (kind == sched::FinishKind::kAborted) {
+    end.finish_reason = live.abort_reason;
+    end.message = live.abort_message;
+  } else if (kind == sched::FinishKind::kLength) {
+    end.finish_reason = FinishReason::kLength;
+  } else if (r.stopped) {
+    end.finish_reason = FinishReason::kStopString;
+    end.matched_stop = live.text.matched();
+  } else {
+    end.finish_reason = FinishReason::kStopToken;
+    end.matched_token = live.output.empty() ? -1 : live.output.back();
+  }
+  // The whole output decoded at once: exact, a character the last token left unfinished
+  // included (a stop string's cut stays).
+  live.text.finish(live.output);
+  live.cached_tokens = r.cached_tokens;
+  live.end = std::move(end);
+  if (!in_step_) return deliver(id);
+  if (!live.advanced) {
+    live.advanced = true;
+    step_outputs_.push_back(id);
+  }
+}
+
+void ServingCore::deliver(uint64_t id) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return;
+  Live& live = it->second;
+  RequestOutput out = live.end ? std::move(*live.end) : RequestOutput{};
+  out.id = id;
+  out.new_ids.assign(live.output.begin() + static_cast<ptrdiff_t>(live.sent_ids),
+                     live.output.end());
+  live.sent_ids = live.output.size();
+  if (options_.tokenizer != nullptr) out.new_text = live.text.take();
+  out.output_tokens = static_cast<int32_t>(live.output.size());
+  out.prompt_tokens = live.prompt_tokens;
+  out.cached_tokens = live.cached_tokens;
+  live.advanced = false;
+  const std::shared_ptr<const RequestSink> sink = live.sink;
+  // Ended: forgotten before its sink hears it, so a sink may submit the next request at once.
+  if (out.finished) live_.erase(it);
+  if (*sink) (*sink)(out);
+}
+
+bool ServingCore::abort(uint64_t id, const std::string& message, FinishReason reason) {
+  auto it = live_.find(id);
+  if (it == live_.end()) return false;
+  it->second.abort_reason = reason;
+  it->second.abort_message = message;
+  return scheduler_.abort(id, message);
+}
+
+void ServingCore::abort_all(const std::string& message, FinishReason reason) {
+  std::vector<uint64_t> ids;
+  ids.reserve(live_.size());
+  for (const auto& entry : live_) ids.push_back(entry.first);
+  for (uint64_t id : ids) abort(id, message, reason);
 }
 
 uint64_t ServingCore::max_total_num_tokens() const {
@@ -137,9 +211,29 @@ metrics::Diagnosis ServingCore::diagnosis() const {
 }
 
 Result<sched::StepStats> ServingCore::step() {
+  in_step_ = true;
   Result<sched::StepStats> st = scheduler_.step();
-  if (!st.ok() || !st->ran) return st;
-  const sched::StepStats& s = *st;
+  in_step_ = false;
+  if (st.ok() && st->ran) observe(*st);
+  // Delivered in the order the step advanced them; a sink may submit or abort meanwhile.
+  std::vector<uint64_t> advanced;
+  advanced.swap(step_outputs_);
+  for (uint64_t id : advanced) deliver(id);
+  if (!st.ok()) {
+    // The engine failed: the requests of the failed batch end with the reason (a retry would
+    // fail the same way); the rest go on -- unless the engine broke for good (its TP group
+    // failed), when nothing unfinished can finish and every request ends.
+    const std::string why = "the engine failed: " + st.status().message();
+    spdlog::error("step failed for {} requests: {}", scheduler_.failed_batch().size(),
+                  st.status().message());
+    const std::vector<uint64_t> failed = scheduler_.failed_batch();
+    for (uint64_t id : failed) abort(id, why, FinishReason::kEngineFailure);
+    if (failed.empty() || engine_broken()) abort_all(why, FinishReason::kEngineFailure);
+  }
+  return st;
+}
+
+void ServingCore::observe(const sched::StepStats& s) {
   metrics::StepSample sample;
   sample.running = s.running;
   sample.queued = s.queued;
@@ -160,7 +254,6 @@ Result<sched::StepStats> ServingCore::step() {
     interval_.reset();
     decode_since_diagnosis_ = 0;
   }
-  return st;
 }
 
 }  // namespace kvrt::serve

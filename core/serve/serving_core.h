@@ -1,11 +1,11 @@
 // The serving core: the scheduler, the engine (through engine_step.h's executor and tier), the
-// Prometheus metrics and the bottleneck diagnosis as one object. Whatever feeds it requests --
-// `kvrt generate`, `kvrt bench`'s workload driver, an HTTP server -- submits and aborts and calls
-// step() from one thread (the step loop); tokens and finishes come back through callbacks, on
-// that thread, during step().
+// output text (detokenizer.h), the Prometheus metrics and the bottleneck diagnosis as one object.
+// Whatever feeds it requests -- `kvrt generate`, `kvrt bench`'s workload driver, the HTTP
+// server's step loop -- submits, aborts and calls step() from one thread; each request's
+// outputs (request.h) reach its sink on that thread: at the end of each step that advanced it,
+// or at once for an abort between steps.
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,22 +16,19 @@
 #include "core/exec/sampler.h"
 #include "core/metrics/diagnosis.h"
 #include "core/metrics/metrics.h"
+#include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
+#include "core/serve/detokenizer.h"
 #include "core/serve/engine_step.h"
+#include "core/serve/request.h"
 
 namespace kvrt::serve {
 
-// One generation request as a client states it (SGLang's /generate: input_ids, sampling_params).
-struct GenerateRequest {
-  uint64_t id = 0;  // unique among the requests in flight
-  std::vector<int32_t> input_ids;
-  int32_t max_new_tokens = 128;
-  exec::SamplingParams sampling;
-  std::vector<int32_t> stop_token_ids;  // generation ends after one of these
-};
-
 struct ServingOptions {
   sched::SchedulerOptions scheduler;
+  // Decodes each request's output and matches its stop strings; null: ids only (no text, and
+  // stop strings are refused). Outlives the core.
+  const model::Tokenizer* tokenizer = nullptr;
   std::string store;  // the KV store's name, for the diagnosis
   // The ceiling each other loadable store would give on the same budget (the diagnosis's
   // "what would X give").
@@ -43,9 +40,6 @@ struct ServingOptions {
 
 class ServingCore {
  public:
-  using TokenCallback = sched::Scheduler::TokenCallback;
-  using FinishCallback = sched::Scheduler::FinishCallback;
-
   // Over the engine (its store's tier when it has one); `engine` outlives the core.
   ServingCore(const ServingOptions& options, exec::Engine* engine);
   // Over any executor and tier (a test's or a benchmark's instant executor); it samples.
@@ -53,19 +47,28 @@ class ServingCore {
   ServingCore(const ServingCore&) = delete;
   ServingCore& operator=(const ServingCore&) = delete;
 
-  // Each generated token, after it is appended; each request's end, exactly once.
-  void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
-  void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
-
-  // Queues a request; one that can never be served ends at once through on_finish (aborted,
-  // with the reason).
-  void submit(GenerateRequest request);
-  // Ends a waiting or running request as aborted, freeing its pages; false for an unknown id.
-  bool abort(uint64_t id, const std::string& reason);
-  // One scheduler step (admission, a prefill or decode batch, finishes), then its metrics and
-  // diagnosis. An engine failure is returned and leaves every request as it was.
+  // Whether the request can ever be served, every check in one place: the scheduler's
+  // (sched::check_request: the prompt, the vocabulary, the context and the pool) and the
+  // sampling parameters, stop ids and stop strings. A refusal names GenerateRequest's field
+  // (Status::field(): "input_ids", "max_new_tokens", "temperature", "top_p", "top_k", "min_p",
+  // "stop_token_ids", "stop"). Reads the options alone: safe from any thread.
+  Status check_request(const GenerateRequest& request) const;
+  // Queues a request whose outputs go to `sink`; a refusal (check_request) is returned and the
+  // sink never hears of it. The id must not be one in flight.
+  Status submit(GenerateRequest request, RequestSink sink);
+  // Ends a waiting or running request with `reason` (kAborted or kEngineFailure) and `message`,
+  // freeing its pages; its sink hears the end at once. False for an unknown id.
+  bool abort(uint64_t id, const std::string& message, FinishReason reason = FinishReason::kAborted);
+  // abort() for every request in flight.
+  void abort_all(const std::string& message, FinishReason reason = FinishReason::kAborted);
+  // One scheduler step (admission, a prefill or decode batch, finishes), its metrics and
+  // diagnosis, then the outputs of every request it advanced. When the engine fails the step,
+  // the requests of the failed batch end as kEngineFailure (every request, once the engine is
+  // broken for good), the others stay as they were, and the failure is returned.
   Result<sched::StepStats> step();
   bool idle() const { return scheduler_.idle(); }
+  // Requests submitted and not yet ended.
+  size_t unfinished() const { return live_.size(); }
   // Whether the engine can never step again (its TP group failed): every request is lost.
   bool engine_broken() const { return engine_ != nullptr && engine_->broken(); }
   // The engine it steps; null over another executor.
@@ -86,11 +89,39 @@ class ServingCore {
   Result<uint64_t> flush_cache() { return scheduler_.flush_cache(); }
 
  private:
+  // A request in flight: where its outputs go and what it has been told.
+  struct Live {
+    Live(RequestSink s, const exec::SamplingParams& sampling, OutputText t)
+        : sink(std::make_shared<const RequestSink>(std::move(s))),
+          sampler(sampling),
+          text(std::move(t)) {}
+    // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
+    std::shared_ptr<const RequestSink> sink;
+    exec::Sampler sampler;
+    OutputText text;
+    std::vector<int32_t> output;  // every id sampled
+    size_t sent_ids = 0;          // of output, in an earlier output
+    int32_t prompt_tokens = 0;
+    int64_t cached_tokens = 0;
+    // How an abort ends it (set by abort() before the scheduler's finish).
+    FinishReason abort_reason = FinishReason::kAborted;
+    std::string abort_message;
+    bool advanced = false;  // in step_outputs_ already
+    std::optional<RequestOutput> end;  // its last output, once it ended
+  };
+
   void wire();
   exec::Sampler& sampler_of(const sched::Request& r);
+  bool on_token(const sched::Request& r, int32_t token);
+  void on_finish(const sched::Request& r, sched::FinishKind kind);
+  void observe(const sched::StepStats& stats);  // the step's metrics and diagnosis
+  // The output of what `live` did since its last one; erases it when it ended.
+  void deliver(uint64_t id);
 
   ServingOptions options_;
-  std::unordered_map<uint64_t, exec::Sampler> samplers_;
+  std::unordered_map<uint64_t, Live> live_;
+  bool in_step_ = false;             // outputs wait for the step's end
+  std::vector<uint64_t> step_outputs_;  // the requests advanced in this step, in order
   exec::Engine* engine_ = nullptr;  // null over another executor
   std::unique_ptr<EngineExecutor> engine_executor_;
   std::unique_ptr<EngineTier> engine_tier_;
@@ -101,8 +132,6 @@ class ServingCore {
   metrics::DiagnosisWindow whole_, interval_;
   int diagnosis_every_ = 1;
   uint64_t decode_since_diagnosis_ = 0;
-  TokenCallback on_token_;
-  FinishCallback on_finish_;
 };
 
 }  // namespace kvrt::serve

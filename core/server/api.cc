@@ -8,6 +8,8 @@
 #include <span>
 #include <utility>
 
+#include "core/util/text.h"
+
 namespace kvrt::server {
 
 using nlohmann::json;
@@ -18,44 +20,13 @@ ApiError bad(const std::string& param, const std::string& message) {
   return ApiError{400, param.empty() ? message : param + ": " + message, param};
 }
 
-// RFC 3629 UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF.
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;  // continuation bytes
-    uint32_t cp = 0;
-    if ((c >> 5) == 0x6) {
-      n = 1, cp = c & 0x1f;
-    } else if ((c >> 4) == 0xe) {
-      n = 2, cp = c & 0x0f;
-    } else if ((c >> 3) == 0x1e) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 0x2) return false;
-      cp = (cp << 6) | (d & 0x3f);
-    }
-    const uint32_t least[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
-  }
-  return true;
-}
-
 std::string type_name(const json& v) {
   return v.is_null() ? "null" : v.is_boolean() ? "a boolean" : v.is_number() ? "a number"
        : v.is_string() ? "a string" : v.is_array() ? "a list" : "an object";
 }
 
-// A list of token ids, each inside the vocabulary.
+// A list of token ids, each inside the vocabulary when `vocab` > 0 (a generation's ids are the
+// serving core's to check).
 std::variant<std::vector<int32_t>, ApiError> read_ids(const json& v, const std::string& param,
                                                       int32_t vocab) {
   if (!v.is_array()) return bad(param, "expected a list of token ids, found " + type_name(v));
@@ -65,8 +36,11 @@ std::variant<std::vector<int32_t>, ApiError> read_ids(const json& v, const std::
     const json& x = v[i];
     const std::string at = param + "[" + std::to_string(i) + "]";
     if (!x.is_number_integer()) return bad(at, "expected a token id, found " + type_name(x));
-    if (x.is_number_unsigned() ? x.get<uint64_t>() >= static_cast<uint64_t>(vocab)
-                               : (x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)) {
+    if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t{INT32_MAX}
+                               : (x.get<int64_t>() < INT32_MIN || x.get<int64_t>() > INT32_MAX)) {
+      return bad(at, x.dump() + " is not a token id (outside 32 bits)");
+    }
+    if (vocab > 0 && (x.get<int64_t>() < 0 || x.get<int64_t>() >= vocab)) {
       return bad(at, x.dump() + " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
     ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
@@ -99,7 +73,7 @@ namespace {
 
 // A JSON object body, valid UTF-8, or the error.
 std::variant<json, ApiError> read_object(std::string_view body) {
-  if (!valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  if (!util::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("", "the request body is not valid JSON");
   if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
@@ -125,6 +99,15 @@ std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const Model
   auto messages = read_chat_messages(j);
   if (auto* e = std::get_if<ApiError>(&messages)) return *e;
   if (limits.tokenizer == nullptr) return bad("messages", "the model has no tokenizer");
+  // Refused by its size before it is rendered and tokenized, as a text prompt is.
+  uint64_t bytes = 0;
+  for (const ChatMessage& m : std::get<std::vector<ChatMessage>>(messages)) bytes += m.content.size();
+  if (limits.max_prompt_bytes > 0 && bytes > limits.max_prompt_bytes) {
+    return bad("messages", std::to_string(bytes) + " bytes of content cannot fit the model's "
+                           "context of " + std::to_string(limits.context_length) +
+                           " tokens (at most " + std::to_string(limits.max_prompt_bytes) +
+                           " bytes)");
+  }
   static const ChatFormat kDefault;
   Result<std::vector<int32_t>> ids =
       chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
@@ -244,6 +227,17 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
     } else {
       return bad("text", "expected a string or a list of strings, found " + type_name(t));
     }
+    call.text_prompt = true;
+    if (limits.tokenizer == nullptr) return bad("text", "the model has no tokenizer: give input_ids");
+    // Refused by its size before any of it is tokenized: a text past the bound can never fit.
+    for (size_t i = 0; i < texts.size(); ++i) {
+      if (limits.max_prompt_bytes > 0 && texts[i].size() > limits.max_prompt_bytes) {
+        return bad(call.batch ? "text[" + std::to_string(i) + "]" : "text",
+                   std::to_string(texts[i].size()) + " bytes cannot fit the model's context of " +
+                       std::to_string(limits.context_length) + " tokens (at most " +
+                       std::to_string(limits.max_prompt_bytes) + " bytes)");
+      }
+    }
     for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> ids = limits.tokenizer->encode(texts[i], /*add_bos=*/true);
       call.prompts.push_back(std::move(ids));
@@ -253,12 +247,12 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
     if (ids.is_array() && !ids.empty() && ids[0].is_array()) {
       call.batch = true;
       for (size_t i = 0; i < ids.size(); ++i) {
-        auto one = read_ids(ids[i], "input_ids[" + std::to_string(i) + "]", limits.vocab_size);
+        auto one = read_ids(ids[i], "input_ids[" + std::to_string(i) + "]", 0);
         if (auto* e = std::get_if<ApiError>(&one)) return *e;
         call.prompts.push_back(std::move(std::get<std::vector<int32_t>>(one)));
       }
     } else {
-      auto one = read_ids(ids, "input_ids", limits.vocab_size);
+      auto one = read_ids(ids, "input_ids", 0);
       if (auto* e = std::get_if<ApiError>(&one)) return *e;
       call.prompts.push_back(std::move(std::get<std::vector<int32_t>>(one)));
     }
@@ -313,17 +307,15 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
       if (key == "max_new_tokens") {
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
         if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX}
-                                   : v.get<int64_t>() < 1 || v.get<int64_t>() > INT32_MAX) {
+                                   : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
           return bad(param, "expected an integer >= 1, found " + v.dump());
         }
         call.max_new_tokens = static_cast<int32_t>(v.get<int64_t>());
       } else if (key == "temperature") {
         if (auto e = number(&x)) return *e;
-        if (x < 0) return bad(param, "expected a number >= 0 (0 = greedy), found " + v.dump());
         call.sampling.temperature = static_cast<float>(x);
       } else if (key == "top_p") {
         if (auto e = number(&x)) return *e;
-        if (!(x > 0 && x <= 1)) return bad(param, "expected a number in (0, 1], found " + v.dump());
         call.sampling.top_p = static_cast<float>(x);
       } else if (key == "top_k") {
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
@@ -333,7 +325,6 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
         call.sampling.top_k = k < 0 ? 0 : static_cast<int32_t>(k);
       } else if (key == "min_p") {
         if (auto e = number(&x)) return *e;
-        if (!(x >= 0 && x <= 1)) return bad(param, "expected a number in [0, 1], found " + v.dump());
         call.sampling.min_p = static_cast<float>(x);
       } else if (key == "seed") {
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
@@ -343,7 +334,7 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
         if (!v.is_boolean()) return bad(param, "expected true or false");
         call.ignore_eos = v.get<bool>();
       } else if (key == "stop_token_ids") {
-        auto ids = read_ids(v, param, limits.vocab_size);
+        auto ids = read_ids(v, param, 0);
         if (auto* e = std::get_if<ApiError>(&ids)) return *e;
         call.stop_token_ids = std::get<std::vector<int32_t>>(ids);
       } else if (key == "stop") {
@@ -375,24 +366,16 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
       }
     }
   }
-  for (size_t i = 0; i < call.prompts.size(); ++i) {
-    const int64_t total = static_cast<int64_t>(call.prompts[i].size()) + call.max_new_tokens;
-    if (limits.context_length > 0 && total > limits.context_length) {
-      return bad("sampling_params.max_new_tokens",
-                 std::to_string(call.prompts[i].size()) + " prompt tokens + " +
-                     std::to_string(call.max_new_tokens) +
-                     " max_new_tokens exceed the model's context of " +
-                     std::to_string(limits.context_length) + " tokens");
-    }
-  }
   return call;
 }
 
 namespace {
 
+// OpenAI's finish reasons: "length", or "stop" for a stop token or string (an aborted request
+// is an error, openai_abort_error).
 const char* openai_finish(const GenerateResult& r) {
   if (!r.finished) return nullptr;
-  return r.kind == Finish::kLength ? "length" : r.kind == Finish::kStop ? "stop" : "abort";
+  return r.reason == serve::FinishReason::kLength ? "length" : "stop";
 }
 
 // The fields OpenAI's completions and chat share, mapped onto /generate's sampling_params so
@@ -534,14 +517,18 @@ json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::
 json generate_json(const GenerateResult& r, size_t ids_from) {
   json finish = nullptr;
   if (r.finished) {
-    switch (r.kind) {
-      case Finish::kLength:
+    switch (r.reason) {
+      case serve::FinishReason::kLength:
         finish = {{"type", "length"}, {"length", r.output_ids.size()}};
         break;
-      case Finish::kStop:
-        finish = {{"type", "stop"}, {"matched", r.matched}};
+      case serve::FinishReason::kStopToken:
+        finish = {{"type", "stop"}, {"matched", r.matched_token}};
         break;
-      case Finish::kAbort:
+      case serve::FinishReason::kStopString:
+        finish = {{"type", "stop"}, {"matched", r.matched_stop}};
+        break;
+      case serve::FinishReason::kAborted:
+      case serve::FinishReason::kEngineFailure:
         finish = {{"type", "abort"}, {"message", r.message}};
         break;
     }
@@ -559,74 +546,60 @@ json generate_json(const GenerateResult& r, size_t ids_from) {
               {"meta_info", meta}};
 }
 
+void GenerateResult::add(const serve::RequestOutput& out) {
+  output_ids.insert(output_ids.end(), out.new_ids.begin(), out.new_ids.end());
+  text += out.new_text;
+  prompt_tokens = out.prompt_tokens;
+  cached_tokens = out.cached_tokens;
+  if (!out.finished) return;
+  finished = true;
+  reason = out.finish_reason;
+  matched_token = out.matched_token;
+  matched_stop = out.matched_stop;
+  message = out.message;
+}
+
+ApiError openai_abort_error(const GenerateResult& r) {
+  if (r.reason == serve::FinishReason::kEngineFailure) {
+    return ApiError{500, r.message, "", "server_error"};
+  }
+  return ApiError{503, "the request was aborted: " + r.message, "", "request_aborted"};
+}
+
+ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt) {
+  const int code = status.code() == Status::Code::kInvalidArgument ? 400 : 503;
+  if (code == 503) return ApiError{503, status.message(), "", "server_overloaded"};
+  const std::string& field = status.field();
+  const bool openai = call.dialect != Dialect::kGenerate;
+  std::string param = field;
+  if (field == "input_ids" || field == "batch") {
+    param = call.dialect == Dialect::kChat ? "messages"
+            : openai                       ? "prompt"
+            : call.text_prompt             ? "text"
+                                           : "input_ids";
+    if (call.batch && field == "input_ids") param += "[" + std::to_string(prompt) + "]";
+  } else if (field == "max_new_tokens") {
+    param = openai ? "max_tokens" : "sampling_params.max_new_tokens";
+  } else if (!field.empty() && !openai) {
+    param = "sampling_params." + field;
+  }
+  std::string message = status.message();
+  if (!field.empty() && message.rfind(field + ": ", 0) == 0) {
+    message = param + message.substr(field.size());
+  }
+  return ApiError{400, message, param};
+}
+
+uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length) {
+  size_t longest = 1;
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    longest = std::max(longest, tokenizer.piece(id).size());
+  }
+  return static_cast<uint64_t>(std::max<int64_t>(context_length, 1)) * longest;
+}
+
 std::string to_text(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-std::vector<int32_t> TextStream::window(const std::vector<int32_t>& ids, size_t from) const {
-  std::vector<int32_t> w;
-  if (from < context_.size())
-    w.assign(context_.begin() + static_cast<ptrdiff_t>(from), context_.end());
-  const size_t skip = from > context_.size() ? from - context_.size() : 0;
-  w.insert(w.end(), ids.begin() + static_cast<ptrdiff_t>(skip), ids.end());
-  return w;
-}
-
-const std::string& TextStream::update(const std::vector<int32_t>& ids) {
-  const size_t total = context_.size() + ids.size();
-  if (tokenizer_ == nullptr || total <= read_) return text_;
-  const std::vector<int32_t> w = window(ids, prefix_);
-  const std::span<const int32_t> all(w);
-  const std::string before = tokenizer_->decode(all.first(read_ - prefix_));
-  const std::string now = tokenizer_->decode(all);
-  if (now.size() <= before.size() || now.compare(0, before.size(), before) != 0) return text_;
-  const std::string_view fresh = std::string_view(now).substr(before.size());
-  // A character cut between tokens: an incomplete sequence, or the decoder's U+FFFD for one.
-  constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  if (!valid_utf8(fresh) ||
-      (fresh.size() >= 3 && fresh.substr(fresh.size() - 3) == kReplacement)) {
-    return text_;
-  }
-  text_.append(fresh);
-  prefix_ = read_;
-  read_ = total;
-  return text_;
-}
-
-std::string TextStream::finish(const std::vector<int32_t>& ids) const {
-  if (tokenizer_ == nullptr) return text_;
-  const std::string head = tokenizer_->decode(context_);
-  std::string whole = tokenizer_->decode(window(ids, 0));
-  // A context whose last character the output completes: the output alone.
-  if (whole.compare(0, head.size(), head) != 0) return tokenizer_->decode(ids);
-  return whole.substr(head.size());
-}
-
-size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
-                 std::string* matched) {
-  size_t best = std::string_view::npos;
-  for (const std::string& s : stops) {
-    const size_t at = text.find(s);
-    if (at < best) {
-      best = at;
-      if (matched != nullptr) *matched = s;
-    }
-  }
-  return best;
-}
-
-size_t stop_safe_length(std::string_view text, const std::vector<std::string>& stops) {
-  size_t safe = text.size();
-  for (const std::string& stop : stops) {
-    // The longest proper prefix of `stop` that `text` ends with.
-    for (size_t n = std::min(stop.size() - (stop.empty() ? 0 : 1), text.size()); n > 0; --n) {
-      if (text.compare(text.size() - n, n, stop, 0, n) == 0) {
-        safe = std::min(safe, text.size() - n);
-        break;
-      }
-    }
-  }
-  return safe;
 }
 
 }  // namespace kvrt::server

@@ -1,7 +1,10 @@
 // The request and response bodies of kvrt serve's API, apart from the sockets: SGLang's POST
-// /generate, checked field by field (a bad one is an ApiError naming it, answered 400), and the
-// JSON each finished or streamed request is answered with. Pure functions, so they are tested
-// and fuzzed without a server.
+// /generate and OpenAI's completions read into a GenerateCall (the JSON's types and shapes
+// checked field by field: a bad one is an ApiError naming it, answered 400), each of its
+// prompts then a serve::GenerateRequest whose values the serving core checks (refusal() names
+// the core's field in the call's own terms), and the JSON each finished or streamed request is
+// answered with, built from its serve::RequestOutputs. Pure functions, so they are tested and
+// fuzzed without a server.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -12,7 +15,9 @@
 
 #include "core/exec/sampler.h"
 #include "core/model/tokenizer.h"
+#include "core/serve/request.h"
 #include "core/server/chat_prompt.h"
+#include "core/util/status.h"
 
 namespace kvrt::server {
 
@@ -31,9 +36,19 @@ struct ModelLimits {
   const model::Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int64_t context_length = 0;  // max_position_embeddings
+  // A text prompt (or a conversation's contents) longer than this many bytes is refused before
+  // it is tokenized (prompt_byte_bound); 0: no bound.
+  uint64_t max_prompt_bytes = 0;
   // How chat is rendered (chat_prompt.h); nullptr: kvrt's default template.
   const ChatFormat* chat = nullptr;
 };
+
+// The most bytes of text whose tokens can fit `context_length` tokens: every token's piece is at
+// most the longest piece of the vocabulary long (special tokens included), so a longer text
+// needs more tokens than the context holds. (A normalizer that deletes text, such as
+// SentencePiece's whitespace folding, can make a refused text fit; such a prompt is refused
+// anyway, as far longer than any context.)
+uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length);
 
 // Which API a call came through: its answer takes that API's shape.
 enum class Dialect { kGenerate, kCompletions, kChat };
@@ -45,6 +60,7 @@ struct GenerateCall {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> rids;  // one per prompt; "" when the client gave none
   bool batch = false;             // the prompt was a list: the answer is a list
+  bool text_prompt = false;       // text (or messages), not ids
   bool stream = false;            // server-sent events
   int32_t max_new_tokens = 128;
   exec::SamplingParams sampling;
@@ -53,14 +69,12 @@ struct GenerateCall {
   bool ignore_eos = false;
 };
 
-// The body parsed and every field checked: types, a prompt given exactly once and non-empty,
-// ids inside the vocabulary, max_new_tokens and the sampling parameters in range, the prompt
-// plus max_new_tokens inside the context, valid UTF-8.
+// The body parsed and its shape checked: types, a prompt given exactly once, valid UTF-8, a text
+// prompt within max_prompt_bytes. The values (ids inside the vocabulary, max_new_tokens and the
+// sampling parameters in range, the prompt inside the context and the pool) are the serving
+// core's to check (ServingCore::check_request), once.
 std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
                                                     const ModelLimits& limits);
-
-// How a request ended, as finish_reason.type says it.
-enum class Finish { kLength, kStop, kAbort };
 
 // POST /v1/completions (`chat` false: "prompt", a string or a list of token ids) and
 // /v1/chat/completions (`chat` true: "messages" through the chat template): OpenAI's fields
@@ -90,20 +104,36 @@ struct GenerateResult {
   int32_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
   bool finished = false;
-  Finish kind = Finish::kLength;
-  std::string matched;  // the stop string or stop id that ended it
-  std::string message;  // why it was aborted
+  serve::FinishReason reason = serve::FinishReason::kLength;
+  int32_t matched_token = -1;  // kStopToken
+  std::string matched_stop;    // kStopString
+  std::string message;         // why it was aborted or failed
   double e2e_latency = 0;
+  // One more output of its request: its ids and text appended, its end taken.
+  void add(const serve::RequestOutput& out);
 };
+
+// A refusal of a call's request by the serving core or the step loop (a Status naming the
+// core's field) as the call's API names it: "sampling_params.top_p" or "top_p", "input_ids",
+// "text", "prompt" or "messages", "max_tokens", with 400 for a request that can never be served
+// and 503 for a full queue. `prompt`: the index of the refused prompt in a batch.
+ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt = 0);
+
 // {"text", "output_ids", "meta_info": {id, prompt_tokens, completion_tokens, cached_tokens,
-// finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished.
+// finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished, else
+// {"type": "length", "length"}, {"type": "stop", "matched": id or string} or {"type": "abort",
+// "message"}.
 // output_ids holds the ids from `ids_from` on (a streamed event's new ones).
 nlohmann::json generate_json(const GenerateResult& result, size_t ids_from = 0);
 
-// OpenAI's answer for a finished call (`results` in prompt order): a "text_completion" or a
-// "chat.completion" with choices and usage; `created` is the Unix time.
+// OpenAI's answer for a finished call (`results` in prompt order, none aborted: an aborted one
+// is answered with openai_abort_error): a "text_completion" or a "chat.completion" with choices
+// whose finish_reason is OpenAI's "stop" or "length", and usage; `created` is the Unix time.
 nlohmann::json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,
                            const std::string& id, int64_t created);
+// An aborted or failed request as OpenAI answers errors: 500 for an engine failure, 503 for an
+// abort (shutdown, timeout, /abort_request), with the reason; a stream sends it as an event.
+ApiError openai_abort_error(const GenerateResult& result);
 // One streamed chunk: `delta` is the text since the last chunk; finish_reason when finished.
 nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& result,
                             const std::string& delta, const std::string& id, int64_t created);
@@ -111,44 +141,5 @@ nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& resu
 // JSON text of a response: bytes of the generated text that are not valid UTF-8 (a token cut
 // in the middle of a character) become U+FFFD rather than failing the answer.
 std::string to_text(const nlohmann::json& j);
-
-// The text of a request's output as its ids arrive, decoded a few tokens at a time rather than
-// whole on every token: each step decodes only the ids since the last emitted character (plus
-// the one before, so a decoder's spacing rules see context), and a character whose bytes are
-// split across tokens is held back until it is whole, so a streamed delta never carries half
-// of one (vLLM's prefix / read offsets). The output is decoded after `context`, the prompt's last
-// ids, so that a decoder's rule for a sequence's first piece (a Metaspace decoder dropping its
-// space, as transformers' Llama-2 and Mistral tokenizer.json files do) never eats the output's
-// first space.
-class TextStream {
- public:
-  explicit TextStream(const model::Tokenizer* tokenizer, std::vector<int32_t> context = {})
-      : tokenizer_(tokenizer), context_(std::move(context)), read_(context_.size()) {}
-  // The ids so far (each call one or more longer than the last); returns the text now whole.
-  const std::string& update(const std::vector<int32_t>& ids);
-  // Every id decoded at once: the exact final text (an unfinished character included).
-  std::string finish(const std::vector<int32_t>& ids) const;
-  const std::string& text() const { return text_; }
-
- private:
-  // Positions [from, end) of context_ followed by ids.
-  std::vector<int32_t> window(const std::vector<int32_t>& ids, size_t from) const;
-
-  const model::Tokenizer* tokenizer_;
-  std::vector<int32_t> context_;
-  std::string text_;
-  // Positions in context_ then the output: [prefix_, read_) were decoded into the end of text_
-  // (or are the context).
-  size_t prefix_ = 0;
-  size_t read_ = 0;
-};
-
-// The first byte offset of a stop string in `text`, and which one, or npos.
-size_t find_stop(std::string_view text, const std::vector<std::string>& stops,
-                 std::string* matched);
-// How much of an unfinished output may be streamed: `text` without its longest suffix that is
-// the start of a stop string (the rest may yet complete one, and a stop string is never sent),
-// as vLLM and SGLang hold it back. A match inside `text` is find_stop's to cut.
-size_t stop_safe_length(std::string_view text, const std::vector<std::string>& stops);
 
 }  // namespace kvrt::server

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/sched/abort_reason.h"
+#include "core/util/text.h"
 
 namespace kvrt::server {
 
@@ -33,8 +33,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// How long a keep-alive connection may sit idle between requests.
-constexpr auto kIdleTimeout = std::chrono::seconds(120);
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
 
 }  // namespace
 
@@ -42,7 +43,7 @@ class Session;
 
 struct HttpServer::Impl {
   ServerOptions options;
-  StepLoop& loop;
+  serve::StepLoop& loop;
   ModelLimits limits;
   ServerInfo info;
   std::vector<int32_t> eos_ids;
@@ -68,14 +69,17 @@ struct HttpServer::Impl {
     std::lock_guard lock(trace_mutex);
     trace << line.dump() << '\n' << std::flush;
   }
-  // Every open session, to close them at shutdown.
+  // Every open session, to close them at shutdown and to find an idle one past max_connections.
   std::mutex session_mutex;
   std::vector<std::weak_ptr<Session>> sessions;
 
-  Impl(const ServerOptions& o, StepLoop& l, ModelLimits m, ServerInfo i, std::vector<int32_t> eos)
+  Impl(const ServerOptions& o, serve::StepLoop& l, ModelLimits m, ServerInfo i,
+       std::vector<int32_t> eos)
       : options(o), loop(l), limits(m), info(std::move(i)), eos_ids(std::move(eos)),
         acceptor(net::make_strand(ioc)) {}
   void accept();
+  // Past max_connections: closes an idle connection to make room; false when none is idle.
+  bool close_an_idle_connection();
 };
 
 // One connection: read a request, answer it (at once, or as its generation proceeds), then the
@@ -91,34 +95,87 @@ class Session : public std::enable_shared_from_this<Session> {
                                                                     shared_from_this()));
   }
   void close() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] {
-      self->closing_ = true;
-      self->timer_.cancel();
-      self->abort_generation("the server is shutting down");
-      beast::error_code ec;
-      self->stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
-      self->stream_.close();
-    });
+    net::post(stream_.get_executor(), [self = shared_from_this()] { self->close_now(); });
+  }
+  // Closes the connection if it is idle now (and it is then no longer idle, so no other
+  // accept picks it); false when it is not.
+  bool close_if_idle() {
+    if (!idle_.exchange(false)) return false;
+    net::post(stream_.get_executor(), [self = shared_from_this()] { self->close_now(); });
+    return true;
   }
 
  private:
-  // One prompt of the /generate call being answered.
+  // One prompt of the call being answered.
   struct Pending {
     uint64_t id = 0;
     GenerateResult result;
-    std::vector<std::string> stop;
-    bool stop_matched = false;  // a stop string ended it; its abort is on its way
-    size_t sent_text = 0;       // streaming: text already sent
+    size_t sent_text = 0;  // streaming: text already sent
     size_t sent_ids = 0;
-    size_t longest_stop = 0;
-    std::optional<TextStream> text;
   };
+  // What a read waits for, and so which timeout ends it.
+  enum class Phase { kIdle, kHeader, kBody };
+
+  void close_now() {
+    closing_ = true;
+    idle_ = false;
+    timer_.cancel();
+    abort_generation("the server is shutting down");
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
+    stream_.close();
+  }
+
+  // The phase's timeout: when it fires, the read in flight is cancelled and on_read answers it.
+  void arm_read_timer(Phase phase) {
+    const HttpServer::Impl& s = server_;
+    const double limit = phase == Phase::kIdle     ? s.options.idle_timeout_s
+                         : phase == Phase::kHeader ? s.options.header_timeout_s
+                                                   : s.options.body_timeout_s;
+    phase_ = phase;
+    const uint64_t armed = ++read_timer_;
+    if (limit <= 0) return;
+    timer_.expires_after(seconds(limit));
+    timer_.async_wait([weak = weak_from_this(), armed](beast::error_code ec) {
+      auto self = weak.lock();
+      if (!self || ec || armed != self->read_timer_) return;
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+  void disarm_read_timer() {
+    ++read_timer_;
+    timer_.cancel();
+  }
 
   void read() {
     if (closing_) return;
     parser_.emplace();
     parser_->body_limit(server_.options.max_body_bytes);
-    stream_.expires_after(kIdleTimeout);
+    stream_.expires_never();
+    timed_out_ = false;
+    if (buffer_.size() > 0) {
+      idle_ = false;
+      return read_header(/*arm=*/true);  // a pipelined request's bytes are already here
+    }
+    // Nothing yet: idle until the first byte. A fresh connection's header is due
+    // header_timeout_s after the accept; a keep-alive one's wait is idle_timeout_s, and its
+    // header is due header_timeout_s after that first byte.
+    const bool fresh = fresh_;
+    fresh_ = false;
+    idle_ = true;
+    arm_read_timer(fresh ? Phase::kHeader : Phase::kIdle);
+    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this(), fresh](
+                                                       beast::error_code ec, size_t n) {
+      self->idle_ = false;
+      self->buffer_.commit(n);
+      if (ec || self->closing_) return self->on_read(ec, n);
+      self->read_header(/*arm=*/!fresh);
+    });
+  }
+  void read_header(bool arm) {
+    if (arm) arm_read_timer(Phase::kHeader);
     // The header first: a client that sends "Expect: 100-continue" waits for the interim answer
     // before its body (curl does for bodies over 1 MiB).
     http::async_read_header(stream_, buffer_, *parser_,
@@ -128,6 +185,7 @@ class Session : public std::enable_shared_from_this<Session> {
                             });
   }
   void read_body() {
+    arm_read_timer(Phase::kBody);
     const auto& head = parser_->get();
     auto expect = head.find(http::field::expect);
     if (expect != head.end() && beast::iequals(expect->value(), "100-continue") &&
@@ -135,7 +193,7 @@ class Session : public std::enable_shared_from_this<Session> {
       auto interim = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       return net::async_write(stream_, net::buffer(*interim),
                               [self = shared_from_this(), interim](beast::error_code ec, size_t) {
-                                if (ec) return self->shutdown_write();
+                                if (ec) return self->on_read(ec, 0);
                                 http::async_read(self->stream_, self->buffer_, *self->parser_,
                                                  beast::bind_front_handler(&Session::on_read,
                                                                            self));
@@ -146,7 +204,28 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void on_read(beast::error_code ec, size_t) {
-    if (ec == http::error::end_of_stream || ec == net::error::operation_aborted || closing_) {
+    const bool timed_out = timed_out_;
+    disarm_read_timer();
+    if (closing_) return shutdown_write();
+    if (timed_out) {
+      // Idle, or a fresh connection that never sent a byte: a plain close. A request begun and
+      // not finished in time: 408, then a close (nginx's client_header/body_timeout).
+      if (phase_ == Phase::kIdle ||
+          (phase_ == Phase::kHeader && buffer_.size() == 0 && !parser_->got_some())) {
+        return close_now();
+      }
+      keep_alive_ = false;
+      const double limit = phase_ == Phase::kHeader ? server_.options.header_timeout_s
+                                                    : server_.options.body_timeout_s;
+      return respond(408, error_body({408, std::string("the request's ") +
+                                               (phase_ == Phase::kHeader ? "header" : "body") +
+                                               " did not arrive within " +
+                                               (phase_ == Phase::kHeader ? "header_timeout_s"
+                                                                         : "body_timeout_s") +
+                                               " (" + util::fixed(limit, 1) + " s)",
+                                      "", "request_timeout"}));
+    }
+    if (ec == http::error::end_of_stream || ec == net::error::operation_aborted) {
       return shutdown_write();
     }
     if (ec == http::error::body_limit) {
@@ -156,17 +235,13 @@ class Session : public std::enable_shared_from_this<Session> {
                                                ")", "", "invalid_request_error"}));
     }
     if (ec) {
-      if (ec == beast::error::timeout || ec == net::error::connection_reset ||
-          ec == net::error::eof) {
-        return shutdown_write();
-      }
+      if (ec == net::error::connection_reset || ec == net::error::eof) return shutdown_write();
       keep_alive_ = false;
       return respond(400, error_body({400, "malformed HTTP request: " + ec.message(), "",
                                       "invalid_request_error"}));
     }
     request_ = parser_->release();
     keep_alive_ = request_.keep_alive();
-    stream_.expires_never();
     handle();
   }
 
@@ -208,25 +283,22 @@ class Session : public std::enable_shared_from_this<Session> {
                                                std::string(http::to_string(route->verb)),
                                       "", "invalid_request_error"}));
     }
-    if (path == "/health") return respond(200, "", "text/plain");
+    if (path == "/health") {
+      if (server_.loop.snapshot()->engine_broken) {
+        return respond(503, error_body({503, "the engine is broken", "", "server_error"}));
+      }
+      return respond(200, "", "text/plain");
+    }
     if (path == "/get_model_info") return respond(200, server_.info.model_info);
     if (path == "/metrics") {
-      std::string text = server_.loop.call([](serve::ServingCore& core) {
-        return core.prometheus();
-      });
-      return respond(200, std::move(text), "text/plain; version=0.0.4");
+      return respond(200, server_.loop.snapshot()->prometheus, "text/plain; version=0.0.4");
     }
-    if (path == "/get_server_info") {
-      auto info = server_.info.server_info;
-      return respond(200, server_.loop.call([info](serve::ServingCore& core) {
-        return info(core);
-      }));
-    }
+    if (path == "/get_server_info") return respond(200, server_.loop.snapshot()->description);
     if (path == "/abort_request") return abort_request();
     if (path == "/tokenize" || path == "/detokenize") {
       auto answer = path == "/tokenize" ? tokenize_json(request_.body(), server_.limits)
                                         : detokenize_json(request_.body(), server_.limits);
-      if (auto* e = std::get_if<ApiError>(&answer)) return respond(e->status, error_body(*e));
+      if (auto* e = std::get_if<ApiError>(&answer)) return respond_error(*e);
       return respond(200, to_text(std::get<json>(answer)));
     }
     if (path == "/flush_cache") {
@@ -263,7 +335,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto* call = std::get_if<GenerateCall>(&parsed); call && call->model.empty()) {
       call->model = server_.info.model_name;
     }
-    if (auto* e = std::get_if<ApiError>(&parsed)) return respond(e->status, error_body(*e));
+    if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(*e);
     generate(std::move(std::get<GenerateCall>(parsed)));
   }
 
@@ -297,67 +369,51 @@ class Session : public std::enable_shared_from_this<Session> {
     pending_.clear();
     pending_.resize(call_.prompts.size());
     started_ = Clock::now();
-    unfinished_ = call_.prompts.size();
     std::vector<int32_t> stop_ids = call_.stop_token_ids;
     if (!call_.ignore_eos) stop_ids.insert(stop_ids.end(), server_.eos_ids.begin(),
                                            server_.eos_ids.end());
+    std::vector<std::pair<serve::GenerateRequest, serve::RequestSink>> batch;
     for (size_t i = 0; i < call_.prompts.size(); ++i) {
       Pending& p = pending_[i];
       p.id = server_.loop.next_id();
       p.result.rid = call_.rids[i].empty() ? std::to_string(p.id) : call_.rids[i];
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[i].size());
-      p.stop = call_.stop;
-      for (const std::string& stop : p.stop) p.longest_stop = std::max(p.longest_stop, stop.size());
-      // The prompt's last ids, as vLLM's incremental detokenizer starts from them.
-      const std::vector<int32_t>& prompt = call_.prompts[i];
-      p.text.emplace(server_.limits.tokenizer,
-                     std::vector<int32_t>(prompt.end() - std::min<size_t>(prompt.size(), 4),
-                                          prompt.end()));
       serve::GenerateRequest r;
       r.id = p.id;
-      r.input_ids = call_.prompts[i];
+      r.input_ids = std::move(call_.prompts[i]);
       r.max_new_tokens = call_.max_new_tokens;
       r.sampling = call_.sampling;
       r.stop_token_ids = stop_ids;
-      // The sinks keep the session alive until the request ends (the step loop drops them
-      // then), so its answer always has a connection to go to.
-      std::shared_ptr<Session> self = shared_from_this();
-      RequestSink sink;
-      sink.on_token = [self, i](const sched::Request&, int32_t token) {
-        net::post(self->stream_.get_executor(), [self, i, token] { self->on_token(i, token); });
+      r.stop = call_.stop;
+      // The sinks keep the session alive until the request ends (the core drops them then), so
+      // its answer always has a connection to go to.
+      serve::RequestSink sink = [self = shared_from_this(), i](const serve::RequestOutput& out) {
+        net::post(self->stream_.get_executor(), [self, i, out] { self->on_output(i, out); });
       };
-      sink.on_finish = [self, i](const sched::Request& req, sched::FinishKind kind,
-                                 const std::string& why, Fault fault) {
-        const int64_t cached = req.cached_tokens;
-        net::post(self->stream_.get_executor(), [self, i, kind, why, cached, fault] {
-          self->on_finish(i, kind, why, cached, fault);
-        });
-      };
-      if (!p.result.rid.empty()) {
-        std::lock_guard lock(server_.rid_mutex);
-        server_.rids[p.result.rid] = p.id;
+      batch.emplace_back(std::move(r), std::move(sink));
+    }
+    size_t refused = 0;
+    if (Status s = server_.loop.submit(std::move(batch), &refused); !s.ok()) {
+      // Nothing of the call was submitted.
+      pending_.clear();
+      const ApiError e = refusal(s, call_, refused);
+      if (health_) {
+        health_ = false;
+        return respond(503, error_body({503, e.message, "", "server_error"}));
       }
-      if (!server_.loop.submit(std::move(r), std::move(sink))) {
-        // The queue is full: nothing was submitted for this prompt; abort the ones that were.
-        for (size_t k = 0; k < i; ++k) server_.loop.abort(pending_[k].id, "overloaded");
-        forget_rids();
-        overloaded_ = true;
-        if (i == 0) {
-          pending_.clear();
-          return respond_overloaded();
-        }
-        unfinished_ = i;  // the rest never started; answer when those end
-        pending_.resize(i);
-        break;
-      }
+      return respond_error(e);
+    }
+    unfinished_ = pending_.size();
+    {
+      std::lock_guard lock(server_.rid_mutex);
+      for (const Pending& p : pending_) server_.rids[p.result.rid] = p.id;
     }
     if (server_.options.request_timeout_s > 0) {
-      timer_.expires_after(std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(server_.options.request_timeout_s)));
+      timer_.expires_after(seconds(server_.options.request_timeout_s));
       timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
         if (auto self = weak.lock(); self && !ec) {
           self->abort_generation("request_timeout_s (" +
-                                 std::to_string(self->server_.options.request_timeout_s) +
+                                 util::fixed(self->server_.options.request_timeout_s, 1) +
                                  " s) passed");
         }
       });
@@ -373,15 +429,6 @@ class Session : public std::enable_shared_from_this<Session> {
                std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
     }
     watch_disconnect();
-  }
-
-  void respond_overloaded() {
-    http::response<http::string_body> res{http::status::service_unavailable, request_.version()};
-    res.set(http::field::retry_after, "1");
-    res.set(http::field::content_type, "application/json");
-    res.body() = error_body({503, "the waiting queue is full (max_queued_requests); retry later",
-                             "", "server_overloaded"});
-    write(std::move(res));
   }
 
   // A client that goes away aborts its request. Only a close or a reset says so: the socket
@@ -422,77 +469,28 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  void on_token(size_t i, int32_t token) {
-    Pending& p = pending_[i];
-    if (p.result.finished || p.stop_matched) return;
-    p.result.output_ids.push_back(token);
-    if (server_.limits.tokenizer != nullptr) {
-      const size_t searched = p.result.text.size();
-      p.result.text = p.text->update(p.result.output_ids);
-      // Only where a stop string could newly end: the fresh text and the bytes before it.
-      const size_t from = searched >= p.longest_stop ? searched - p.longest_stop + 1 : 0;
-      std::string matched;
-      size_t at = p.stop.empty() ? std::string::npos
-                                 : find_stop(std::string_view(p.result.text).substr(from), p.stop,
-                                             &matched);
-      if (at != std::string::npos) {
-        at += from;
-        p.result.text.resize(at);
-        p.result.matched = matched;
-        p.stop_matched = true;
-        server_.loop.abort(p.id, "stop string");
-      }
-    }
-    if (call_.stream) stream_chunk(p);
-  }
-
-  void on_finish(size_t i, sched::FinishKind kind, const std::string& why, int64_t cached,
-                 Fault fault) {
+  void on_output(size_t i, const serve::RequestOutput& out) {
+    if (i >= pending_.size() || pending_[i].id != out.id) return;
     Pending& p = pending_[i];
     if (p.result.finished) return;
-    p.result.finished = true;
-    p.result.cached_tokens = cached;
-    p.result.e2e_latency = std::chrono::duration<double>(Clock::now() - started_).count();
-    if (p.stop_matched) {
-      p.result.kind = Finish::kStop;
-    } else {
-      // The whole output decoded at once: exact, a character the last token left unfinished
-      // included (it becomes U+FFFD in the JSON).
-      if (server_.limits.tokenizer != nullptr) p.result.text = p.text->finish(p.result.output_ids);
-      p.result.kind = kind == sched::FinishKind::kStop      ? Finish::kStop
-                      : kind == sched::FinishKind::kLength  ? Finish::kLength
-                                                            : Finish::kAbort;
-      if (kind == sched::FinishKind::kStop && !p.result.output_ids.empty()) {
-        p.result.matched = std::to_string(p.result.output_ids.back());
-      }
-      if (kind == sched::FinishKind::kAborted) p.result.message = why;
+    p.result.add(out);
+    if (!out.finished) {
+      if (call_.stream) stream_chunk(p);
+      return;
     }
-    // Refused by the scheduler when submitted (too long for the pool, a bad sampling value):
-    // the client's request was at fault.
+    p.result.e2e_latency = std::chrono::duration<double>(Clock::now() - started_).count();
     server_.record(started_, p.result);
-    if (fault == Fault::kRequest && refusal_.empty()) refusal_ = why;
-    if (fault == Fault::kEngine && engine_failure_.empty()) engine_failure_ = why;
     if (--unfinished_ > 0) {
       if (call_.stream) stream_chunk(p);
       return;
     }
     timer_.cancel();
     forget_rids();
-    if (!refusal_.empty() && !call_.stream) {
-      const std::string message = sched::without_request_id(refusal_);
-      const std::string field = message.substr(0, message.find(':'));
-      const bool named = field.find(' ') == std::string::npos && field.size() < message.size();
-      return respond(400, error_body({400, message, named ? "sampling_params." + field : ""}));
-    }
-    if (!engine_failure_.empty() && !call_.stream) {
-      return respond(500, error_body({500, engine_failure_, "", "server_error"}));
-    }
-    if (overloaded_) return respond_overloaded();
     if (health_) {
       health_ = false;
-      return p.result.kind == Finish::kAbort
-                 ? respond(503, error_body({503, p.result.message, "", "server_error"}))
-                 : respond(200, "", "text/plain");
+      return serve::completed(p.result.reason)
+                 ? respond(200, "", "text/plain")
+                 : respond(503, error_body({503, p.result.message, "", "server_error"}));
     }
     if (call_.stream) {
       stream_chunk(p);
@@ -501,7 +499,16 @@ class Session : public std::enable_shared_from_this<Session> {
       after_response();
       return;
     }
-    if (call_.dialect != Dialect::kGenerate) {
+    const bool openai = call_.dialect != Dialect::kGenerate;
+    for (const Pending& q : pending_) {
+      // An engine failure is a 500 in every API; an abort is an error only in OpenAI's, whose
+      // finish reasons are "stop" and "length" (SGLang's /generate answers finish_reason abort).
+      if (q.result.reason == serve::FinishReason::kEngineFailure ||
+          (openai && !serve::completed(q.result.reason))) {
+        return respond_error(openai_abort_error(q.result));
+      }
+    }
+    if (openai) {
       std::vector<GenerateResult> results;
       for (const Pending& q : pending_) results.push_back(q.result);
       return respond(200, to_text(openai_json(call_, results, openai_id(pending_[0]), created_)));
@@ -524,27 +531,22 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // One server-sent event with the cumulative text and the new output ids, as SGLang sends.
+  // One server-sent event: SGLang's with the text so far and the new output ids, OpenAI's with
+  // the text since the last chunk (or, for an aborted request, OpenAI's error object).
   void stream_chunk(Pending& p) {
-    // An unfinished output's text stops short of what may be the start of a stop string.
-    const size_t shown =
-        p.result.finished ? p.result.text.size() : stop_safe_length(p.result.text, p.stop);
-    if (call_.dialect != Dialect::kGenerate) {
-      const std::string_view text = std::string_view(p.result.text).substr(0, shown);
-      const std::string delta =
-          text.size() > p.sent_text ? std::string(text.substr(p.sent_text)) : "";
-      p.sent_text = std::max(p.sent_text, text.size());
-      if (delta.empty() && !p.result.finished) return;
-      send_chunk("data: " + to_text(openai_chunk(call_, p.result, delta, openai_id(p), created_)) +
-                 "\n\n");
-      return;
+    if (call_.dialect == Dialect::kGenerate) {
+      const json event = generate_json(p.result, p.sent_ids);
+      p.sent_ids = p.result.output_ids.size();
+      return send_chunk("data: " + to_text(event) + "\n\n");
     }
-    std::string text = std::move(p.result.text);
-    p.result.text = text.substr(0, shown);
-    const json event = generate_json(p.result, p.sent_ids);
-    p.result.text = std::move(text);
-    p.sent_ids = p.result.output_ids.size();
-    send_chunk("data: " + to_text(event) + "\n\n");
+    if (p.result.finished && !serve::completed(p.result.reason)) {
+      return send_chunk("data: " + error_body(openai_abort_error(p.result)) + "\n\n");
+    }
+    const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
+    p.sent_text = p.result.text.size();
+    if (delta.empty() && !p.result.finished) return;
+    send_chunk("data: " + to_text(openai_chunk(call_, p.result, delta, openai_id(p), created_)) +
+               "\n\n");
   }
 
   void send_chunk(const std::string& data) {
@@ -587,16 +589,25 @@ class Session : public std::enable_shared_from_this<Session> {
                      });
   }
 
-  void respond(int status, std::string body, const char* type = "application/json") {
-    http::response<http::string_body> res{static_cast<http::status>(status), request_.version()};
-    res.set(http::field::server, "kvrt");
-    res.set(http::field::content_type, type);
-    res.keep_alive(keep_alive_);
-    res.body() = std::move(body);
-    write(std::move(res));
+  void respond_error(const ApiError& e) {
+    http::response<http::string_body> res{static_cast<http::status>(e.status), request_.version()};
+    // "Full now": the client may retry; nothing else is worth a retry.
+    if (e.type == "server_overloaded") res.set(http::field::retry_after, "1");
+    res.set(http::field::content_type, "application/json");
+    res.body() = error_body(e);
+    finish_response(std::move(res));
   }
 
-  void write(http::response<http::string_body> res) {
+  void respond(int status, std::string body, const char* type = "application/json") {
+    http::response<http::string_body> res{static_cast<http::status>(status), request_.version()};
+    res.set(http::field::content_type, type);
+    res.body() = std::move(body);
+    finish_response(std::move(res));
+  }
+
+  void finish_response(http::response<http::string_body> res) {
+    res.set(http::field::server, "kvrt");
+    res.keep_alive(keep_alive_);
     res.prepare_payload();
     auto shared = std::make_shared<http::response<http::string_body>>(std::move(res));
     http::async_write(stream_, *shared,
@@ -613,9 +624,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void finish_exchange() {
     health_ = false;
-    overloaded_ = false;
-    refusal_.clear();
-    engine_failure_.clear();
     pending_.clear();
     if (!keep_alive_ || client_gone_) return shutdown_write();
     read();
@@ -628,19 +636,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   HttpServer::Impl& server_;
-  net::steady_timer timer_;
+  net::steady_timer timer_;  // the read phase's timeout, then the request's (request_timeout_s)
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
+  std::atomic<bool> idle_{false};
+  bool fresh_ = true;  // no request read yet
+  Phase phase_ = Phase::kHeader;
+  uint64_t read_timer_ = 0;  // counts armings, so a stale expiry is ignored
+  bool timed_out_ = false;
   bool keep_alive_ = true;
   bool chunked_ = true;  // a stream's events in chunked encoding (HTTP/1.1)
   bool closing_ = false;
   bool client_gone_ = false;
   bool health_ = false;
-  bool overloaded_ = false;
   bool read_after_writes_ = false;
-  std::string refusal_;         // why the core refused a prompt at submit (a 400)
-  std::string engine_failure_;  // why the engine failed a prompt's step (a 500)
   GenerateCall call_;
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
@@ -655,14 +665,30 @@ void HttpServer::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (!accepting.load()) return;
     if (!ec) {
-      if (connections.fetch_add(1) >= options.max_connections) {
+      beast::error_code ignored;
+      if (connections.fetch_add(1) >= options.max_connections && !close_an_idle_connection()) {
         connections.fetch_sub(1);
-        beast::error_code ignored;
-        socket.close(ignored);  // over max_connections
+        // Every connection is busy: 503 and a close. What the client sent is drained first so
+        // that the close is not a reset that loses the answer.
+        static const std::string kFull =
+            "HTTP/1.1 503 Service Unavailable\r\nServer: kvrt\r\nRetry-After: 1\r\n"
+            "Content-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+            std::to_string(error_body({503, "every connection is busy (max_connections)", "",
+                                       "server_overloaded"})
+                               .size()) +
+            "\r\n\r\n" +
+            error_body({503, "every connection is busy (max_connections)", "",
+                        "server_overloaded"});
+        socket.non_blocking(true, ignored);
+        socket.write_some(net::buffer(kFull), ignored);
+        socket.shutdown(tcp::socket::shutdown_send, ignored);
+        char drain[4096];
+        while (socket.read_some(net::buffer(drain), ignored) > 0) {
+        }
+        socket.close(ignored);
       } else {
         // Streamed events are small writes: without TCP_NODELAY, Nagle's algorithm holds each
         // one back until the last is acknowledged, and delayed ACKs make that up to 40 ms.
-        beast::error_code ignored;
         socket.set_option(tcp::no_delay(true), ignored);
         auto session = std::make_shared<Session>(std::move(socket), *this);
         {
@@ -677,7 +703,16 @@ void HttpServer::Impl::accept() {
   });
 }
 
-HttpServer::HttpServer(const ServerOptions& options, StepLoop& loop, ModelLimits limits,
+bool HttpServer::Impl::close_an_idle_connection() {
+  std::lock_guard lock(session_mutex);
+  for (const std::weak_ptr<Session>& w : sessions) {
+    std::shared_ptr<Session> s = w.lock();
+    if (s && s->close_if_idle()) return true;
+  }
+  return false;
+}
+
+HttpServer::HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,
                        ServerInfo info, std::vector<int32_t> eos_ids)
     : impl_(std::make_unique<Impl>(options, loop, limits, std::move(info), std::move(eos_ids))) {}
 

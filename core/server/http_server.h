@@ -1,10 +1,19 @@
 // kvrt serve's HTTP/1.1 server (Boost.Beast over Asio): a few network threads, a strand per
-// connection, keep-alive, no thread per connection. Requests reach the serving core through the
-// StepLoop; tokens come back to their connection as they are sampled. Endpoints, in SGLang's
-// shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
-// /health_generate, /get_model_info, /get_server_info, /metrics, POST /flush_cache; and OpenAI's
-// POST /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models. An engine
-// failure ends the requests of its batch with a 500; the rest go on.
+// connection, keep-alive, no thread per connection. A body is read into a GenerateCall
+// (api.h), each prompt submitted to the StepLoop as a serve::GenerateRequest, and each
+// serve::RequestOutput posted back to its connection and answered in the call's API. Endpoints,
+// in SGLang's shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
+// /health_generate, /get_model_info, /get_server_info, /metrics, POST /flush_cache; and
+// OpenAI's POST /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models; and
+// vLLM's POST /tokenize, /detokenize. /metrics, /get_server_info and /health read the step
+// loop's snapshot and never wait on it. An engine failure ends the requests of its batch with a
+// 500; the rest go on.
+//
+// Slow and idle clients: a connection has header_timeout_s from its accept, or from the first
+// byte of its next request, to a complete header, and body_timeout_s from there to the whole
+// body (else 408 and a close); a keep-alive connection idle for idle_timeout_s between requests
+// is closed. Past max_connections, an idle connection is closed to make room; when none is
+// idle, the new one gets 503 and a close.
 #pragma once
 
 #include <atomic>
@@ -13,8 +22,8 @@
 #include <memory>
 #include <string>
 
+#include "core/serve/step_loop.h"
 #include "core/server/api.h"
-#include "core/server/step_loop.h"
 #include "core/util/status.h"
 
 namespace kvrt::server {
@@ -26,23 +35,25 @@ struct ServerOptions {
   int max_connections = 4096;
   uint64_t max_body_bytes = 16 << 20;
   double request_timeout_s = 600;
+  double header_timeout_s = 10;
+  double body_timeout_s = 30;
+  double idle_timeout_s = 60;
   std::string api_key;  // "": none
   // "": none; else each finished request is appended as one JSONL line in the format
   // `kvrt bench --trace` replays: {"timestamp", "input_len", "output_len"}.
   std::string record_trace;
 };
 
-// What the server reports about itself; called on the step thread through StepLoop::call.
+// What the server reports about itself (GET /get_server_info is the step loop's snapshot).
 struct ServerInfo {
-  std::function<std::string(serve::ServingCore&)> server_info;  // GET /get_server_info's JSON
-  std::string model_info;                                        // GET /get_model_info's JSON
+  std::string model_info;  // GET /get_model_info's JSON
   std::string model_name;  // what /v1/models lists and OpenAI answers name by default
 };
 
 class HttpServer {
  public:
-  HttpServer(const ServerOptions& options, StepLoop& loop, ModelLimits limits, ServerInfo info,
-             std::vector<int32_t> eos_ids);
+  HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,
+             ServerInfo info, std::vector<int32_t> eos_ids);
   ~HttpServer();  // shutdown()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

@@ -37,6 +37,13 @@ class Status {
   static Status ConfigError(std::string m) { return Status(Code::kConfig, std::move(m)); }
   static Status PluginError(std::string m) { return Status(Code::kPlugin, std::move(m)); }
   static Status Internal(std::string m) { return Status(Code::kInternal, std::move(m)); }
+  // An invalid argument that one named field of a request or a file holds: message() reads
+  // "<field>: <what>", and field() names it, for a caller that answers in its own field names
+  // (the HTTP API's "sampling_params.top_p" for a core's "sampling.top_p").
+  static Status BadField(std::string field, const std::string& what) {
+    std::string message = field + ": " + what;
+    return Status(Code::kInvalidArgument, std::move(message), std::move(field));
+  }
   // A status rebuilt from its parts, e.g. one that crossed a rank boundary as bytes.
   static Status FromCode(Code code, std::string m) {
     return code == Code::kOk ? Status() : Status(code, std::move(m));
@@ -51,18 +58,24 @@ class Status {
     static const std::string kEmpty;
     return ok() ? kEmpty : state_->message;
   }
+  // The field a BadField status names; "" for any other.
+  const std::string& field() const {
+    static const std::string kEmpty;
+    return ok() ? kEmpty : state_->field;
+  }
   // Same code, with context in front: "loading config.toml: <message>".
   Status WithContext(const std::string& context) const {
-    return ok() ? *this : Status(state_->code, context + ": " + state_->message);
+    return ok() ? *this : Status(state_->code, context + ": " + state_->message, state_->field);
   }
 
  private:
   struct State {
     Code code;
     std::string message;
+    std::string field;
   };
-  Status(Code code, std::string message)
-      : state_(std::make_shared<const State>(State{code, std::move(message)})) {}
+  Status(Code code, std::string message, std::string field = "")
+      : state_(std::make_shared<const State>(State{code, std::move(message), std::move(field)})) {}
   std::shared_ptr<const State> state_;
 };
 

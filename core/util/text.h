@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvrt::util {
@@ -17,5 +18,8 @@ std::string scientific(double value);
 // left too (a verdict after numbers). Trailing spaces are trimmed; every line ends in '\n'.
 std::string render_columns(const std::vector<std::vector<std::string>>& rows,
                            size_t left_columns, bool last_left);
+
+// RFC 3629 UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF.
+bool valid_utf8(std::string_view s);
 
 }  // namespace kvrt::util

@@ -142,12 +142,12 @@ refused "an unknown plugin option is refused at run time as by config check" \
 printf '[workload]\nnum_requests = 3\n[workload.input]\nvalue = 5000\n[workload.output]\nvalue = 4\n' \
   >"$out/too-long.toml"
 refused "a bench in which every request is aborted exits 1 and says why" \
-  "every request of the workload was aborted (3): nothing was measured; most often: 5000 prompt + 4 max_new_tokens exceed the model's context of 2048 tokens" \
+  "every request of the workload was aborted (3): nothing was measured; most often: max_new_tokens: 5000 prompt tokens + 4 max_new_tokens = 5004 tokens exceed the model's context of 2048 tokens" \
   "$kvrt" bench --workload "$out/too-long.toml" --set model.preset=synth-tiny
 check_report() { grep -q "Diagnosis: every request was aborted (3 of 3)" "$out/stdout"; }
 if check_report; then echo "ok: and its report's diagnosis says so instead of idle"; else
   echo "FAILED: the report's diagnosis does not say every request was aborted"; failed=1; fi
-refused "generate --max-new-tokens -3 is refused by name" "max_new_tokens must be at least 1" \
+refused "generate --max-new-tokens -3 is refused by name" "max_new_tokens: expected at least 1, found -3" \
   "$kvrt" generate --prompt hi --max-new-tokens -3
 
 if [ -f "$model/model.safetensors" ]; then

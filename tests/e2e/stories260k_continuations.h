@@ -27,10 +27,6 @@ inline std::map<uint64_t, std::vector<int32_t>> run_continuations(
     serve::ServingCore& core, int n, int* steps, const std::vector<int32_t>& prompt = kPrompt,
     const std::vector<int32_t>& expected = kExpected) {
   std::map<uint64_t, std::vector<int32_t>> outputs;
-  core.on_finish([&](const sched::Request& r, sched::FinishKind kind, const std::string& why) {
-    EXPECT_EQ(kind, sched::FinishKind::kLength) << why;
-    outputs[r.spec.id].assign(r.output().begin(), r.output().end());
-  });
   for (int i = 0; i < n; ++i) {
     const int k = known_prefix(i, expected);
     serve::GenerateRequest spec;
@@ -38,7 +34,14 @@ inline std::map<uint64_t, std::vector<int32_t>> run_continuations(
     spec.input_ids = prompt;
     spec.input_ids.insert(spec.input_ids.end(), expected.begin(), expected.begin() + k);
     spec.max_new_tokens = static_cast<int32_t>(expected.size()) - k;
-    core.submit(std::move(spec));
+    std::vector<int32_t>& out = outputs[spec.id];
+    const Status submitted = core.submit(std::move(spec), [&out](const serve::RequestOutput& o) {
+      out.insert(out.end(), o.new_ids.begin(), o.new_ids.end());
+      if (o.finished) {
+        EXPECT_EQ(o.finish_reason, serve::FinishReason::kLength) << o.message;
+      }
+    });
+    EXPECT_TRUE(submitted.ok()) << submitted.message();
   }
   *steps = 0;
   while (!core.idle() && *steps < 5000) {

@@ -36,11 +36,13 @@ std::vector<int32_t> greedy(runtime::Session& s, size_t n = kExpected.size()) {
   options.scheduler.log_interval = 0;
   serve::ServingCore core(options, s.rt.engine.get());
   std::vector<int32_t> out;
-  core.on_token([&](const sched::Request&, int32_t token) { out.push_back(token); });
   serve::GenerateRequest request;
   request.input_ids = kPrompt;
   request.max_new_tokens = static_cast<int32_t>(n);
-  core.submit(std::move(request));
+  const Status submitted = core.submit(std::move(request), [&](const serve::RequestOutput& o) {
+    out.insert(out.end(), o.new_ids.begin(), o.new_ids.end());
+  });
+  EXPECT_TRUE(submitted.ok()) << submitted.message();
   while (!core.idle()) {
     Result<sched::StepStats> st = core.step();
     EXPECT_TRUE(st.ok()) << st.status().message();
@@ -165,15 +167,18 @@ TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
   // Other prompts push the cached continuations off the device; the longest one then comes back
   // from every rank's host tier, and still gives the reference ids.
   std::map<uint64_t, std::vector<int32_t>> outputs;
-  core.on_finish([&](const sched::Request& r, sched::FinishKind, const std::string&) {
-    outputs[r.spec.id].assign(r.output().begin(), r.output().end());
-  });
+  auto sink_of = [&outputs](uint64_t id) {
+    return [&outputs, id](const serve::RequestOutput& o) {
+      outputs[id].insert(outputs[id].end(), o.new_ids.begin(), o.new_ids.end());
+    };
+  };
   for (int i = 0; i < 12; ++i) {
     serve::GenerateRequest filler;
     filler.id = 100 + static_cast<uint64_t>(i);
     for (int t = 0; t < 24; ++t) filler.input_ids.push_back(1 + (37 * i + 11 * t) % 500);
     filler.max_new_tokens = 4;
-    core.submit(std::move(filler));
+    const uint64_t id = filler.id;
+    ASSERT_TRUE(core.submit(std::move(filler), sink_of(id)).ok());
   }
   while (!core.idle()) ASSERT_TRUE(core.step().ok());
   serve::GenerateRequest again;
@@ -181,7 +186,7 @@ TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
   again.input_ids = kPrompt;
   again.input_ids.insert(again.input_ids.end(), kExpected.begin(), kExpected.begin() + 12);
   again.max_new_tokens = static_cast<int32_t>(kExpected.size()) - 12;
-  core.submit(std::move(again));
+  ASSERT_TRUE(core.submit(std::move(again), sink_of(200)).ok());
   while (!core.idle()) ASSERT_TRUE(core.step().ok());
   EXPECT_EQ(outputs[200], std::vector<int32_t>(kExpected.begin() + 12, kExpected.end()));
   std::printf("then %llu tokens from the host tier\n",

@@ -1,11 +1,15 @@
 // The bodies of POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize
 // (kvrt serve): every field checked by parse_generate / parse_openai / tokenize_json /
-// detokenize_json, against a 512-token byte tokenizer and a 2048-token context; a call that
-// passes is answered as JSON in its API's shape.
+// detokenize_json, against a 512-token byte tokenizer and a 2048-token context; each prompt of
+// a call that passes goes through the scheduler's check (sched::check_request) and, as if it
+// were the output, through the output text with the call's stop strings; the call is answered
+// as JSON in its API's shape.
 #include <cstdint>
 #include <string_view>
 
 #include "core/model/tokenizer.h"
+#include "core/sched/scheduler.h"
+#include "core/serve/detokenizer.h"
 #include "core/server/api.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,13 +35,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     const auto& c = std::get<kvrt::server::GenerateCall>(call);
+    kvrt::sched::SchedulerOptions so;
+    so.num_pages = 128;
+    so.page_size = 16;
+    so.vocab_size = 512;
+    so.max_context = 2048;
+    bool servable = true;
+    for (const auto& prompt : c.prompts) {
+      kvrt::sched::RequestSpec spec;
+      spec.prompt = prompt;
+      spec.max_new_tokens = c.max_new_tokens;
+      servable = servable && kvrt::sched::check_request(so, spec).ok();
+    }
+    if (!servable) continue;  // refused with a 400 before any of it is decoded
     kvrt::server::GenerateResult r;
-    r.output_ids = c.prompts.front();
-    r.text = tokenizer->decode(r.output_ids);
+    kvrt::serve::OutputText text(tokenizer, {}, c.stop);
+    std::vector<int32_t> so_far;
+    for (int32_t id : c.prompts.front()) {
+      so_far.push_back(id);
+      r.output_ids.push_back(id);
+      const bool stopped = text.update(so_far);
+      r.text += text.take();
+      if (stopped) break;
+    }
+    text.finish(so_far);
+    r.text += text.take();
     r.finished = true;
-    std::string matched;
-    (void)kvrt::server::find_stop(r.text, c.stop, &matched);
-    (void)kvrt::server::stop_safe_length(r.text, c.stop);
     (void)kvrt::server::to_text(kvrt::server::generate_json(r));
     (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
     (void)kvrt::server::to_text(kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0));

@@ -142,6 +142,7 @@ class ShadowTier : public KvTier {
 struct Outcome {
   FinishKind kind;
   std::string reason;
+  std::string field;  // a refusal's
   std::vector<int32_t> output;
   int64_t cached_tokens;
   int ends = 0;
@@ -181,7 +182,14 @@ struct Harness {
     spec.prompt = std::move(prompt);
     spec.max_new_tokens = max_new;
     spec.stop_ids = std::move(stop);
-    sched.submit(std::move(spec));
+    // A refusal is recorded as an abort with its message, so every submitted id has an outcome.
+    if (Status st = sched.submit(std::move(spec)); !st.ok()) {
+      Outcome& out = outcomes[id];
+      out.kind = FinishKind::kAborted;
+      out.reason = st.message();
+      out.field = st.field();
+      ++out.ends;
+    }
   }
   // Steps until idle; false (with a message) on an error or a step limit (a livelock).
   ::testing::AssertionResult run(int max_steps = 100000) {
@@ -244,7 +252,7 @@ TEST(Scheduler, FeedsTheServerMetrics) {
   EXPECT_EQ(m.prompt_tokens_total.value(), 20);
   EXPECT_EQ(m.generation_tokens_total.value(), 10);
   EXPECT_EQ(m.num_requests_total.value(), 2);
-  EXPECT_EQ(m.num_aborted_requests_total.value(), 1);
+  EXPECT_EQ(m.num_aborted_requests_total.value(), 0);  // the refused one never ran
   EXPECT_EQ(m.time_to_first_token_seconds.snapshot().count, 2u);
   EXPECT_EQ(m.inter_token_latency_seconds.snapshot().count, 8u);
   EXPECT_EQ(m.e2e_request_latency_seconds.snapshot().count, 2u);
@@ -263,23 +271,47 @@ TEST(Scheduler, StopsAtAStopToken) {
   EXPECT_EQ(h.outcomes[2].output.size(), 3u);
 }
 
-TEST(Scheduler, AbortsARequestThatCanNeverFitAndSaysWhy) {
-  Harness h(small_options(4, 8));  // 32 tokens in all
+TEST(Scheduler, RefusesARequestThatCanNeverFitNamingTheFieldAndBothNumbers) {
+  SchedulerOptions o = small_options(4, 8);  // 32 tokens in all
+  o.max_context = 36;
+  Harness h(o);
   h.submit(1, prompt_of(1, 20), 20);
   h.submit(2, {5, 1001, 3}, 4);
   h.submit(3, {}, 4);
   h.submit(4, prompt_of(4, 8), 8);
+  h.submit(5, prompt_of(5, 4), 0);
+  h.submit(6, prompt_of(6, 10), 26);
   ASSERT_TRUE(h.run());
-  EXPECT_EQ(h.outcomes[1].kind, FinishKind::kAborted);
-  EXPECT_NE(h.outcomes[1].reason.find("needs 40 tokens of KV"), std::string::npos)
-      << h.outcomes[1].reason;
-  EXPECT_NE(h.outcomes[1].reason.find("holds 32 tokens"), std::string::npos);
-  EXPECT_NE(h.outcomes[2].reason.find("prompt token 1001 at position 1 is outside the vocabulary"),
+  EXPECT_EQ(h.outcomes[1].field, "max_new_tokens");
+  EXPECT_EQ(h.outcomes[1].reason,
+            "max_new_tokens: 20 prompt tokens + 20 max_new_tokens = 40 tokens exceed the model's "
+            "context of 36 tokens");
+  EXPECT_EQ(h.outcomes[6].field, "max_new_tokens");
+  EXPECT_NE(h.outcomes[6].reason.find("= 36 tokens of KV (9 pages) exceed max_total_num_tokens, "
+                                      "the 32 tokens (8 pages) of the whole KV pool"),
+            std::string::npos)
+      << h.outcomes[6].reason;
+  EXPECT_EQ(h.outcomes[2].field, "input_ids");
+  EXPECT_NE(h.outcomes[2].reason.find("token 1001 at position 1 is outside the vocabulary"),
             std::string::npos)
       << h.outcomes[2].reason;
-  EXPECT_NE(h.outcomes[3].reason.find("empty"), std::string::npos);
+  EXPECT_EQ(h.outcomes[3].reason, "input_ids: the prompt is empty");
+  EXPECT_EQ(h.outcomes[5].field, "max_new_tokens");
   EXPECT_EQ(h.outcomes[4].kind, FinishKind::kLength);  // the others did not hold it up
-  EXPECT_EQ(h.sched.counters().aborted, 3u);
+  // Refused at submit: never queued, counted nowhere.
+  EXPECT_EQ(h.sched.counters().submitted, 1u);
+  EXPECT_EQ(h.sched.counters().aborted, 0u);
+}
+
+TEST(Scheduler, ATokenCallbackThatSaysStopEndsTheRequestWithThatTokenAsAStop) {
+  Harness h(small_options(4, 64));
+  h.sched.on_token([](const Request& r, int32_t) { return r.output_len() == 2; });
+  h.submit(1, prompt_of(1, 6), 10);
+  ASSERT_TRUE(h.run());
+  EXPECT_EQ(h.outcomes[1].kind, FinishKind::kStop);
+  EXPECT_EQ(h.outcomes[1].output.size(), 2u);
+  EXPECT_EQ(h.sched.counters().finished, 1u);
+  EXPECT_EQ(h.sched.counters().aborted, 0u);
 }
 
 TEST(Scheduler, ChunksLongPrompts) {

@@ -114,24 +114,38 @@ class ServerTest : public ::testing::Test {
     Result<runtime::Runtime> rt = runtime::build_runtime(*cfg_, *registry_);
     ASSERT_TRUE(rt.ok()) << rt.status().message();
     rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
+    serve::ServingOptions serving = runtime::serving_options(*cfg_, *rt_, {});
+    serving.tokenizer = rt_->tokenizer.get();
     if (poison >= 0) {
       faulty_ = std::make_unique<FaultyExecutor>(rt_->engine.get(), poison);
-      core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
-                                                   faulty_.get(), nullptr);
+      core_ = std::make_unique<serve::ServingCore>(serving, faulty_.get(), nullptr);
     } else {
-      core_ = std::make_unique<serve::ServingCore>(runtime::serving_options(*cfg_, *rt_, {}),
-                                                   rt_->engine.get());
+      core_ = std::make_unique<serve::ServingCore>(serving, rt_->engine.get());
     }
-    loop_ = std::make_unique<StepLoop>(*core_, max_unfinished);
+    // max_unfinished requests at once: running ones, then queued ones.
+    serve::StepLoopOptions loop_options;
+    loop_options.max_running_requests =
+        std::min(max_unfinished, static_cast<size_t>(cfg_->scheduler.max_running_requests));
+    loop_options.max_queued_requests = max_unfinished - loop_options.max_running_requests;
+    loop_ = std::make_unique<serve::StepLoop>(*core_, loop_options);
+    loop_->describe([](const serve::ServingCore& c) {
+      return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
+    });
     ServerOptions options;
     options.port = 0;
     options.max_body_bytes = static_cast<uint64_t>(cfg_->server.max_body_bytes);
+    options.max_connections = cfg_->server.max_connections;
+    options.header_timeout_s = cfg_->server.header_timeout_s;
+    options.body_timeout_s = cfg_->server.body_timeout_s;
+    options.idle_timeout_s = cfg_->server.idle_timeout_s;
+    options.request_timeout_s = cfg_->server.request_timeout_s;
     options.api_key = cfg_->server.api_key;
     options.record_trace = cfg_->server.record_trace;
     ModelLimits limits;
     limits.tokenizer = rt_->tokenizer.get();
     limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
     limits.context_length = rt_->model.max_position_embeddings;
+    limits.max_prompt_bytes = prompt_byte_bound(*rt_->tokenizer, limits.context_length);
     // As kvrt serve does: [server] chat_template, else the model directory's own.
     Result<ChatFormat> chat =
         resolve_chat_format(cfg_->server.chat_template, cfg_->model.path, rt_->tokenizer.get());
@@ -141,9 +155,6 @@ class ServerTest : public ::testing::Test {
     ServerInfo info;
     info.model_name = "test-model";
     info.model_info = json{{"model_path", rt_->model_name}}.dump();
-    info.server_info = [](serve::ServingCore& c) {
-      return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
-    };
     http_ = std::make_unique<HttpServer>(options, *loop_, limits, info, rt_->model.eos_token_ids);
     loop_->start();
     ASSERT_TRUE(http_->start().ok());
@@ -177,7 +188,7 @@ class ServerTest : public ::testing::Test {
   ChatFormat chat_;  // the served chat template
   std::unique_ptr<FaultyExecutor> faulty_;
   std::unique_ptr<serve::ServingCore> core_;
-  std::unique_ptr<StepLoop> loop_;
+  std::unique_ptr<serve::StepLoop> loop_;
   std::unique_ptr<HttpServer> http_;
   uint16_t port_ = 0;
 };
@@ -287,15 +298,6 @@ TEST_F(ServerTest, StreamedTextHoldsBackWhatMayBeAStopString) {
   EXPECT_EQ(deltas, want);
 }
 
-TEST(StopSafeLength, HoldsBackTheLongestStartOfAStopString) {
-  EXPECT_EQ(stop_safe_length("a little gir", {" girl"}), 8u);
-  EXPECT_EQ(stop_safe_length("a littl", {" girl", "little girl"}), 2u);  // the longest wins
-  EXPECT_EQ(stop_safe_length("a little", {" girl"}), 8u);
-  EXPECT_EQ(stop_safe_length("a little ", {" girl"}), 8u);
-  EXPECT_EQ(stop_safe_length("abc", {}), 3u);
-  EXPECT_EQ(stop_safe_length("", {"x"}), 0u);
-}
-
 // HTTP/1.0 cannot read chunked encoding: a stream is answered with the events as they are and
 // the connection closed at the end.
 TEST_F(ServerTest, Http10StreamIsSentWithoutChunksAndClosed) {
@@ -358,8 +360,9 @@ TEST_F(ServerTest, BadInputIsA400NamingTheField) {
       {R"({"text": "a", "input_ids": [1]})", "input_ids"},
       {R"({"text": ""})", "text"},
       {R"({"input_ids": []})", "input_ids"},
-      {R"({"input_ids": [1, -4]})", "input_ids[1]"},
-      {R"({"input_ids": [1, 512]})", "input_ids[1]"},
+      // The serving core checks the values once and names the field (its message the position).
+      {R"({"input_ids": [1, -4]})", "input_ids"},
+      {R"({"input_ids": [1, 512]})", "input_ids"},
       {R"({"input_ids": [1, "x"]})", "input_ids[1]"},
       {R"({"input_ids": [1], "sampling_params": {"temperature": -1}})",
        "sampling_params.temperature"},
@@ -373,7 +376,7 @@ TEST_F(ServerTest, BadInputIsA400NamingTheField) {
       {R"({"input_ids": [1], "sampling_params": {"max_new_tokens": 5000}})",
        "sampling_params.max_new_tokens"},
       {R"({"input_ids": [1], "sampling_params": {"stop_token_ids": [9999]}})",
-       "sampling_params.stop_token_ids[0]"},
+       "sampling_params.stop_token_ids"},
       {R"({"input_ids": [1], "sampling_params": {"min_p": 1.5}})", "sampling_params.min_p"},
       {R"({"input_ids": [1], "sampling_params": {"temprature": 1}})",
        "sampling_params.temprature"},
@@ -493,6 +496,159 @@ TEST_F(ServerTest, KeepAliveHeadersAndBodyInTwoWritesAreNeverAborted) {
   }
   EXPECT_EQ(answered, requests);
   EXPECT_EQ(aborted, 0);
+}
+
+// Bytes sent on a raw connection, then everything the server sends until it closes (or 5 s).
+std::string raw_exchange(uint16_t port, const std::string& bytes, bool* closed = nullptr) {
+  net::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
+  if (!bytes.empty()) net::write(socket, net::buffer(bytes));
+  timeval limit{5, 0};
+  setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  std::string got;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::recv(socket.native_handle(), chunk, sizeof chunk, 0);
+    if (n <= 0) {
+      if (closed != nullptr) *closed = n == 0 || errno == ECONNRESET;
+      return got;
+    }
+    got.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+// A late header or body is answered 408 and closed; a connection that sends nothing, or sits
+// idle between requests, is closed without an answer (nginx's header, body and keep-alive
+// timeouts).
+TEST_F(ServerTest, SlowHeaderOrBodyIs408AndAnIdleConnectionIsClosed) {
+  serve({"model.preset=synth-tiny", "server.header_timeout_s=0.3", "server.body_timeout_s=0.3",
+         "server.idle_timeout_s=0.3"});
+  bool closed = false;
+  std::string got = raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n", &closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  EXPECT_NE(got.find("header_timeout_s"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  got = raw_exchange(port_,
+                     "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"input",
+                     &closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408", 0), 0u) << got;
+  EXPECT_NE(got.find("body_timeout_s"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  got = raw_exchange(port_, "", &closed);  // connects and says nothing
+  EXPECT_EQ(got, "");
+  EXPECT_TRUE(closed);
+  // Keep-alive: answered, then closed once idle.
+  got = raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  EXPECT_EQ(got.find("408"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+}
+
+// Past max_connections an idle connection makes room for a new one; when every connection is
+// busy, the new one gets 503 and a close.
+TEST_F(ServerTest, PastMaxConnectionsAnIdleOneIsClosedFirstElseA503) {
+  serve({"model.preset=synth-tiny", "server.max_connections=3", "server.header_timeout_s=30",
+         "server.idle_timeout_s=30"});
+  net::io_context ioc;
+  std::vector<tcp::socket> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.emplace_back(ioc);
+    idle.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  }
+  for (int i = 0; i < 200 && http_->open_connections() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  Reply health = call(port_, http::verb::get, "/health", "");
+  EXPECT_EQ(health.status, 200);
+  // Three connections in the middle of a header: none is idle.
+  std::vector<tcp::socket> busy;
+  for (int i = 0; i < 3; ++i) {
+    busy.emplace_back(ioc);
+    busy.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    net::write(busy.back(), net::buffer(std::string("GET /health HTTP/1.1\r\n")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  bool closed = false;
+  const std::string got = raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
+  EXPECT_NE(got.find("max_connections"), std::string::npos) << got;
+  EXPECT_TRUE(closed);
+  busy.clear();
+  idle.clear();
+}
+
+// A text prompt that cannot fit the context is refused by its size, before it is tokenized;
+// a batch larger than the queue can ever hold is a 400 naming both limits, and nothing of it
+// runs.
+TEST_F(ServerTest, WhatCanNeverBeServedIsA400AndNothingOfItRuns) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""}, /*max_unfinished=*/4);
+  const std::string huge(4 << 20, 'a');
+  Reply r = post(port_, "/generate", {{"text", huge}});
+  EXPECT_EQ(r.status, 400) << r.body.substr(0, 300);
+  EXPECT_EQ(r.json_body()["error"]["param"], "text");
+  EXPECT_NE(r.body.find("cannot fit the model's context of 512 tokens"), std::string::npos)
+      << r.body.substr(0, 300);
+  Reply chat = post(port_, "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", huge}}}}});
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_EQ(chat.json_body()["error"]["param"], "messages");
+  json batch = json::array();
+  for (int i = 0; i < 5; ++i) batch.push_back({1, 403, 407});
+  Reply b = post(port_, "/generate", {{"input_ids", batch}});
+  EXPECT_EQ(b.status, 400) << b.body;
+  EXPECT_NE(b.body.find("5 prompts can never be held at once: max_queued_requests (0) + "
+                        "max_running_requests (4) = 4"),
+            std::string::npos)
+      << b.body;
+  EXPECT_EQ(b.headers.find(http::field::retry_after), b.headers.end());
+  // One prompt of a batch past the context: the whole batch is refused, naming that prompt.
+  Reply one = post(port_, "/generate",
+                   {{"input_ids", {{1, 2}, json::array()}}, {"sampling_params", {{"max_new_tokens", 4}}}});
+  EXPECT_EQ(one.status, 400) << one.body;
+  const std::string metrics = call(port_, http::verb::get, "/metrics", "").body;
+  EXPECT_NE(metrics.find("\nkvrt:prompt_tokens_total 0\n"), std::string::npos) << metrics;
+}
+
+// A stop string ends its request as finished, not aborted: /metrics counts it with the
+// finished ones, and OpenAI's answer says "stop".
+TEST_F(ServerTest, AStopStringFinishIsCountedAsFinished) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  Reply r = post(port_, "/v1/completions",
+                 {{"prompt", "Once upon a time"}, {"max_tokens", 27}, {"stop", {" girl"}}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body()["choices"][0]["finish_reason"], "stop");
+  const std::string metrics = call(port_, http::verb::get, "/metrics", "").body;
+  EXPECT_NE(metrics.find("\nkvrt:num_requests_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nkvrt:num_aborted_requests_total 0\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("kvrt:e2e_request_latency_seconds_count 1\n"), std::string::npos)
+      << metrics;
+}
+
+// OpenAI's finish reasons are "stop" and "length" only: an aborted request is an error object,
+// answered 503, or sent as an error event in a stream.
+TEST_F(ServerTest, AnAbortedOpenAiRequestIsAnErrorNotAFinishReason) {
+  serve({"model.preset=synth-tiny", "server.request_timeout_s=0.05"});
+  Reply r = post(port_, "/v1/completions",
+                 {{"prompt", {1, 2, 3}}, {"max_tokens", 2000}, {"ignore_eos", true}});
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.json_body()["error"]["type"], "request_aborted") << r.body;
+  EXPECT_NE(r.body.find("request_timeout_s"), std::string::npos) << r.body;
+  Reply s = post(port_, "/v1/completions", {{"prompt", {1, 2, 3}}, {"max_tokens", 2000},
+                                            {"ignore_eos", true}, {"stream", true}});
+  ASSERT_EQ(s.status, 200);
+  bool done = false;
+  const std::vector<json> events = events_of(s.body, &done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.back().contains("error")) << events.back().dump();
+  for (const json& e : events) {
+    if (e.contains("choices")) {
+      EXPECT_NE(e["choices"][0]["finish_reason"], "abort");
+    }
+  }
+  EXPECT_TRUE(done);
 }
 
 TEST_F(ServerTest, AbortByRid) {
@@ -795,63 +951,6 @@ TEST_F(ServerLoadTest, Streams256WithTwoThousandIdleConnections) {
                  static_cast<int>((rss_peak - std::min(rss_peak, rss_before)) >> 20));
   // Bounded: a few KiB per connection, not a thread or a big buffer each.
   EXPECT_LT(rss_peak - std::min(rss_peak, rss_before), uint64_t{256} << 20);
-}
-
-// A streamed text never carries half a character: the bytes of "é" and "😀" arrive one token
-// at a time, and each update is whole UTF-8 and a prefix of the final text.
-TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::make_byte_tokenizer();
-  ASSERT_TRUE(tok.ok());
-  const std::string want = "h\xC3\xA9llo \xF0\x9F\x98\x80!";
-  std::vector<int32_t> ids;
-  for (unsigned char c : want) ids.push_back(3 + c);
-  TextStream stream(tok->get());
-  std::vector<int32_t> so_far;
-  std::vector<std::string> seen;
-  for (int32_t id : ids) {
-    so_far.push_back(id);
-    const std::string& text = stream.update(so_far);
-    EXPECT_EQ(want.compare(0, text.size(), text), 0) << text;
-    seen.push_back(text);
-  }
-  EXPECT_EQ(seen[1], "h");        // the first byte of "é" is held back
-  EXPECT_EQ(seen[2], "h\xC3\xA9");  // and sent with the second
-  EXPECT_EQ(seen[8], "h\xC3\xA9llo ");  // three bytes of the emoji: nothing yet
-  EXPECT_EQ(seen.back(), want);
-  EXPECT_EQ(stream.finish(so_far), want);
-  // A last token that leaves a character unfinished: finish() gives the bytes as decoded.
-  so_far.push_back(3 + 0xE2);
-  EXPECT_EQ(stream.update(so_far), want);
-  EXPECT_EQ(stream.finish(so_far), want + "\xE2");
-}
-
-// A tokenizer.json whose decoder drops a sequence's first space (Mistral's Strip, like
-// Metaspace): the output decoded after the prompt's last ids keeps its first space, streamed and
-// finished alike.
-TEST(TextStream, KeepsTheFirstSpaceOfTheOutputAfterThePrompt) {
-  const std::string dir = std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR")
-                                                                     : ".") +
-                          "/tests/data/tokenizers/mistral";
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::load_model_tokenizer(dir);
-  ASSERT_TRUE(tok.ok()) << tok.status().message();
-  const std::vector<int32_t> ids = (*tok)->encode("Once upon a time, there was", false);
-  ASSERT_GT(ids.size(), 4u);
-  const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 2);
-  const std::vector<int32_t> output(ids.begin() + 2, ids.end());
-  const std::string whole = (*tok)->decode(ids), head = (*tok)->decode(prompt);
-  ASSERT_EQ(whole.rfind(head, 0), 0u);
-  const std::string want = whole.substr(head.size());
-  ASSERT_EQ(want[0], ' ') << want;
-  EXPECT_NE((*tok)->decode(output), want);  // alone, the first space is gone
-  TextStream stream(tok->get(), prompt);
-  std::vector<int32_t> so_far;
-  for (int32_t id : output) {
-    so_far.push_back(id);
-    const std::string& text = stream.update(so_far);
-    EXPECT_EQ(want.compare(0, text.size(), text), 0) << text;
-  }
-  EXPECT_EQ(stream.text(), want);
-  EXPECT_EQ(stream.finish(output), want);
 }
 
 // A model directory with a tokenizer_config.json chat template: /v1/chat/completions renders
