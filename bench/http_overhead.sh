@@ -6,6 +6,11 @@
 # workload (synth-tiny, max_new_tokens 1, 64 keep-alive connections) beside the in-process step
 # rate.
 #
+# The measure that does not depend on sharing the cores with the client: CPU seconds of the
+# server process (every thread, from /proc) per 1,000 generated tokens over HTTP, divided by the
+# in-process bench's own CPU seconds per 1,000 tokens over its run (its report's "process CPU";
+# start-up excluded on both sides). Goal (issue 27): <= 1.05.
+#
 # The ceiling: the in-process bench keeps every core busy, so the CPU time the HTTP path adds --
 # the client's and the server's network threads' (kvrt-net), read from /proc -- comes out of the
 # model's. At best the HTTP run takes in_wall + added_cpu / cores, and its throughput ratio is at
@@ -40,6 +45,9 @@ net_cpu_ticks() {  # CPU ticks of the server's network threads so far
   done
   echo $total
 }
+server_cpu_ticks() {  # CPU ticks of the whole server process so far (every thread)
+  awk '{print $14 + $15}' /proc/"$pid"/stat
+}
 stop() {
   kill -TERM "$pid"
   wait "$pid"
@@ -54,9 +62,11 @@ for r in $(seq "$rounds"); do
   "$kvrt" bench --config configs/kv-bound.toml --workload bench/workloads/kv-bound.toml \
     >"$out/in.txt" 2>/dev/null
   before=$(net_cpu_ticks)
+  server_before=$(server_cpu_ticks)
   /usr/bin/time -f "%U %S" -o "$out/time" "$kvrt" bench --url "http://127.0.0.1:$port" \
     --workload bench/workloads/kv-bound.toml >"$out/http.txt" 2>/dev/null
   after=$(net_cpu_ticks)
+  server_after=$(server_cpu_ticks)
   client_cpu=$(awk '{print $1 + $2}' "$out/time")
   net_cpu=$(awk -v a="$after" -v b="$before" -v t="$ticks" 'BEGIN {print (a - b) / t}')
   in_wall=$(field "$out/in.txt" "duration (s)" 1)
@@ -74,6 +84,14 @@ for r in $(seq "$rounds"); do
   done
   in_tps=$(field "$out/in.txt" "server gen throughput (tok\/s)" 1)
   http_tps=$(field "$out/http.txt" "server gen throughput (tok\/s)" 1)
+  in_cpu=$(field "$out/in.txt" "process CPU (s)" 1)
+  in_tokens=$(field "$out/in.txt" "tokens" 3)
+  http_tokens=$(field "$out/http.txt" "tokens" 3)
+  awk -v a="$server_after" -v b="$server_before" -v t="$ticks" -v ht="$http_tokens" \
+    -v ic="$in_cpu" -v it="$in_tokens" -v r="$r" \
+    'BEGIN {h = (a - b) / t * 1000 / ht; i = ic * 1000 / it;
+            printf "round %s: CPU s per 1000 tokens: server over http %.3f, in process %.3f, ratio %.3f (goal <= 1.05)\n", r, h, i, h / i}' \
+    | tee -a "$out/ratios"
   in_itl=$(field "$out/in.txt" "ITL (ms)" 4)
   http_itl=$(field "$out/http.txt" "ITL (ms)" 4)
   awk -v a="$http_tps" -v b="$in_tps" -v x="$http_itl" -v y="$in_itl" -v c="$ceiling" -v r="$r" \

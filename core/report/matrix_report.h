@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cli/matrix.h"
+#include "core/bench/matrix.h"
 
 namespace kvrt::report {
 

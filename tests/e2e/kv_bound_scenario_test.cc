@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <map>
 
-#include "core/cli/bench.h"
+#include "core/bench/bench.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cli/matrix_plan.h"
+#include "core/bench/matrix_plan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/cli/workload.h"
+#include "core/bench/workload.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -21,7 +21,7 @@
 #include <thread>
 #include <tuple>
 
-#include "core/cli/workload.h"
+#include "core/bench/workload.h"
 #include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"

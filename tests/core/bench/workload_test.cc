@@ -1,4 +1,4 @@
-#include "core/cli/workload.h"
+#include "core/bench/workload.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "core/cli/bench.h"
+#include "core/bench/bench.h"
 #include "core/sched/page_hash.h"
 
 namespace kvrt::bench {

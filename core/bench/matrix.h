@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "core/cli/bench.h"
-#include "core/cli/matrix_plan.h"
-#include "core/cli/workload.h"
+#include "core/bench/bench.h"
+#include "core/bench/matrix_plan.h"
+#include "core/bench/workload.h"
 #include "core/util/status.h"
 
 namespace kvrt::bench {

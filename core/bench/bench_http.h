@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/cli/bench.h"
+#include "core/bench/bench.h"
 #include "core/client/http_client.h"
 
 namespace kvrt::bench {

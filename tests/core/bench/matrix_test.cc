@@ -1,6 +1,6 @@
 // kvrt bench --matrix: parsing, the product and its order, validation before anything runs, and
 // a real run through the runtime (synth-bench) whose JSON holds every figure of every run.
-#include "core/cli/matrix.h"
+#include "core/bench/matrix.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

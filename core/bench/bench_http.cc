@@ -1,4 +1,4 @@
-#include "core/cli/bench_http.h"
+#include "core/bench/bench_http.h"
 
 #include <spdlog/spdlog.h>
 

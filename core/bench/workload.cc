@@ -1,4 +1,4 @@
-#include "core/cli/workload.h"
+#include "core/bench/workload.h"
 
 #include <toml++/toml.h>
 

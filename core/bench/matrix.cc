@@ -1,4 +1,4 @@
-#include "core/cli/matrix.h"
+#include "core/bench/matrix.h"
 
 #include <spdlog/spdlog.h>
 #include <sys/utsname.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cli/workload.h"
+#include "core/bench/workload.h"
 #include "core/config/config.h"
 #include "core/metrics/diagnosis.h"
 #include "core/runtime/runtime.h"
@@ -41,6 +41,9 @@ struct BenchReport {
   std::string store;
   uint64_t max_total_num_tokens = 0;
   double duration_s = 0;
+  // In process: the CPU seconds this process spent over the run, every thread (0 over HTTP,
+  // where the server's own CPU is read from /proc by bench/http_overhead.sh).
+  double process_cpu_s = 0;
   uint64_t requests = 0, completed = 0, aborted = 0;
   // Why requests were aborted: each distinct reason and how many times it was given.
   std::map<std::string, uint64_t> abort_reasons;

@@ -1,4 +1,4 @@
-#include "core/cli/matrix_plan.h"
+#include "core/bench/matrix_plan.h"
 
 #include <set>
 

@@ -1,4 +1,4 @@
-#include "core/cli/bench.h"
+#include "core/bench/bench.h"
 
 #include <spdlog/spdlog.h>
 
@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <thread>
+#include <time.h>
 #include <unordered_map>
 
 
@@ -108,6 +109,13 @@ void follow_conversation(WorkloadPlan& plan, const WorkloadSpec& workload, int64
 
 namespace {
 
+// CPU time of the whole process (every thread) so far.
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 struct InFlight {
   Clock::time_point sent, last;
   bool has_token = false;
@@ -207,6 +215,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   bool saturated = false;
   Clock::time_point first_send{}, last_end{};
   const Clock::time_point start = Clock::now();
+  const double cpu_start = process_cpu_seconds();
 
   auto send = [&](PlannedRequest& p) {
     serve::GenerateRequest spec;
@@ -289,6 +298,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
 
   const sched::SchedulerCounters& c = core.counters();
   report.duration_s = seconds(Clock::now() - start);
+  report.process_cpu_s = process_cpu_seconds() - cpu_start;
   if (comm != nullptr) {
     report.decode.tp_backend = comm->backend();
     report.decode.tp = core.engine()->tp();
@@ -348,6 +358,12 @@ std::string format_report(const BenchReport& r) {
   add("%-38s %llu completed, %llu aborted of %llu", "requests", static_cast<ull>(r.completed),
       static_cast<ull>(r.aborted), static_cast<ull>(r.requests));
   add("%-38s %.2f", "duration (s)", r.duration_s);
+  if (r.process_cpu_s > 0) {
+    add("%-38s %.2f (%.3f per 1000 generated tokens)", "process CPU (s)", r.process_cpu_s,
+        r.generated_tokens > 0
+            ? r.process_cpu_s * 1000.0 / static_cast<double>(r.generated_tokens)
+            : 0.0);
+  }
   add("%-38s %llu prompt, %llu generated, %llu cached (%llu from the tier)", "tokens",
       static_cast<ull>(r.prompt_tokens), static_cast<ull>(r.generated_tokens),
       static_cast<ull>(r.cached_tokens), static_cast<ull>(r.tier_loaded_tokens));
