@@ -447,6 +447,8 @@ const std::vector<Field>& Schema() {
                [](auto& c) -> auto& { return c.server.max_body_bytes; }, 1, int64_t{1} << 30),
       FloatField("server", "request_timeout_s",
                  [](auto& c) -> auto& { return c.server.request_timeout_s; }, 0, 86400, true),
+      IntField("server", "stream_interval",
+               [](auto& c) -> auto& { return c.server.stream_interval; }, 1, kIntMax),
       FloatField("server", "header_timeout_s",
                  [](auto& c) -> auto& { return c.server.header_timeout_s; }, 0, 86400, true),
       FloatField("server", "body_timeout_s",

@@ -80,6 +80,7 @@ struct Config {
     int max_connections = 4096;     // past this an idle one is closed, else the new one: 503
     int64_t max_body_bytes = 16 << 20;  // larger request bodies are answered 413
     double request_timeout_s = 600;     // a request still running after this is aborted
+    int stream_interval = 1;  // a stream's event per this many tokens (its first one at once)
     double header_timeout_s = 10;  // accept (or a request's first byte) to its whole header: 408
     double body_timeout_s = 30;    // the header to the whole body: 408
     double idle_timeout_s = 60;    // keep-alive: idle this long between requests, closed

@@ -404,6 +404,7 @@ serve::ServingOptions serving_options(const config::Config& cfg, const Runtime& 
   o.scheduler = scheduler_options(cfg, rt);
   o.store = cfg.kv.store;
   o.other_stores = std::move(other_stores);
+  o.stream_interval = cfg.server.stream_interval;
   return o;
 }
 

@@ -5,7 +5,9 @@
 //
 // A request's life: submit() checks it once (check_request) and refuses it with a Status that
 // names the field at fault, or queues it. From then on its sink hears one RequestOutput per step
-// that gave it new tokens, and the last one has `finished` set, exactly once, whatever ends it:
+// that gave it new tokens (its first token at once, then every ServingOptions::stream_interval
+// tokens; only the end when it does not stream), and the last one has `finished` set, exactly
+// once, whatever ends it:
 // its length, a stop token, a stop string (found on the step thread, in the step that completes
 // it), an abort (the client went away, /abort_request, a timeout, shutdown) or an engine failure.
 #pragma once
@@ -29,6 +31,9 @@ struct GenerateRequest {
   // Generation ends when the decoded output contains one of these; the text is cut before it.
   // Needs the core to have a tokenizer.
   std::vector<std::string> stop;
+  // false: the sink hears one output only, at the end, holding every id and the whole text (a
+  // caller that answers once saves an output per step).
+  bool stream = true;
 };
 
 // How a request ended.
@@ -80,7 +85,7 @@ struct RequestOutput {
   std::string message;         // kAborted, kEngineFailure: why
 };
 
-// Where a request's outputs go; called on the step thread.
-using RequestSink = std::function<void(const RequestOutput&)>;
+// Where a request's outputs go; called on the step thread, each output handed over (moved).
+using RequestSink = std::function<void(RequestOutput)>;
 
 }  // namespace kvrt::serve

@@ -88,6 +88,7 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
   Live live(std::move(sink), request.sampling,
             OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
   live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
+  live.stream = request.stream;
   const uint64_t id = request.id;
   live_.emplace(id, std::move(live));
   sched::RequestSpec spec;
@@ -145,6 +146,14 @@ void ServingCore::deliver(uint64_t id) {
   auto it = live_.find(id);
   if (it == live_.end()) return;
   Live& live = it->second;
+  live.advanced = false;
+  if (!live.end) {
+    // Not ended: due when it streams and this is its first token or an interval's worth.
+    const size_t unsent = live.output.size() - live.sent_ids;
+    const bool due = live.stream && (live.sent_ids == 0 ||
+                                     unsent >= static_cast<size_t>(std::max(1, options_.stream_interval)));
+    if (!due) return;
+  }
   RequestOutput out = live.end ? std::move(*live.end) : RequestOutput{};
   out.id = id;
   out.new_ids.assign(live.output.begin() + static_cast<ptrdiff_t>(live.sent_ids),
@@ -154,11 +163,10 @@ void ServingCore::deliver(uint64_t id) {
   out.output_tokens = static_cast<int32_t>(live.output.size());
   out.prompt_tokens = live.prompt_tokens;
   out.cached_tokens = live.cached_tokens;
-  live.advanced = false;
   const std::shared_ptr<const RequestSink> sink = live.sink;
   // Ended: forgotten before its sink hears it, so a sink may submit the next request at once.
   if (out.finished) live_.erase(it);
-  if (*sink) (*sink)(out);
+  if (*sink) (*sink)(std::move(out));
 }
 
 bool ServingCore::abort(uint64_t id, const std::string& message, FinishReason reason) {

@@ -36,6 +36,11 @@ struct ServingOptions {
   // Decode steps per diagnosis line in the log; 0: 5 * scheduler.log_interval. No lines when
   // the scheduler logs none (log_interval 0).
   int diagnosis_interval = 0;
+  // A streamed request hears its first token at once, then an output every this many tokens
+  // (and at its end): SGLang's --stream-interval. 1: every step; more trades smoothness for
+  // less work per token in whatever carries the outputs (one event and one write each, over
+  // HTTP).
+  int stream_interval = 1;
 };
 
 class ServingCore {
@@ -101,6 +106,7 @@ class ServingCore {
     OutputText text;
     std::vector<int32_t> output;  // every id sampled
     size_t sent_ids = 0;          // of output, in an earlier output
+    bool stream = true;           // GenerateRequest::stream
     int32_t prompt_tokens = 0;
     int64_t cached_tokens = 0;
     // How an abort ends it (set by abort() before the scheduler's finish).
@@ -115,7 +121,8 @@ class ServingCore {
   bool on_token(const sched::Request& r, int32_t token);
   void on_finish(const sched::Request& r, sched::FinishKind kind);
   void observe(const sched::StepStats& stats);  // the step's metrics and diagnosis
-  // The output of what `live` did since its last one; erases it when it ended.
+  // The output of what `live` did since its last one, if it is due (stream_interval, stream);
+  // erases it when it ended.
   void deliver(uint64_t id);
 
   ServingOptions options_;

@@ -102,9 +102,9 @@ Status StepLoop::submit(std::vector<std::pair<GenerateRequest, RequestSink>> bat
         for (auto& [request, sink] : *shared) {
           auto target = std::make_shared<const RequestSink>(std::move(sink));
           // Held back until the step (or command) is over and, for an end, the snapshot shows it.
-          RequestSink hold = [this, target](const RequestOutput& out) {
+          RequestSink hold = [this, target](RequestOutput out) {
             outbox_has_end_ = outbox_has_end_ || out.finished;
-            outbox_.emplace_back(target, out);
+            outbox_.emplace_back(target, std::move(out));
           };
           const uint64_t id = request.id;
           if (Status s = core_.submit(std::move(request), std::move(hold)); !s.ok()) {
@@ -157,7 +157,7 @@ void StepLoop::flush_outbox() {
   outbox_has_end_ = false;
   for (auto& [sink, out] : outputs) {
     if (out.finished) unfinished_.fetch_sub(1);
-    if (*sink) (*sink)(out);
+    if (*sink) (*sink)(std::move(out));
   }
 }
 

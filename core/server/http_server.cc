@@ -385,10 +385,12 @@ class Session : public std::enable_shared_from_this<Session> {
       r.sampling = call_.sampling;
       r.stop_token_ids = stop_ids;
       r.stop = call_.stop;
+      r.stream = call_.stream;
       // The sinks keep the session alive until the request ends (the core drops them then), so
       // its answer always has a connection to go to.
-      serve::RequestSink sink = [self = shared_from_this(), i](const serve::RequestOutput& out) {
-        net::post(self->stream_.get_executor(), [self, i, out] { self->on_output(i, out); });
+      serve::RequestSink sink = [self = shared_from_this(), i](serve::RequestOutput out) {
+        net::post(self->stream_.get_executor(),
+                  [self, i, out = std::move(out)] { self->on_output(i, out); });
       };
       batch.emplace_back(std::move(r), std::move(sink));
     }

@@ -153,6 +153,42 @@ TEST(ServingCore, OutputsComeOnePerStepAndTheLastOneAloneIsFinished) {
   EXPECT_EQ(end.prompt_tokens, 5);
 }
 
+TEST(ServingCore, AStreamHearsItsFirstTokenAtOnceThenEveryStreamIntervalTokens) {
+  Scripted executor({40, 41, 42, 43, 44, 45, 46, 47, 48, 49});
+  ServingOptions o = options();
+  o.stream_interval = 4;
+  ServingCore core(o, &executor, nullptr);
+  Heard heard;
+  GenerateRequest r = request(1);
+  r.max_new_tokens = 10;
+  ASSERT_TRUE(core.submit(r, heard.sink()).ok());
+  run(core);
+  // The prefill's token, then 4, 4, and the last one at the end.
+  ASSERT_EQ(heard.outputs.size(), 4u);
+  EXPECT_EQ(heard.outputs[0].new_ids, std::vector<int32_t>({40}));
+  EXPECT_EQ(heard.outputs[1].new_ids, std::vector<int32_t>({41, 42, 43, 44}));
+  EXPECT_EQ(heard.outputs[2].new_ids, std::vector<int32_t>({45, 46, 47, 48}));
+  EXPECT_EQ(heard.outputs[3].new_ids, std::vector<int32_t>({49}));
+  EXPECT_EQ(heard.ends(), 1);
+  EXPECT_TRUE(heard.outputs.back().finished);
+  EXPECT_EQ(heard.outputs[2].output_tokens, 9);
+}
+
+TEST(ServingCore, ARequestThatDoesNotStreamHearsOnlyItsEndWithEveryId) {
+  Scripted executor({40, 41, 42, 43, 44});
+  ServingCore core(options(), &executor, nullptr);
+  Heard heard;
+  GenerateRequest r = request(1);
+  r.max_new_tokens = 5;
+  r.stream = false;
+  ASSERT_TRUE(core.submit(r, heard.sink()).ok());
+  run(core);
+  ASSERT_EQ(heard.outputs.size(), 1u);
+  EXPECT_TRUE(heard.outputs[0].finished);
+  EXPECT_EQ(heard.outputs[0].new_ids, std::vector<int32_t>({40, 41, 42, 43, 44}));
+  EXPECT_EQ(heard.outputs[0].output_tokens, 5);
+}
+
 TEST(ServingCore, AStopTokenEndsItNamingTheId) {
   Scripted executor({40, 41, 99, 43});
   ServingCore core(options(), &executor, nullptr);
