@@ -246,11 +246,22 @@ void HttpDriver::on_event(Flight& f, std::string_view data) {
     return;
   }
   if (j.contains("output_ids") && j["output_ids"].is_array()) {
+    // SGLang sends the ids so far (and, with incremental streaming output, the new ones only):
+    // meta_info.completion_tokens says how many there are, so the new ones are the last
+    // completion_tokens - seen of the list either way.
     const json& ids = j["output_ids"];
-    for (const json& id : ids) {
-      if (id.is_number_integer()) f.output.push_back(id.get<int32_t>());
+    size_t fresh = ids.size();
+    if (j.contains("meta_info") && j["meta_info"].is_object() &&
+        j["meta_info"].contains("completion_tokens") &&
+        j["meta_info"]["completion_tokens"].is_number_integer()) {
+      const auto total = j["meta_info"]["completion_tokens"].get<int64_t>();
+      const auto seen = static_cast<int64_t>(f.output.size());
+      fresh = std::min(ids.size(), static_cast<size_t>(std::max<int64_t>(0, total - seen)));
     }
-    on_tokens(f, static_cast<int64_t>(ids.size()));
+    for (size_t i = ids.size() - fresh; i < ids.size(); ++i) {
+      if (ids[i].is_number_integer()) f.output.push_back(ids[i].get<int32_t>());
+    }
+    on_tokens(f, static_cast<int64_t>(fresh));
   }
   if (j.contains("meta_info") && j["meta_info"].is_object()) {
     const json& m = j["meta_info"];

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -82,18 +83,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   loop_options.max_running_requests = static_cast<size_t>(cfg.scheduler.max_running_requests);
   serve::StepLoop loop(core, loop_options);
 
-  server::ServerOptions options;
-  options.host = cfg.server.host;
-  options.port = cfg.server.port;
-  options.network_threads = cfg.server.network_threads;
-  options.max_connections = cfg.server.max_connections;
-  options.max_body_bytes = static_cast<uint64_t>(cfg.server.max_body_bytes);
-  options.request_timeout_s = cfg.server.request_timeout_s;
-  options.header_timeout_s = cfg.server.header_timeout_s;
-  options.body_timeout_s = cfg.server.body_timeout_s;
-  options.idle_timeout_s = cfg.server.idle_timeout_s;
-  options.api_key = cfg.server.api_key;
-  options.record_trace = cfg.server.record_trace;
+  const server::ServerOptions options = server::server_options(cfg);
   server::ModelLimits limits;
   limits.tokenizer = rt.tokenizer.get();
   limits.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
@@ -121,14 +111,22 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"is_generation", true},
                          {"vocab_size", rt.model.vocab_size},
                          {"context_length", rt.model.max_position_embeddings},
-                         {"architecture", rt.model.architecture}}
+                         {"architecture", rt.model.architecture},
+                         {"architectures", json::array({rt.model.architecture})},
+                         {"model_type", model::model_type_of(rt.model)}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
   loop.describe([&cfg, &rt, effective, store, attention,
                  chat_template](const serve::ServingCore& c) {
     const metrics::Diagnosis d = c.diagnosis();
     return json{{"config", effective},
                 {"model_path", rt.model_name},
+                {"version", KVRT_VERSION},
                 {"max_total_num_tokens", c.max_total_num_tokens()},
+                // The longest prompt a request may have (as SGLang's): within the context and
+                // the pool, less the one token it must be able to generate.
+                {"max_req_input_len",
+                 std::min<int64_t>(rt.model.max_position_embeddings,
+                                   static_cast<int64_t>(c.max_total_num_tokens())) - 1},
                 {"page_size", cfg.scheduler.page_size},
                 {"tp_size", cfg.tp.size},
                 {"kv_store", store},

@@ -463,6 +463,11 @@ const std::vector<Field>& Schema() {
                   [](auto& c) -> auto& { return c.server.record_trace; }, {}, true),
       StringField("server", "chat_template",
                   [](auto& c) -> auto& { return c.server.chat_template; }, {}, true),
+      BoolField("server", "incremental_streaming_output",
+                [](auto& c) -> auto& { return c.server.incremental_streaming_output; }),
+      StringField("server", "metric_names",
+                  [](auto& c) -> auto& { return c.server.metric_names; },
+                  {"kvrt", "sglang", "both"}, false),
       StringArrayField("plugins", "path", [](auto& c) -> auto& { return c.plugin_paths; }),
       BoolField("plugins", "verify", [](auto& c) -> auto& { return c.verify_plugins; }),
   };

@@ -87,6 +87,9 @@ struct Config {
     double shutdown_grace_s = 30;       // SIGTERM: running requests get this long to finish
     std::string api_key;                // "": no authentication
     std::string record_trace;           // "": none; else a JSONL file kvrt bench --trace replays
+    // /generate streams the text and ids so far (false, SGLang's default) or the new ones only
+    bool incremental_streaming_output = false;
+    std::string metric_names = "both";  // /metrics: "kvrt" | "sglang" | "both"
     // "": the model directory's own template (refused at start-up if kvrt cannot render it);
     // "default": kvrt's "<role>: <content>" lines; else a .jinja file or a tokenizer_config.json
     std::string chat_template;

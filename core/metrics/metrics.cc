@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <limits>
+#include <string_view>
 #include <utility>
 
 namespace kvrt::metrics {
@@ -275,6 +276,55 @@ ServerMetrics::ServerMetrics(Registry& r)
       generation_tokens(r.histogram("kvrt:generation_tokens",
                                     "Histogram of generation tokens per request.",
                                     token_count_bounds())) {}
+
+std::string renamed_exposition(const std::string& exposition, const std::string& from,
+                               const std::string& to, const std::string& label_name,
+                               const std::string& label_value) {
+  std::string label;
+  if (!label_name.empty()) {
+    label = label_name + "=\"";
+    for (char c : label_value) {
+      if (c == '\\' || c == '"') label += '\\';
+      if (c == '\n') {
+        label += "\\n";
+      } else {
+        label += c;
+      }
+    }
+    label += '"';
+  }
+  std::string out;
+  out.reserve(exposition.size() + exposition.size() / 2);
+  size_t begin = 0;
+  while (begin < exposition.size()) {
+    size_t end = exposition.find('\n', begin);
+    if (end == std::string::npos) end = exposition.size();
+    const std::string_view line(exposition.data() + begin, end - begin);
+    begin = end + 1;
+    for (const char* comment : {"# HELP ", "# TYPE "}) {
+      const std::string_view c(comment);
+      if (line.substr(0, c.size()) == c && line.substr(c.size(), from.size()) == from) {
+        out.append(c).append(to).append(line.substr(c.size() + from.size())).append("\n");
+      }
+    }
+    if (line.empty() || line[0] == '#' || line.substr(0, from.size()) != from) continue;
+    // name{labels} value, or name value.
+    const size_t name_end = line.find_first_of("{ ");
+    if (name_end == std::string_view::npos) continue;
+    out.append(to).append(line.substr(from.size(), name_end - from.size()));
+    if (label.empty()) {
+      out.append(line.substr(name_end));
+    } else if (line[name_end] == '{') {
+      out.append("{").append(label);
+      if (line.substr(name_end + 1, 1) != "}") out.append(",");
+      out.append(line.substr(name_end + 1));
+    } else {
+      out.append("{").append(label).append("}").append(line.substr(name_end));
+    }
+    out.append("\n");
+  }
+  return out;
+}
 
 std::string decode_log_line(const DecodeLog& log) {
   return fmt::format(

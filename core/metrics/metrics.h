@@ -120,6 +120,14 @@ class Registry {
   std::map<std::string, Entry*> by_name_;       // guarded by mu_
 };
 
+// The metrics of a rendered exposition (render_prometheus) whose names start with `from`,
+// renamed to start with `to`, each sample labelled name="value" as well (label_value escaped;
+// no label when label_name is empty); other lines are dropped. kvrt serve exports its "kvrt:"
+// metrics under SGLang's "sglang:" names with SGLang's model_name label this way.
+std::string renamed_exposition(const std::string& exposition, const std::string& from,
+                               const std::string& to, const std::string& label_name,
+                               const std::string& label_value);
+
 // Bucket bounds of SGLang's latency histograms, in seconds.
 std::vector<double> time_to_first_token_bounds();
 std::vector<double> inter_token_latency_bounds();

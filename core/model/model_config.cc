@@ -122,6 +122,18 @@ Status ModelConfig::validate(const std::string& source) const {
   return Status::Ok();
 }
 
+std::string model_type_of(const ModelConfig& config) {
+  if (!config.model_type.empty()) return config.model_type;
+  static const std::pair<const char*, const char*> kTypes[] = {
+      {"LlamaForCausalLM", "llama"},   {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},   {"Qwen3ForCausalLM", "qwen3"},
+      {"DeepseekV3ForCausalLM", "deepseek_v3"}};
+  for (const auto& [architecture, type] : kTypes) {
+    if (config.architecture == architecture) return type;
+  }
+  return "";
+}
+
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> kSupported = {"LlamaForCausalLM", "Qwen2ForCausalLM",
                                                       "Qwen3ForCausalLM", "MistralForCausalLM",
@@ -259,6 +271,9 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
       }
     }
     if (c.architecture.empty()) c.architecture = (*archs)[0].get<std::string>();
+  }
+  if (const json* t = top.Find("model_type"); t != nullptr && t->is_string()) {
+    c.model_type = t->get<std::string>();
   }
   const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
   const bool qwen3 = c.architecture == "Qwen3ForCausalLM";

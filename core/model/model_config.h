@@ -17,6 +17,7 @@ namespace kvrt::model {
 
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
+  std::string model_type;    // config.json's "model_type" ("llama", "qwen3"); "" if it has none
   std::string torch_dtype;   // dtype of the stored weights as config.json says; "" if it doesn't
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -121,6 +122,10 @@ struct ModelConfig {
   // the field, prefixed with `source` (a file name or preset name).
   Status validate(const std::string& source) const;
 };
+
+// config.model_type, or the one transformers gives the architecture when config.json had none
+// (a preset): "llama", "mistral", "qwen2", "qwen3", "deepseek_v3"; "" for another.
+std::string model_type_of(const ModelConfig& config);
 
 // Reads config.json text (`source` names it in messages): every field above, defaulting as
 // the transformers config classes do (num_key_value_heads = num_attention_heads, head_dim =

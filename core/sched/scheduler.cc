@@ -594,6 +594,12 @@ void Scheduler::note_failed_batch() {
   for (const ScheduledSequence& s : batch_.sequences) failed_batch_.push_back(s.request->spec.id);
 }
 
+uint64_t Scheduler::tokens_in_use() const {
+  StepStats now;
+  fill_stats(&now);
+  return now.pages_in_use * options_.page_size;
+}
+
 void Scheduler::publish_gauges() const {
   if (metrics_ == nullptr) return;
   StepStats now;

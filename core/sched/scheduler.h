@@ -190,6 +190,8 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty() && !chunked_; }
   size_t num_waiting() const { return waiting_.size(); }
   size_t num_running() const { return running_.size() + (chunked_ ? 1 : 0); }
+  // KV tokens held by requests now (the num_used_tokens gauge).
+  uint64_t tokens_in_use() const;
   const SchedulerCounters& counters() const { return counters_; }
   const PrefixCache& cache() const { return cache_; }
   uint64_t free_pages() const { return free_pages_.size(); }

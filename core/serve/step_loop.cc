@@ -143,6 +143,7 @@ void StepLoop::publish() {
   if (describe_) s->description = describe_(core_);
   s->running = core_.scheduler().num_running();
   s->waiting = core_.scheduler().num_waiting();
+  s->tokens_in_use = core_.scheduler().tokens_in_use();
   s->engine_broken = core_.engine_broken();
   published_ = std::chrono::steady_clock::now();
   std::lock_guard lock(snapshot_mutex_);

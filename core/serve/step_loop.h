@@ -34,6 +34,7 @@ struct LoopSnapshot {
   std::string prometheus;   // GET /metrics
   std::string description;  // StepLoop::describe's text (GET /get_server_info)
   size_t running = 0, waiting = 0;
+  uint64_t tokens_in_use = 0;  // KV tokens held by requests
   bool engine_broken = false;
 };
 

@@ -61,10 +61,46 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
       return bad(at + ".role", "expected a string (system, user or assistant)");
     }
-    if (!m.contains("content") || !m["content"].is_string()) {
-      return bad(at + ".content", "expected a string");
+    if (!m.contains("content")) return bad(at + ".content", "missing");
+    const json& c = m["content"];
+    std::string content;
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {
+      // Text parts, joined with newlines as vLLM renders them for a text-only template.
+      for (size_t k = 0; k < c.size(); ++k) {
+        const json& part = c[k];
+        const std::string pat = at + ".content[" + std::to_string(k) + "]";
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+          return bad(pat + ".type", "expected a content part {\"type\": \"text\", \"text\"}");
+        }
+        const std::string type = part["type"].get<std::string>();
+        if (type != "text") {
+          return bad(pat + ".type", "'" + type + "' parts are not supported: this server "
+                                    "serves text models (only \"text\" parts)");
+        }
+        if (!part.contains("text") || !part["text"].is_string()) {
+          return bad(pat + ".text", "expected a string");
+        }
+        for (auto it = part.begin(); it != part.end(); ++it) {
+          if (it.key() != "type" && it.key() != "text") return bad(pat + "." + it.key(), "unknown field");
+        }
+        if (k > 0) content += "\n";
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      return bad(at + ".content", "expected a string or a list of text parts, found " +
+                                      type_name(c));
     }
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      // "name" is OpenAI's speaker label; templates that do not use it ignore it, as in HF.
+      if (it.key() != "role" && it.key() != "content" && it.key() != "name") {
+        return bad(at + "." + it.key(), it.key() == "tool_calls" || it.key() == "tool_call_id"
+                                            ? "tools are not supported"
+                                            : "unknown field");
+      }
+    }
+    messages.push_back({m["role"].get<std::string>(), std::move(content)});
   }
   return messages;
 }
@@ -114,6 +150,54 @@ std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const Model
                       std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
   if (!ids.ok()) return bad("messages", ids.status().message());
   return std::move(*ids);
+}
+
+// The fields SGLang's and OpenAI's clients send with their "nothing" value, accepted as such;
+// any other value asks for what kvrt does not do, refused by name.
+std::optional<ApiError> no_op(const json& j) {
+  struct NoOp {
+    const char* key;
+    bool (*accepts)(const json&);
+    const char* why;
+  };
+  static const NoOp kNoOps[] = {
+      {"lora_path", [](const json& v) { return v.is_null(); }, "LoRA adapters are not supported"},
+      {"image_data", [](const json& v) { return v.is_null(); },
+       "images are not supported: this server serves text models"},
+      {"modalities", [](const json& v) { return v.is_null() || (v.is_array() && v.empty()); },
+       "only text is supported"},
+      {"return_hidden_states", [](const json& v) { return v.is_null() || v == false; },
+       "hidden states are not returned"},
+      {"custom_logit_processor", [](const json& v) { return v.is_null(); },
+       "custom logit processors are not supported"},
+      {"bootstrap_host", [](const json& v) { return v.is_null(); },
+       "prefill/decode disaggregation is not supported"},
+      {"bootstrap_port", [](const json& v) { return v.is_null(); },
+       "prefill/decode disaggregation is not supported"},
+      {"bootstrap_room", [](const json& v) { return v.is_null(); },
+       "prefill/decode disaggregation is not supported"},
+      {"best_of", [](const json& v) { return v.is_null() || v == 1; },
+       "best_of > 1 is not supported yet"},
+      {"user", [](const json& v) { return v.is_null() || v.is_string(); }, "expected a string"},
+      // Requests are served first come, first served; a priority is accepted and not used.
+      {"priority", [](const json& v) { return v.is_null() || v.is_number_integer(); },
+       "expected an integer"},
+  };
+  for (const NoOp& op : kNoOps) {
+    if (j.contains(op.key) && !op.accepts(j[op.key])) return bad(op.key, op.why);
+  }
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    const json& f = j["response_format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
+      return bad("response_format", "expected {\"type\": \"text\"}");
+    }
+    if (f["type"] != "text") {
+      return bad("response_format", "'" + f["type"].get<std::string>() +
+                                        "' needs constrained decoding, which kvrt does not have "
+                                        "yet (only {\"type\": \"text\"})");
+    }
+  }
+  return std::nullopt;
 }
 
 std::optional<ApiError> read_bool(const json& j, const char* key, bool* out) {
@@ -197,12 +281,15 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   const json& j = std::get<json>(parsed);
   if (auto e = unknown_field(
           j, {"text", "input_ids", "sampling_params", "stream", "rid", "return_logprob",
-              "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "modalities"})) {
+              "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "modalities",
+              "lora_path", "return_hidden_states", "image_data", "priority",
+              "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room"})) {
     return *e;
   }
   if (j.contains("return_logprob") && j["return_logprob"] == true) {
     return bad("return_logprob", "log probabilities are not supported yet");
   }
+  if (auto e = no_op(j)) return *e;
   GenerateCall call;
   const bool has_text = j.contains("text") && !j["text"].is_null();
   const bool has_ids = j.contains("input_ids") && !j["input_ids"].is_null();
@@ -358,9 +445,16 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
         if (auto e = number(&x)) return *e;
         const double neutral = key == "repetition_penalty" ? 1.0 : 0.0;
         if (x != neutral) return bad(param, key + " is not supported yet");
-      } else if (key == "skip_special_tokens" || key == "spaces_between_special_tokens" ||
-                 key == "no_stop_trim") {
+      } else if (key == "no_stop_trim") {
         if (!v.is_boolean()) return bad(param, "expected true or false");
+        call.no_stop_trim = v.get<bool>();
+      } else if (key == "skip_special_tokens" || key == "spaces_between_special_tokens") {
+        if (!v.is_boolean()) return bad(param, "expected true or false");
+        // The output text always leaves special tokens out, as both default to.
+        if (!v.get<bool>()) return bad(param, "only true is supported");
+      } else if (key == "json_schema" || key == "regex" || key == "ebnf" ||
+                 key == "structural_tag") {
+        return bad(param, "constrained decoding is not supported yet");
       } else {
         return bad(param, "unknown sampling parameter");
       }
@@ -392,8 +486,9 @@ std::variant<json, ApiError> openai_sampling(const json& j) {
                k == "ignore_eos" || k == "min_p") {
       sp[k] = v;
     } else if (k == "model" || k == "prompt" || k == "messages" || k == "stream" || k == "user" ||
-               k == "stream_options" || k == "logprobs" || k == "echo") {
-      // handled by the caller, or accepted and not used (user)
+               k == "stream_options" || k == "logprobs" || k == "echo" || k == "best_of" ||
+               k == "response_format" || k == "priority") {
+      // handled by the caller (no_op: best_of 1, response_format text, user, priority)
     } else {
       return bad(k, "unknown field");
     }
@@ -410,27 +505,49 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   const json& j = std::get<json>(parsed);
   auto sampling = openai_sampling(j);
   if (auto* e = std::get_if<ApiError>(&sampling)) return *e;
-  if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) ||
+  if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false &&
+       j["logprobs"] != 0) ||
       (j.contains("echo") && j["echo"] == true)) {
     return bad(j.contains("echo") && j["echo"] == true ? "echo" : "logprobs",
                "not supported yet");
   }
-  // The same request as /generate would see it, checked by the same code.
+  if (auto e = no_op(j)) return *e;
+  bool stream = false, include_usage = false;
+  if (auto e = read_bool(j, "stream", &stream)) return *e;
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const json& so = j["stream_options"];
+    if (!stream) return bad("stream_options", "only allowed when stream is true");
+    if (!so.is_object()) return bad("stream_options", "expected an object");
+    for (auto it = so.begin(); it != so.end(); ++it) {
+      if (it.key() != "include_usage") return bad("stream_options." + it.key(), "unknown field");
+    }
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) {
+        return bad("stream_options.include_usage", "expected true or false");
+      }
+      include_usage = so["include_usage"].get<bool>();
+    }
+  }
+  // The same request as /generate would see it, checked by the same code (a list of prompts
+  // streams here, unlike on /generate: its choices are told apart by index).
   json generate = {{"sampling_params", std::get<json>(sampling)}};
-  if (j.contains("stream")) generate["stream"] = j["stream"];
   if (chat) {
     auto ids = chat_ids(j, limits, /*add_generation_prompt=*/true);
     if (auto* e = std::get_if<ApiError>(&ids)) return *e;
     generate["input_ids"] = std::get<std::vector<int32_t>>(ids);
   } else {
     if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
+    // OpenAI's four shapes: a string, a list of strings, a list of ids, a list of id lists.
     const json& p = j["prompt"];
-    if (p.is_string()) {
+    const bool texts = p.is_array() && !p.empty() && p[0].is_string();
+    const bool id_lists = p.is_array() && !p.empty() && p[0].is_array();
+    if (p.is_string() || texts) {
       generate["text"] = p;
-    } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    } else if (p.is_array() && !p.empty() && (p[0].is_number() || id_lists)) {
       generate["input_ids"] = p;
     } else {
-      return bad("prompt", "expected a string or a list of token ids");
+      return bad("prompt", "expected a string, a list of strings, a list of token ids or a "
+                           "list of lists of token ids");
     }
   }
   auto call = parse_generate(generate.dump(), limits);
@@ -452,15 +569,35 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   }
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
+  c.stream = stream;
+  c.include_usage = include_usage;
   if (j.contains("model") && j["model"].is_string()) c.model = j["model"].get<std::string>();
   return c;
 }
+
+namespace {
+
+// OpenAI's usage over a call's choices; prompt_tokens_details.cached_tokens counts the prompt
+// tokens served from the prefix cache.
+json usage_json(const std::vector<GenerateResult>& results) {
+  int64_t prompt = 0, completion = 0, cached = 0;
+  for (const GenerateResult& r : results) {
+    prompt += r.prompt_tokens;
+    completion += static_cast<int64_t>(r.output_ids.size());
+    cached += r.cached_tokens;
+  }
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+}  // namespace
 
 json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,
                  const std::string& id, int64_t created) {
   const bool chat = call.dialect == Dialect::kChat;
   json choices = json::array();
-  int64_t prompt = 0, completion = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerateResult& r = results[i];
     json choice = {{"index", i}};
@@ -473,24 +610,19 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
       choice["logprobs"] = nullptr;
     }
     choices.push_back(choice);
-    prompt += r.prompt_tokens;
-    completion += static_cast<int64_t>(r.output_ids.size());
   }
   return {{"id", id},
           {"object", chat ? "chat.completion" : "text_completion"},
           {"created", created},
           {"model", call.model},
           {"choices", choices},
-          {"usage",
-           {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion}}}};
+          {"usage", usage_json(results)}};
 }
 
 json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::string& delta,
-                  const std::string& id, int64_t created) {
+                  const std::string& id, int64_t created, size_t index) {
   const bool chat = call.dialect == Dialect::kChat;
-  json choice = {{"index", 0}};
+  json choice = {{"index", index}};
   const char* finish = openai_finish(r);
   choice["finish_reason"] = finish ? json(finish) : json(nullptr);
   if (chat) {
@@ -505,16 +637,23 @@ json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::
                 {"created", created},
                 {"model", call.model},
                 {"choices", json::array({choice})}};
-  if (r.finished) {
-    const int64_t completion = static_cast<int64_t>(r.output_ids.size());
-    chunk["usage"] = {{"prompt_tokens", r.prompt_tokens},
-                      {"completion_tokens", completion},
-                      {"total_tokens", r.prompt_tokens + completion}};
-  }
+  if (call.include_usage) chunk["usage"] = nullptr;
   return chunk;
 }
 
-json generate_json(const GenerateResult& r, size_t ids_from) {
+json openai_usage_chunk(const GenerateCall& call, const std::vector<GenerateResult>& results,
+                        const std::string& id, int64_t created) {
+  const bool chat = call.dialect == Dialect::kChat;
+  json chunk = {{"id", id},
+                {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created},
+                {"model", call.model},
+                {"choices", json::array()}};
+  chunk["usage"] = usage_json(results);
+  return chunk;
+}
+
+json generate_json(const GenerateResult& r, size_t ids_from, size_t text_from) {
   json finish = nullptr;
   if (r.finished) {
     switch (r.reason) {
@@ -541,7 +680,7 @@ json generate_json(const GenerateResult& r, size_t ids_from) {
   if (r.finished) meta["e2e_latency"] = r.e2e_latency;
   const std::span<const int32_t> ids =
       std::span<const int32_t>(r.output_ids).subspan(std::min(ids_from, r.output_ids.size()));
-  return json{{"text", r.text},
+  return json{{"text", r.text.substr(std::min(text_from, r.text.size()))},
               {"output_ids", std::vector<int32_t>(ids.begin(), ids.end())},
               {"meta_info", meta}};
 }
@@ -557,6 +696,7 @@ void GenerateResult::add(const serve::RequestOutput& out) {
   matched_token = out.matched_token;
   matched_stop = out.matched_stop;
   message = out.message;
+  if (keep_stop && reason == serve::FinishReason::kStopString) text += matched_stop;
 }
 
 ApiError openai_abort_error(const GenerateResult& r) {

@@ -67,6 +67,10 @@ struct GenerateCall {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings, matched in the decoded output
   bool ignore_eos = false;
+  // sampling_params.no_stop_trim: the answer keeps the stop string that ended it.
+  bool no_stop_trim = false;
+  // OpenAI streams: stream_options.include_usage, a last chunk with the usage and no choices.
+  bool include_usage = false;
 };
 
 // The body parsed and its shape checked: types, a prompt given exactly once, valid UTF-8, a text
@@ -109,6 +113,7 @@ struct GenerateResult {
   std::string matched_stop;    // kStopString
   std::string message;         // why it was aborted or failed
   double e2e_latency = 0;
+  bool keep_stop = false;  // GenerateCall::no_stop_trim: a matched stop string ends the text
   // One more output of its request: its ids and text appended, its end taken.
   void add(const serve::RequestOutput& out);
 };
@@ -123,8 +128,11 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt =
 // finish_reason, e2e_latency}}, SGLang's shape; finish_reason is null while unfinished, else
 // {"type": "length", "length"}, {"type": "stop", "matched": id or string} or {"type": "abort",
 // "message"}.
-// output_ids holds the ids from `ids_from` on (a streamed event's new ones).
-nlohmann::json generate_json(const GenerateResult& result, size_t ids_from = 0);
+// output_ids holds the ids from `ids_from` on and text the bytes from `text_from` on (0, 0: the
+// whole answer so far, as SGLang streams it; a stream with incremental output gives the new
+// ones).
+nlohmann::json generate_json(const GenerateResult& result, size_t ids_from = 0,
+                             size_t text_from = 0);
 
 // OpenAI's answer for a finished call (`results` in prompt order, none aborted: an aborted one
 // is answered with openai_abort_error): a "text_completion" or a "chat.completion" with choices
@@ -134,9 +142,15 @@ nlohmann::json openai_json(const GenerateCall& call, const std::vector<GenerateR
 // An aborted or failed request as OpenAI answers errors: 500 for an engine failure, 503 for an
 // abort (shutdown, timeout, /abort_request), with the reason; a stream sends it as an event.
 ApiError openai_abort_error(const GenerateResult& result);
-// One streamed chunk: `delta` is the text since the last chunk; finish_reason when finished.
+// One streamed chunk of choice `index`: `delta` is the text since the last chunk; finish_reason
+// when finished; "usage": null when the call asked for usage (stream_options.include_usage).
 nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& result,
-                            const std::string& delta, const std::string& id, int64_t created);
+                            const std::string& delta, const std::string& id, int64_t created,
+                            size_t index);
+// The last chunk of a stream that asked for usage: no choices, the call's usage.
+nlohmann::json openai_usage_chunk(const GenerateCall& call,
+                                  const std::vector<GenerateResult>& results,
+                                  const std::string& id, int64_t created);
 
 // JSON text of a response: bytes of the generated text that are not valid UTF-8 (a token cut
 // in the middle of a character) become U+FFFD rather than failing the answer.

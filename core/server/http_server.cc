@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/metrics/metrics.h"
 #include "core/util/text.h"
 
 namespace kvrt::server {
@@ -68,6 +69,13 @@ struct HttpServer::Impl {
                        {"output_len", r.output_ids.size()}};
     std::lock_guard lock(trace_mutex);
     trace << line.dump() << '\n' << std::flush;
+  }
+  // /metrics' text from the snapshot's (kvrt: names): metric_names says which names go out.
+  std::string metrics_text(const std::string& kvrt) const {
+    if (options.metric_names == "kvrt") return kvrt;
+    std::string sglang = metrics::renamed_exposition(kvrt, "kvrt:", "sglang:", "model_name",
+                                                     info.model_name);
+    return options.metric_names == "sglang" ? sglang : kvrt + sglang;
   }
   // Every open session, to close them at shutdown and to find an idle one past max_connections.
   std::mutex session_mutex;
@@ -263,25 +271,29 @@ class Session : public std::enable_shared_from_this<Session> {
       const char* path;
       http::verb verb;
     };
+    // SGLang's newer names (/server_info, /model_info) answer as the older ones do.
     static const Route kRoutes[] = {
         {"/generate", http::verb::post},        {"/abort_request", http::verb::post},
         {"/health", http::verb::get},           {"/health_generate", http::verb::get},
         {"/get_model_info", http::verb::get},   {"/get_server_info", http::verb::get},
-        {"/metrics", http::verb::get},          {"/v1/completions", http::verb::post},
-        {"/v1/chat/completions", http::verb::post}, {"/v1/models", http::verb::get},
-        {"/flush_cache", http::verb::post},     {"/tokenize", http::verb::post},
+        {"/model_info", http::verb::get},       {"/server_info", http::verb::get},
+        {"/get_load", http::verb::get},         {"/metrics", http::verb::get},
+        {"/v1/completions", http::verb::post},  {"/v1/chat/completions", http::verb::post},
+        {"/v1/models", http::verb::get},        {"/flush_cache", http::verb::post},
+        {"/flush_cache", http::verb::get},      {"/tokenize", http::verb::post},
         {"/detokenize", http::verb::post}};
-    const Route* route = nullptr;
+    std::string verbs;
+    bool found = false;
     for (const Route& r : kRoutes) {
-      if (path == r.path) route = &r;
+      if (path != r.path) continue;
+      found = found || r.verb == verb;
+      verbs += (verbs.empty() ? "" : " or ") + std::string(http::to_string(r.verb));
     }
-    if (route == nullptr) {
+    if (verbs.empty()) {
       return respond(404, error_body({404, "no endpoint " + path, "", "not_found_error"}));
     }
-    if (route->verb != verb) {
-      return respond(405, error_body({405, path + " takes " +
-                                               std::string(http::to_string(route->verb)),
-                                      "", "invalid_request_error"}));
+    if (!found) {
+      return respond(405, error_body({405, path + " takes " + verbs, "", "invalid_request_error"}));
     }
     if (path == "/health") {
       if (server_.loop.snapshot()->engine_broken) {
@@ -289,11 +301,25 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return respond(200, "", "text/plain");
     }
-    if (path == "/get_model_info") return respond(200, server_.info.model_info);
-    if (path == "/metrics") {
-      return respond(200, server_.loop.snapshot()->prometheus, "text/plain; version=0.0.4");
+    if (path == "/get_model_info" || path == "/model_info") {
+      return respond(200, server_.info.model_info);
     }
-    if (path == "/get_server_info") return respond(200, server_.loop.snapshot()->description);
+    if (path == "/metrics") {
+      return respond(200, server_.metrics_text(server_.loop.snapshot()->prometheus),
+                     "text/plain; version=0.0.4");
+    }
+    if (path == "/get_server_info" || path == "/server_info") {
+      return respond(200, server_.loop.snapshot()->description);
+    }
+    if (path == "/get_load") {
+      // SGLang's shape: one entry per data-parallel rank (kvrt has one).
+      const std::shared_ptr<const serve::LoopSnapshot> snap = server_.loop.snapshot();
+      return respond(200, to_text(json::array({{{"dp_rank", 0},
+                                                {"num_reqs", snap->running + snap->waiting},
+                                                {"num_running_reqs", snap->running},
+                                                {"num_waiting_reqs", snap->waiting},
+                                                {"num_tokens", snap->tokens_in_use}}})));
+    }
     if (path == "/abort_request") return abort_request();
     if (path == "/tokenize" || path == "/detokenize") {
       auto answer = path == "/tokenize" ? tokenize_json(request_.body(), server_.limits)
@@ -359,8 +385,9 @@ class Session : public std::enable_shared_from_this<Session> {
                std::chrono::system_clock::now().time_since_epoch())
         .count();
   }
-  std::string openai_id(const Pending& p) const {
-    return (call_.dialect == Dialect::kChat ? "chatcmpl-" : "cmpl-") + p.result.rid;
+  // One id for the call, its choices told apart by index (as OpenAI's).
+  std::string openai_id() const {
+    return (call_.dialect == Dialect::kChat ? "chatcmpl-" : "cmpl-") + pending_[0].result.rid;
   }
 
   void generate(GenerateCall call) {
@@ -378,6 +405,7 @@ class Session : public std::enable_shared_from_this<Session> {
       p.id = server_.loop.next_id();
       p.result.rid = call_.rids[i].empty() ? std::to_string(p.id) : call_.rids[i];
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[i].size());
+      p.result.keep_stop = call_.no_stop_trim;
       serve::GenerateRequest r;
       r.id = p.id;
       r.input_ids = std::move(call_.prompts[i]);
@@ -496,6 +524,12 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (call_.stream) {
       stream_chunk(p);
+      if (call_.include_usage) {
+        std::vector<GenerateResult> results;
+        for (const Pending& q : pending_) results.push_back(q.result);
+        send_chunk("data: " + to_text(openai_usage_chunk(call_, results, openai_id(), created_)) +
+                   "\n\n");
+      }
       send_chunk("data: [DONE]\n\n");
       if (chunked_) send_raw("0\r\n\r\n");
       after_response();
@@ -513,7 +547,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (openai) {
       std::vector<GenerateResult> results;
       for (const Pending& q : pending_) results.push_back(q.result);
-      return respond(200, to_text(openai_json(call_, results, openai_id(pending_[0]), created_)));
+      return respond(200, to_text(openai_json(call_, results, openai_id(), created_)));
     }
     json body;
     if (call_.batch) {
@@ -533,12 +567,16 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  // One server-sent event: SGLang's with the text so far and the new output ids, OpenAI's with
-  // the text since the last chunk (or, for an aborted request, OpenAI's error object).
+  // One server-sent event: SGLang's with the text and the output ids so far (the new ones
+  // alone with incremental_streaming_output), OpenAI's with the text since the last chunk (or,
+  // for an aborted request, OpenAI's error object).
   void stream_chunk(Pending& p) {
     if (call_.dialect == Dialect::kGenerate) {
-      const json event = generate_json(p.result, p.sent_ids);
+      const bool incremental = server_.options.incremental_streaming_output;
+      const json event = incremental ? generate_json(p.result, p.sent_ids, p.sent_text)
+                                     : generate_json(p.result);
       p.sent_ids = p.result.output_ids.size();
+      p.sent_text = p.result.text.size();
       return send_chunk("data: " + to_text(event) + "\n\n");
     }
     if (p.result.finished && !serve::completed(p.result.reason)) {
@@ -547,7 +585,9 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
     p.sent_text = p.result.text.size();
     if (delta.empty() && !p.result.finished) return;
-    send_chunk("data: " + to_text(openai_chunk(call_, p.result, delta, openai_id(p), created_)) +
+    const size_t index = static_cast<size_t>(&p - pending_.data());
+    send_chunk("data: " +
+               to_text(openai_chunk(call_, p.result, delta, openai_id(), created_, index)) +
                "\n\n");
   }
 
@@ -712,6 +752,24 @@ bool HttpServer::Impl::close_an_idle_connection() {
     if (s && s->close_if_idle()) return true;
   }
   return false;
+}
+
+ServerOptions server_options(const config::Config& cfg) {
+  ServerOptions o;
+  o.host = cfg.server.host;
+  o.port = cfg.server.port;
+  o.network_threads = cfg.server.network_threads;
+  o.max_connections = cfg.server.max_connections;
+  o.max_body_bytes = static_cast<uint64_t>(cfg.server.max_body_bytes);
+  o.request_timeout_s = cfg.server.request_timeout_s;
+  o.header_timeout_s = cfg.server.header_timeout_s;
+  o.body_timeout_s = cfg.server.body_timeout_s;
+  o.idle_timeout_s = cfg.server.idle_timeout_s;
+  o.api_key = cfg.server.api_key;
+  o.record_trace = cfg.server.record_trace;
+  o.incremental_streaming_output = cfg.server.incremental_streaming_output;
+  o.metric_names = cfg.server.metric_names;
+  return o;
 }
 
 HttpServer::HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,

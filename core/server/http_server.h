@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "core/config/config.h"
 #include "core/serve/step_loop.h"
 #include "core/server/api.h"
 #include "core/util/status.h"
@@ -42,7 +43,16 @@ struct ServerOptions {
   // "": none; else each finished request is appended as one JSONL line in the format
   // `kvrt bench --trace` replays: {"timestamp", "input_len", "output_len"}.
   std::string record_trace;
+  // /generate streams: false (SGLang's default), each event has the text and output_ids so
+  // far; true (SGLang's --incremental-streaming-output), the new ones only.
+  bool incremental_streaming_output = false;
+  // /metrics: "kvrt" (kvrt:...), "sglang" (sglang:..., with SGLang's model_name label) or
+  // "both".
+  std::string metric_names = "both";
 };
+
+// The [server] table's options (the listening port, the timeouts, the stream and metric shapes).
+ServerOptions server_options(const config::Config& cfg);
 
 // What the server reports about itself (GET /get_server_info is the step loop's snapshot).
 struct ServerInfo {

@@ -27,6 +27,16 @@ check "a bad top_p is a 400" test "$code" = 400
 check "naming sampling_params.top_p" grep -q '"param":"sampling_params.top_p"' "$out/bad.json"
 check "/health is 200" test "$(curl -s -o /dev/null -w '%{http_code}' "$url/health")" = 200
 check "/metrics is Prometheus text" bash -c "curl -s '$url/metrics' | grep -q '^kvrt:num_running_reqs'"
+check "/metrics has SGLang's names too" bash -c \
+  "curl -s '$url/metrics' | grep -q '^sglang:num_running_reqs{model_name=\".*stories260k\"}'"
+curl -s "$url/server_info" >"$out/server_info.json"
+check "/server_info has the version" grep -q '"version":"[0-9]' "$out/server_info.json"
+check "/server_info has max_req_input_len" grep -q '"max_req_input_len":[0-9]' \
+  "$out/server_info.json"
+curl -s "$url/model_info" >"$out/model_info.json"
+check "/model_info lists the architectures" grep -q '"architectures":\["LlamaForCausalLM"\]' \
+  "$out/model_info.json"
+check "/model_info has model_type" grep -q '"model_type":"llama"' "$out/model_info.json"
 
 # A long request in flight, then SIGTERM: it finishes within the grace period, exit 0.
 curl -s "$url/generate" -d '{"input_ids": [1, 403], "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}}' \

@@ -142,7 +142,8 @@ TEST(ConfigErrors, UnknownKeyWithNothingCloseListsTheKnownOnes) {
             "configs/x.toml:2:1: unknown key 'server.workers' (known: host, port, "
             "network_threads, max_queued_requests, max_connections, max_body_bytes, "
             "request_timeout_s, stream_interval, header_timeout_s, body_timeout_s, "
-            "idle_timeout_s, shutdown_grace_s, api_key, record_trace, chat_template)");
+            "idle_timeout_s, shutdown_grace_s, api_key, record_trace, chat_template, "
+            "incremental_streaming_output, metric_names)");
   EXPECT_EQ(Error("[attention]\nthreads = 4\n"),
             "configs/x.toml:2:1: unknown key 'attention.threads' (known: backend, "
             "[attention.<plugin>])");

@@ -35,6 +35,27 @@ TEST(Metrics, RendersPrometheusTextWithCumulativeBuckets) {
             "kvrt:ttft_seconds_count 4\n");
 }
 
+TEST(Metrics, RenamedExpositionTakesAnotherPrefixAndALabel) {
+  Registry r;
+  r.counter("kvrt:num_requests_total", "Requests.").add(3);
+  r.gauge("other_gauge", "Not kvrt's.").set(1);
+  r.histogram("kvrt:ttft_seconds", "TTFT.", {0.5}).observe(0.25);
+  EXPECT_EQ(renamed_exposition(r.render_prometheus(), "kvrt:", "sglang:", "model_name",
+                               "org/m \"x\"\\"),
+            "# HELP sglang:num_requests_total Requests.\n"
+            "# TYPE sglang:num_requests_total counter\n"
+            "sglang:num_requests_total{model_name=\"org/m \\\"x\\\"\\\\\"} 3\n"
+            "# HELP sglang:ttft_seconds TTFT.\n"
+            "# TYPE sglang:ttft_seconds histogram\n"
+            "sglang:ttft_seconds_bucket{model_name=\"org/m \\\"x\\\"\\\\\",le=\"0.5\"} 1\n"
+            "sglang:ttft_seconds_bucket{model_name=\"org/m \\\"x\\\"\\\\\",le=\"+Inf\"} 1\n"
+            "sglang:ttft_seconds_sum{model_name=\"org/m \\\"x\\\"\\\\\"} 0.25\n"
+            "sglang:ttft_seconds_count{model_name=\"org/m \\\"x\\\"\\\\\"} 1\n");
+  // Without a label the samples keep theirs alone.
+  EXPECT_EQ(renamed_exposition("kvrt:a{le=\"1\"} 2\nkvrt:b 3\n", "kvrt:", "x_", "", ""),
+            "x_a{le=\"1\"} 2\nx_b 3\n");
+}
+
 TEST(Metrics, HelpTextIsEscaped) {
   Registry r;
   r.gauge("g", "line one\nback\\slash");

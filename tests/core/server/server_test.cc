@@ -2,7 +2,7 @@
 // client: the reference ids over /generate, streaming, batches, every bad input with its status
 // and param, overload, a client that disconnects, abort by rid; after each test no request is
 // left running and no connection open.
-#include "core/server/http_server.h"
+#include "tests/core/server/server_fixture.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -31,169 +32,7 @@
 namespace kvrt::server {
 namespace {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
-using nlohmann::json;
-
-using stories260k::model_dir;
-
-struct Reply {
-  int status = 0;
-  std::string body;
-  http::fields headers;
-  json json_body() const { return json::parse(body, nullptr, false); }
-};
-
-// One request on a fresh connection.
-Reply call(uint16_t port, http::verb verb, const std::string& target, const std::string& body,
-           const std::vector<std::pair<std::string, std::string>>& headers = {}) {
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port));
-  http::request<http::string_body> req{verb, target, 11};
-  req.set(http::field::host, "127.0.0.1");
-  for (const auto& [k, v] : headers) req.set(k, v);
-  req.body() = body;
-  req.prepare_payload();
-  http::write(stream, req);
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(1 << 26);
-  beast::error_code ec;
-  http::read(stream, buffer, parser, ec);
-  Reply r;
-  if (ec) return r;
-  r.status = parser.get().result_int();
-  r.body = parser.get().body();
-  r.headers = parser.get().base();
-  return r;
-}
-
-Reply post(uint16_t port, const std::string& target, const json& body) {
-  return call(port, http::verb::post, target, body.dump());
-}
-
-// The real engine, greedy, except that a batch holding a prompt that starts with `poison`
-// fails as an engine error would.
-class FaultyExecutor : public sched::StepExecutor {
- public:
-  FaultyExecutor(exec::Engine* engine, int32_t poison)
-      : inner_(engine, [this](const sched::Request&) -> exec::Sampler& { return greedy_; }),
-        poison_(poison) {}
-  Status run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) override {
-    for (const sched::ScheduledSequence& s : batch.sequences) {
-      if (!s.request->tokens.empty() && s.request->tokens[0] == poison_) {
-        return Status::Internal("injected fault: the attention plugin returned an error");
-      }
-    }
-    return inner_.run(batch, next);
-  }
-
- private:
-  exec::Sampler greedy_{exec::SamplingParams{}};
-  serve::EngineExecutor inner_;
-  int32_t poison_;
-};
-
-class ServerTest : public ::testing::Test {
- protected:
-  // A server over stories260k (the real model) or a preset, with [server] overrides.
-  // With `poison` >= 0, the engine's step fails for any batch holding a prompt that starts
-  // with that id (fault injection); other batches run on the real engine.
-  void serve(std::vector<std::string> overrides, size_t max_unfinished = 64, int poison = -1) {
-    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
-    spdlog::set_level(spdlog::level::err);
-    overrides.push_back("server.port=0");
-    Result<config::Config> cfg = config::load_string("", "<test>", overrides);
-    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
-    cfg_ = std::make_unique<config::Config>(*cfg);
-    registry_ = std::make_unique<plugin::Registry>();
-    registry_->set_config_source([this](const std::string& n) { return cfg_->plugin_table("kv", n); });
-    Result<runtime::Runtime> rt = runtime::build_runtime(*cfg_, *registry_);
-    ASSERT_TRUE(rt.ok()) << rt.status().message();
-    rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
-    serve::ServingOptions serving = runtime::serving_options(*cfg_, *rt_, {});
-    serving.tokenizer = rt_->tokenizer.get();
-    if (poison >= 0) {
-      faulty_ = std::make_unique<FaultyExecutor>(rt_->engine.get(), poison);
-      core_ = std::make_unique<serve::ServingCore>(serving, faulty_.get(), nullptr);
-    } else {
-      core_ = std::make_unique<serve::ServingCore>(serving, rt_->engine.get());
-    }
-    // max_unfinished requests at once: running ones, then queued ones.
-    serve::StepLoopOptions loop_options;
-    loop_options.max_running_requests =
-        std::min(max_unfinished, static_cast<size_t>(cfg_->scheduler.max_running_requests));
-    loop_options.max_queued_requests = max_unfinished - loop_options.max_running_requests;
-    loop_ = std::make_unique<serve::StepLoop>(*core_, loop_options);
-    loop_->describe([](const serve::ServingCore& c) {
-      return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
-    });
-    ServerOptions options;
-    options.port = 0;
-    options.max_body_bytes = static_cast<uint64_t>(cfg_->server.max_body_bytes);
-    options.max_connections = cfg_->server.max_connections;
-    options.header_timeout_s = cfg_->server.header_timeout_s;
-    options.body_timeout_s = cfg_->server.body_timeout_s;
-    options.idle_timeout_s = cfg_->server.idle_timeout_s;
-    options.request_timeout_s = cfg_->server.request_timeout_s;
-    options.api_key = cfg_->server.api_key;
-    options.record_trace = cfg_->server.record_trace;
-    ModelLimits limits;
-    limits.tokenizer = rt_->tokenizer.get();
-    limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
-    limits.context_length = rt_->model.max_position_embeddings;
-    limits.max_prompt_bytes = prompt_byte_bound(*rt_->tokenizer, limits.context_length);
-    // As kvrt serve does: [server] chat_template, else the model directory's own.
-    Result<ChatFormat> chat =
-        resolve_chat_format(cfg_->server.chat_template, cfg_->model.path, rt_->tokenizer.get());
-    ASSERT_TRUE(chat.ok()) << chat.status().message();
-    chat_ = std::move(*chat);
-    limits.chat = &chat_;
-    ServerInfo info;
-    info.model_name = "test-model";
-    info.model_info = json{{"model_path", rt_->model_name}}.dump();
-    http_ = std::make_unique<HttpServer>(options, *loop_, limits, info, rt_->model.eos_token_ids);
-    loop_->start();
-    ASSERT_TRUE(http_->start().ok());
-    port_ = http_->port();
-  }
-
-  // Nothing left running, no page held, no connection open.
-  void TearDown() override {
-    if (!http_) return;
-    for (int i = 0; i < 200 && (loop_->unfinished() > 0 || http_->open_connections() > 0); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    EXPECT_EQ(loop_->unfinished(), 0u);
-    EXPECT_EQ(http_->open_connections(), 0);
-    const size_t running = loop_->call([](serve::ServingCore& c) {
-      return c.scheduler().num_running();
-    });
-    EXPECT_EQ(running, 0u);
-    // No page leaked: every request's pages are back (the prefix cache may keep evictable ones).
-    const std::string metrics = loop_->call([](serve::ServingCore& c) { return c.prometheus(); });
-    EXPECT_NE(metrics.find("\nkvrt:num_used_tokens 0\n"), std::string::npos) << metrics;
-    http_->shutdown();
-    loop_->stop();
-  }
-
-  bool has_model() const { return std::filesystem::exists(model_dir() + "/model.safetensors"); }
-
-  std::unique_ptr<config::Config> cfg_;
-  std::unique_ptr<plugin::Registry> registry_;
-  std::unique_ptr<runtime::Runtime> rt_;
-  ChatFormat chat_;  // the served chat template
-  std::unique_ptr<FaultyExecutor> faulty_;
-  std::unique_ptr<serve::ServingCore> core_;
-  std::unique_ptr<serve::StepLoop> loop_;
-  std::unique_ptr<HttpServer> http_;
-  uint16_t port_ = 0;
-};
-
-std::vector<int32_t> ids_of(const json& j) { return j.at("output_ids").get<std::vector<int32_t>>(); }
+using namespace test;  // NOLINT: the fixture's names, as if written here
 
 TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
@@ -217,20 +56,6 @@ TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
   for (const json& one : batch.json_body()) EXPECT_EQ(ids_of(one), stories260k::kExpected);
 }
 
-// The "data: {...}" events of a streamed answer, [DONE] excluded (it sets *done).
-std::vector<json> events_of(const std::string& body, bool* done) {
-  std::vector<json> events;
-  client::SseParser sse;
-  sse.feed(body, [&](std::string_view data) {
-    if (data == "[DONE]") {
-      *done = true;
-    } else {
-      events.push_back(json::parse(data));
-    }
-  });
-  return events;
-}
-
 TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
@@ -242,9 +67,13 @@ TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
   EXPECT_EQ(r.headers[http::field::content_type], "text/event-stream");
   bool done = false;
   const std::vector<json> events = events_of(r.body, &done);
+  // As SGLang streams: each event has every id so far, one more than the last.
   std::vector<int32_t> ids;
   for (const json& j : events) {
-    for (int32_t id : ids_of(j)) ids.push_back(id);
+    const std::vector<int32_t> so_far = ids_of(j);
+    EXPECT_EQ(so_far.size(), ids.size() + 1);
+    EXPECT_TRUE(std::equal(ids.begin(), ids.end(), so_far.begin()));
+    ids = so_far;
   }
   ASSERT_FALSE(events.empty());
   const std::string last_text = events.back()["text"];
@@ -322,9 +151,7 @@ TEST_F(ServerTest, Http10StreamIsSentWithoutChunksAndClosed) {
   EXPECT_EQ(events.rfind("data: {", 0), 0u) << events;
   bool done = false;
   std::vector<int32_t> ids;
-  for (const json& e : events_of(events, &done)) {
-    for (int32_t id : ids_of(e)) ids.push_back(id);
-  }
+  for (const json& e : events_of(events, &done)) ids = ids_of(e);  // the ids so far
   EXPECT_TRUE(done);
   EXPECT_EQ(ids.size(), 4u);
 }
@@ -844,7 +671,10 @@ TEST_F(ServerTest, FlushCacheAndCacheHitRate) {
   EXPECT_GT(flushed.json_body()["flushed_pages"].get<int>(), 0);
   Reply cold = post(port_, "/generate", body);
   EXPECT_EQ(cold.json_body()["meta_info"]["cached_tokens"], 0);
-  EXPECT_EQ(call(port_, http::verb::get, "/flush_cache", "").status, 405);
+  EXPECT_EQ(call(port_, http::verb::get, "/flush_cache", "").status, 200);  // as SGLang
+  Reply put = call(port_, http::verb::put, "/flush_cache", "");
+  EXPECT_EQ(put.status, 405);
+  EXPECT_NE(put.body.find("/flush_cache takes POST or GET"), std::string::npos) << put.body;
 }
 
 // Resident memory of this process, in bytes (VmRSS).
@@ -920,7 +750,7 @@ TEST_F(ServerLoadTest, Streams256WithTwoThousandIdleConnections) {
               return;
             }
             const json j = json::parse(data, nullptr, false);
-            if (j.is_object()) tokens[i] += static_cast<int>(j["output_ids"].size());
+            if (j.is_object()) tokens[i] = static_cast<int>(j["output_ids"].size());  // so far
           });
         },
         [&, i](client::Response r) {

@@ -1,0 +1,305 @@
+// What SGLang's and OpenAI's clients send and expect, against kvrt serve on a real socket: the
+// fields they send with a "nothing" value accepted and those asking for what kvrt does not do
+// refused by name, every OpenAI prompt shape, chat content parts, stream_options.include_usage,
+// no_stop_trim, SGLang's cumulative streams (and the incremental opt-in), SGLang's endpoint
+// names and shapes, and the metrics under SGLang's names.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/core/server/server_fixture.h"
+
+namespace kvrt::server {
+namespace {
+
+using namespace test;  // NOLINT: the fixture's names, as if written here
+
+class ApiParityTest : public ServerTest {};
+
+// The param a 400 names, and its message.
+std::pair<std::string, std::string> refused(const Reply& r) {
+  const json j = r.json_body();
+  if (r.status != 400 || !j.contains("error"))
+    return {"<status " + std::to_string(r.status) + ">", r.body};
+  const json& e = j["error"];
+  return {e["param"].is_string() ? e["param"].get<std::string>() : "", e["message"]};
+}
+
+TEST_F(ApiParityTest, NoOpFieldsAreAcceptedAndWhatCannotBeHonouredIsRefusedByName) {
+  serve({"model.preset=synth-tiny"});
+  const json sp = {{"max_new_tokens", 2}, {"ignore_eos", true}};
+  // SGLang's bench_serving sends these on every /generate.
+  Reply ok = post(port_, "/generate",
+                  {{"input_ids", {1, 2, 3}},
+                   {"sampling_params", sp},
+                   {"lora_path", nullptr},
+                   {"return_hidden_states", false},
+                   {"image_data", nullptr},
+                   {"priority", 3},
+                   {"return_logprob", false},
+                   {"logprob_start_len", -1},
+                   {"modalities", json::array()}});
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  Reply openai = post(port_, "/v1/completions",
+                      {{"prompt", "Once"},
+                       {"max_tokens", 2},
+                       {"best_of", 1},
+                       {"user", "u-1"},
+                       {"response_format", {{"type", "text"}}},
+                       {"logprobs", nullptr},
+                       {"priority", 0},
+                       {"ignore_eos", true}});
+  EXPECT_EQ(openai.status, 200) << openai.body;
+  Reply chat = post(port_, "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", "ann"}}}},
+                     {"max_tokens", 2},
+                     {"logprobs", false},
+                     {"response_format", {{"type", "text"}}}});
+  EXPECT_EQ(chat.status, 200) << chat.body;
+
+  struct Case {
+    const char* path;
+    json body;
+    const char* param;
+    const char* words;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {"/generate", {{"input_ids", {1, 2}}, {"lora_path", "adapter-1"}}, "lora_path", "LoRA"},
+      {"/generate",
+       {{"input_ids", {1, 2}}, {"return_hidden_states", true}},
+       "return_hidden_states",
+       "hidden states"},
+      {"/generate", {{"input_ids", {1, 2}}, {"image_data", "x.png"}}, "image_data", "images"},
+      {"/generate",
+       {{"input_ids", {1, 2}}, {"sampling_params", {{"skip_special_tokens", false}}}},
+       "sampling_params.skip_special_tokens",
+       "only true"},
+      {"/generate",
+       {{"input_ids", {1, 2}}, {"sampling_params", {{"regex", "a+"}}}},
+       "sampling_params.regex",
+       "constrained decoding"},
+      {"/generate", {{"input_ids", {1, 2}}, {"bogus", 1}}, "bogus", "unknown field"},
+      {"/v1/completions", {{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of"},
+      {"/v1/completions",
+       {{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}},
+       "response_format",
+       "constrained decoding"},
+      {"/v1/completions",
+       {{"prompt", "a"}, {"stream_options", {{"include_usage", true}}}},
+       "stream_options",
+       "only allowed when stream is true"},
+      {"/v1/completions",
+       {{"prompt", "a"}, {"stream", true}, {"stream_options", {{"continuous", true}}}},
+       "stream_options.continuous",
+       "unknown field"},
+      {"/v1/chat/completions",
+       {{"messages",
+         {{{"role", "user"},
+           {"content", {{{"type", "text"}, {"text", "hi"}}, {{"type", "image_url"}}}}}}}},
+       "messages[0].content[1].type",
+       "'image_url' parts are not supported"},
+      {"/v1/chat/completions",
+       {{"messages", {{{"role", "assistant"}, {"content", "x"}, {"tool_calls", json::array()}}}}},
+       "messages[0].tool_calls",
+       "tools are not supported"},
+      {"/v1/completions", {{"prompt", "a"}, {"frobnicate", true}}, "frobnicate", "unknown field"},
+  };
+  for (const Case& c : cases) {
+    const auto [param, message] = refused(post(port_, c.path, c.body));
+    EXPECT_EQ(param, c.param) << c.body.dump() << ": " << message;
+    EXPECT_NE(message.find(c.words), std::string::npos) << c.body.dump() << ": " << message;
+  }
+}
+
+// A string, a list of strings, a list of ids and a list of id lists: one choice per prompt, in
+// the order given, each the answer its prompt gets alone; a list streams with choice indexes.
+TEST_F(ApiParityTest, CompletionsTakeEveryPromptShapeWithOneChoicePerPrompt) {
+  serve({"model.preset=synth-tiny"});
+  auto complete = [&](const json& prompt) {
+    Reply r = post(port_, "/v1/completions",
+                   {{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body();
+  };
+  const std::string a = complete("Once upon")["choices"][0]["text"];
+  const std::string b = complete("The dog")["choices"][0]["text"];
+  const json texts = complete(json::array({"Once upon", "The dog"}));
+  ASSERT_EQ(texts["choices"].size(), 2u);
+  EXPECT_EQ(texts["choices"][0]["index"], 0);
+  EXPECT_EQ(texts["choices"][0]["text"], a);
+  EXPECT_EQ(texts["choices"][1]["index"], 1);
+  EXPECT_EQ(texts["choices"][1]["text"], b);
+  EXPECT_EQ(texts["usage"]["completion_tokens"], 12);
+
+  const std::string ids_alone = complete(json::array({1, 5, 9}))["choices"][0]["text"];
+  const json id_lists = complete(json::array({json::array({1, 5, 9}), json::array({1, 5, 9})}));
+  ASSERT_EQ(id_lists["choices"].size(), 2u);
+  EXPECT_EQ(id_lists["choices"][0]["text"], ids_alone);
+  EXPECT_EQ(id_lists["choices"][1]["text"], ids_alone);
+
+  Reply s = post(port_, "/v1/completions",
+                 {{"prompt", {"Once upon", "The dog"}},
+                  {"max_tokens", 6},
+                  {"stream", true},
+                  {"ignore_eos", true}});
+  ASSERT_EQ(s.status, 200) << s.body;
+  bool done = false;
+  std::string streamed[2];
+  int finished = 0;
+  std::string id;
+  for (const json& e : events_of(s.body, &done)) {
+    const json& c = e["choices"][0];
+    const size_t index = c["index"];
+    ASSERT_LT(index, 2u);
+    streamed[index] += c["text"].get<std::string>();
+    finished += c["finish_reason"].is_string() ? 1 : 0;
+    if (id.empty()) id = e["id"];
+    EXPECT_EQ(e["id"], id);  // one id for the call, as OpenAI's
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed[0], a);
+  EXPECT_EQ(streamed[1], b);
+  EXPECT_EQ(finished, 2);
+
+  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", {"a", 3}}})).first, "prompt[1]");
+  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", json::object()}})).first, "prompt");
+}
+
+// Content as a list of text parts is the parts joined by newlines (vLLM's rendering).
+TEST_F(ApiParityTest, ChatContentPartsAreTheirTextJoined) {
+  serve({"model.preset=synth-tiny"});
+  auto chat = [&](const json& content) {
+    Reply r = post(port_, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", content}}}},
+                    {"max_tokens", 6},
+                    {"ignore_eos", true}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body()["choices"][0]["message"]["content"].get<std::string>();
+  };
+  EXPECT_EQ(chat(json::array(
+                {{{"type", "text"}, {"text", "Once"}}, {{"type", "text"}, {"text", "upon"}}})),
+            chat("Once\nupon"));
+}
+
+// stream_options.include_usage: every chunk has "usage": null and a last chunk with no choices
+// carries the usage; without it no chunk has usage.
+TEST_F(ApiParityTest, StreamOptionsIncludeUsageIsHonoured) {
+  serve({"model.preset=synth-tiny"});
+  for (bool include : {true, false}) {
+    json body = {{"prompt", "Once"}, {"max_tokens", 5}, {"stream", true}, {"ignore_eos", true}};
+    if (include) body["stream_options"] = {{"include_usage", true}};
+    Reply r = post(port_, "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    bool done = false;
+    const std::vector<json> events = events_of(r.body, &done);
+    ASSERT_GE(events.size(), 2u);
+    EXPECT_TRUE(done);
+    for (size_t i = 0; i + 1 < events.size(); ++i) {
+      EXPECT_EQ(events[i].contains("usage"), include) << events[i].dump();
+      if (include) {
+        EXPECT_TRUE(events[i]["usage"].is_null()) << events[i].dump();
+      }
+    }
+    const json& last = events.back();
+    if (include) {
+      EXPECT_TRUE(last["choices"].empty()) << last.dump();
+      EXPECT_EQ(last["usage"]["completion_tokens"], 5);
+      EXPECT_EQ(last["usage"]["total_tokens"], last["usage"]["prompt_tokens"].get<int>() + 5);
+    } else {
+      EXPECT_FALSE(last.contains("usage")) << last.dump();
+      EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+    }
+  }
+}
+
+// sampling_params.no_stop_trim: the answer keeps the stop string, streamed or not.
+TEST_F(ApiParityTest, NoStopTrimKeepsTheStopString) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  const json sp = {{"max_new_tokens", 27}, {"stop", {" girl"}}, {"no_stop_trim", true}};
+  Reply r = post(port_, "/generate", {{"text", "Once upon a time"}, {"sampling_params", sp}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.json_body()["text"], ", there was a little girl");
+  Reply s = post(port_, "/generate",
+                 {{"text", "Once upon a time"}, {"sampling_params", sp}, {"stream", true}});
+  bool done = false;
+  const std::vector<json> events = events_of(s.body, &done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["text"], ", there was a little girl");
+  EXPECT_EQ(events.back()["meta_info"]["finish_reason"]["matched"], " girl");
+}
+
+// [server] incremental_streaming_output: each /generate event has only the new ids and text.
+TEST_F(ApiParityTest, IncrementalStreamingOutputSendsOnlyTheNewIdsAndText) {
+  serve({"model.preset=synth-tiny", "server.incremental_streaming_output=true"});
+  const json sp = {{"max_new_tokens", 6}, {"ignore_eos", true}};
+  const json whole =
+      post(port_, "/generate", {{"text", "Once"}, {"sampling_params", sp}}).json_body();
+  Reply s = post(port_, "/generate", {{"text", "Once"}, {"sampling_params", sp}, {"stream", true}});
+  bool done = false;
+  std::vector<int32_t> ids;
+  std::string text;
+  const std::vector<json> events = events_of(s.body, &done);
+  for (const json& e : events) {
+    EXPECT_EQ(e["output_ids"].size(), 1u) << e.dump();
+    for (int32_t id : ids_of(e)) ids.push_back(id);
+    text += e["text"].get<std::string>();
+  }
+  EXPECT_EQ(events.size(), 6u);
+  EXPECT_EQ(ids, ids_of(whole));
+  EXPECT_EQ(text, whole["text"]);
+}
+
+// /server_info and /model_info answer as /get_server_info and /get_model_info; /get_load has
+// SGLang's shape; GET /flush_cache empties the cache as POST does.
+TEST_F(ApiParityTest, SglangEndpointNamesAndShapes) {
+  serve({"model.preset=synth-tiny"});
+  const Reply server_info = call(port_, http::verb::get, "/server_info", "");
+  ASSERT_EQ(server_info.status, 200);
+  EXPECT_EQ(server_info.body, call(port_, http::verb::get, "/get_server_info", "").body);
+  const Reply model_info = call(port_, http::verb::get, "/model_info", "");
+  ASSERT_EQ(model_info.status, 200);
+  EXPECT_EQ(model_info.body, call(port_, http::verb::get, "/get_model_info", "").body);
+  const Reply load = call(port_, http::verb::get, "/get_load", "");
+  ASSERT_EQ(load.status, 200) << load.body;
+  const json l = load.json_body();
+  ASSERT_TRUE(l.is_array()) << load.body;
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0]["dp_rank"], 0);
+  EXPECT_EQ(l[0]["num_reqs"], 0);
+  EXPECT_EQ(l[0]["num_waiting_reqs"], 0);
+  EXPECT_EQ(l[0]["num_tokens"], 0);
+  EXPECT_EQ(call(port_, http::verb::get, "/flush_cache", "").status, 200);
+}
+
+// [server] metric_names: SGLang's names with its model_name label, kvrt's, or both (default).
+class MetricNamesTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(MetricNamesTest, MetricsCarrySglangNamesWhenAsked) {
+  const std::string names = GetParam();
+  serve({"model.preset=synth-tiny", "server.metric_names=\"" + names + "\""});
+  ASSERT_EQ(post(port_, "/generate",
+                 {{"input_ids", {1, 2}},
+                  {"sampling_params", {{"max_new_tokens", 3}, {"ignore_eos", true}}}})
+                .status,
+            200);
+  const std::string m = call(port_, http::verb::get, "/metrics", "").body;
+  const bool kvrt = names != "sglang", sglang = names != "kvrt";
+  EXPECT_EQ(m.find("\nkvrt:num_requests_total 1\n") != std::string::npos, kvrt) << m;
+  EXPECT_EQ(m.find("\nsglang:num_requests_total{model_name=\"test-model\"} 1\n") !=
+                std::string::npos,
+            sglang)
+      << m;
+  EXPECT_EQ(m.find("# TYPE sglang:time_to_first_token_seconds histogram\n") != std::string::npos,
+            sglang);
+  EXPECT_EQ(m.find("sglang:time_to_first_token_seconds_bucket{model_name=\"test-model\",le=") !=
+                std::string::npos,
+            sglang)
+      << m;
+}
+
+INSTANTIATE_TEST_SUITE_P(Names, MetricNamesTest, ::testing::Values("both", "sglang", "kvrt"));
+
+}  // namespace
+}  // namespace kvrt::server
