@@ -1,10 +1,21 @@
-// Picks the next token from logits: greedy, or temperature with top-k / top-p, seeded so a run
-// is reproducible.
+// Picks the next token from logits: greedy, or temperature with top-k / top-p / min-p, seeded so
+// a run is reproducible; before it, the request's penalties, logit bias and min_tokens reshape
+// the logits, and when asked it reports the chosen token's log-probability and the likeliest
+// alternatives.
+//
+// Which distribution the log-probabilities are of: the log-softmax, over the whole vocabulary,
+// of the logits the token is sampled from -- after the penalties, the logit bias and the
+// min_tokens mask, divided by the temperature when it is above 0 (greedy: the untempered
+// logits), before the top-k, top-p and min-p cuts.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace kvrt::exec {
 
@@ -14,18 +25,67 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1: no nucleus cut
   uint64_t seed = 0;
   float min_p = 0.0f;  // keep tokens at least min_p times as likely as the likeliest; 0: off
+  // OpenAI's and vLLM's penalties, over the request's own output tokens: a token's logit less
+  // frequency_penalty times its count so far, and less presence_penalty once it appeared.
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  // transformers' (and SGLang's): a token in the prompt or the output so far has its logit
+  // divided by this when positive, multiplied when negative; 1: off.
+  float repetition_penalty = 1.0f;
+  // Added to these ids' logits (OpenAI's logit_bias).
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
+  // The stop ids (the sampler's constructor names them) cannot be sampled before this many
+  // output tokens.
+  int32_t min_tokens = 0;
+  // Log-probabilities: -1 none; k >= 0 the chosen token's and the k likeliest tokens'.
+  int32_t logprobs = -1;
 };
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;  // natural log, finite and <= 0
+};
+// What sample() reports of one token when SamplingParams::logprobs >= 0.
+struct SampledLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;  // the likeliest first; ties by id
+};
+
+// The log-softmax of `logits` over the whole vocabulary at `id`, and the k largest entries.
+// Infinite logits (-inf: masked tokens) count as probability 0.
+SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k);
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+  // `prompt`: the ids repetition_penalty also covers; `stop_ids`: the ids min_tokens holds
+  // back. Neither is kept unless those parameters are on.
+  explicit Sampler(const SamplingParams& params, std::span<const int32_t> prompt = {},
+                   std::span<const int32_t> stop_ids = {});
+  // The next token of the request. sample_in_place reshapes `logits` in place (penalties, bias,
+  // mask) when the parameters ask for it; sample copies them first when they do.
+  int32_t sample_in_place(std::span<float> logits);
   int32_t sample(std::span<const float> logits);
 
+  // The log-probabilities of each token sampled and not yet taken, oldest first (logprobs >= 0).
+  bool has_logprobs() const { return !logprobs_.empty(); }
+  SampledLogprobs take_logprobs();
+
+  const SamplingParams& params() const { return params_; }
+
  private:
+  bool reshapes() const;
+  void reshape(std::span<float> logits) const;
+  int32_t choose(std::span<const float> logits);
   double uniform();  // [0, 1), the same on every platform for a seed
 
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::unordered_map<int32_t, int32_t> counts_;  // output ids so far (penalties on)
+  std::vector<int32_t> prompt_ids_;              // distinct (repetition_penalty on)
+  std::vector<int32_t> stop_ids_;                // min_tokens on
+  int32_t generated_ = 0;
+  std::vector<float> scratch_;  // the const form's copy
+  std::deque<SampledLogprobs> logprobs_;
 };
 
 }  // namespace kvrt::exec

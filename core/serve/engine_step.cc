@@ -22,7 +22,7 @@ Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32
     const sched::ScheduledSequence& s = batch.sequences[i];
     if (!s.samples) continue;
     (*next)[i] =
-        sampler_of_(*s.request).sample(std::span<const float>(logits->data() + i * vocab, vocab));
+        sampler_of_(*s.request).sample_in_place(std::span<float>(logits->data() + i * vocab, vocab));
   }
   return Status::Ok();
 }

@@ -70,6 +70,9 @@ inline bool completed(FinishReason reason) {
 struct RequestOutput {
   uint64_t id = 0;
   std::vector<int32_t> new_ids;  // the ids sampled since the last output
+  // One per new id when the request asked for log-probabilities (sampling.logprobs >= 0; see
+  // exec/sampler.h for which distribution they are of).
+  std::vector<exec::SampledLogprobs> new_logprobs;
   // The text since the last output: whole characters only, and never any part of a stop string
   // (text that may be the start of one is held back until it is known not to be), so the
   // streamed pieces add up to the finished answer. Empty without a tokenizer.

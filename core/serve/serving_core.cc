@@ -63,7 +63,38 @@ Status ServingCore::check_request(const GenerateRequest& r) const {
     return Status::BadField("top_k",
                             "expected 0 (all tokens) or more, found " + std::to_string(p.top_k));
   }
+  for (auto [name, value] : {std::pair{"frequency_penalty", p.frequency_penalty},
+                             std::pair{"presence_penalty", p.presence_penalty}}) {
+    if (!(value >= -2.0f && value <= 2.0f)) {
+      return Status::BadField(name, "expected a number in [-2, 2], found " + std::to_string(value));
+    }
+  }
+  if (!(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0)) {
+    return Status::BadField("repetition_penalty", "expected a finite number > 0 (1 = off), found " +
+                                                      std::to_string(p.repetition_penalty));
+  }
+  if (p.min_tokens < 0 || p.min_tokens > r.max_new_tokens) {
+    return Status::BadField("min_tokens", "expected 0 to max_new_tokens (" +
+                                              std::to_string(r.max_new_tokens) + "), found " +
+                                              std::to_string(p.min_tokens));
+  }
+  if (p.logprobs < -1 || p.logprobs > kMaxTopLogprobs) {
+    return Status::BadField("logprobs", "expected at most " + std::to_string(kMaxTopLogprobs) +
+                                            " top log-probabilities, found " +
+                                            std::to_string(p.logprobs));
+  }
   const int32_t vocab = options_.scheduler.vocab_size;
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (vocab > 0 && (id < 0 || id >= vocab)) {
+      return Status::BadField("logit_bias", std::to_string(id) + " is outside the vocabulary of " +
+                                                std::to_string(vocab));
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return Status::BadField("logit_bias", "expected biases in [-100, 100], found " +
+                                                std::to_string(bias) + " for " +
+                                                std::to_string(id));
+    }
+  }
   for (int32_t id : r.stop_token_ids) {
     if (vocab > 0 && (id < 0 || id >= vocab)) {
       return Status::BadField("stop_token_ids", std::to_string(id) +
@@ -85,7 +116,7 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
   if (live_.count(request.id) != 0) {
     return Status::Internal("request id " + std::to_string(request.id) + " is already in flight");
   }
-  Live live(std::move(sink), request.sampling,
+  Live live(std::move(sink), request,
             OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
   live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
   live.stream = request.stream;
@@ -104,6 +135,8 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
 bool ServingCore::on_token(const sched::Request& r, int32_t token) {
   Live& live = live_.at(r.spec.id);
   live.output.push_back(token);
+  // Each sampled token was the sampler's; an executor that samples elsewhere (a test's) has none.
+  if (live.sampler.has_logprobs()) live.logprobs.push_back(live.sampler.take_logprobs());
   live.cached_tokens = r.cached_tokens;
   if (!live.advanced) {
     live.advanced = true;
@@ -159,6 +192,8 @@ void ServingCore::deliver(uint64_t id) {
   out.new_ids.assign(live.output.begin() + static_cast<ptrdiff_t>(live.sent_ids),
                      live.output.end());
   live.sent_ids = live.output.size();
+  out.new_logprobs = std::move(live.logprobs);
+  live.logprobs.clear();
   if (options_.tokenizer != nullptr) out.new_text = live.text.take();
   out.output_tokens = static_cast<int32_t>(live.output.size());
   out.prompt_tokens = live.prompt_tokens;

@@ -43,6 +43,9 @@ struct ServingOptions {
   int stream_interval = 1;
 };
 
+// The most top log-probabilities a request may ask for (OpenAI's top_logprobs bound).
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
 class ServingCore {
  public:
   // Over the engine (its store's tier when it has one); `engine` outlives the core.
@@ -96,15 +99,16 @@ class ServingCore {
  private:
   // A request in flight: where its outputs go and what it has been told.
   struct Live {
-    Live(RequestSink s, const exec::SamplingParams& sampling, OutputText t)
+    Live(RequestSink s, const GenerateRequest& request, OutputText t)
         : sink(std::make_shared<const RequestSink>(std::move(s))),
-          sampler(sampling),
+          sampler(request.sampling, request.input_ids, request.stop_token_ids),
           text(std::move(t)) {}
     // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
     std::shared_ptr<const RequestSink> sink;
     exec::Sampler sampler;
     OutputText text;
     std::vector<int32_t> output;  // every id sampled
+    std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
     size_t sent_ids = 0;          // of output, in an earlier output
     bool stream = true;           // GenerateRequest::stream
     int32_t prompt_tokens = 0;

@@ -1,6 +1,7 @@
 #include "core/server/api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -176,8 +177,6 @@ std::optional<ApiError> no_op(const json& j) {
        "prefill/decode disaggregation is not supported"},
       {"bootstrap_room", [](const json& v) { return v.is_null(); },
        "prefill/decode disaggregation is not supported"},
-      {"best_of", [](const json& v) { return v.is_null() || v == 1; },
-       "best_of > 1 is not supported yet"},
       {"user", [](const json& v) { return v.is_null() || v.is_string(); }, "expected a string"},
       // Requests are served first come, first served; a priority is accepted and not used.
       {"priority", [](const json& v) { return v.is_null() || v.is_number_integer(); },
@@ -286,11 +285,30 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
               "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room"})) {
     return *e;
   }
-  if (j.contains("return_logprob") && j["return_logprob"] == true) {
-    return bad("return_logprob", "log probabilities are not supported yet");
-  }
   if (auto e = no_op(j)) return *e;
   GenerateCall call;
+  call.tokenizer = limits.tokenizer;
+  // SGLang's log-probabilities: return_logprob, top_logprobs_num, return_text_in_logprobs;
+  // logprob_start_len -1 (its default) asks for the output's alone.
+  bool return_logprob = false;
+  if (auto e = read_bool(j, "return_logprob", &return_logprob)) return *e;
+  if (auto e = read_bool(j, "return_text_in_logprobs", &call.logprob_text)) return *e;
+  if (j.contains("top_logprobs_num") && !j["top_logprobs_num"].is_null()) {
+    const json& k = j["top_logprobs_num"];
+    if (!k.is_number_integer() || k.get<int64_t>() < 0 || k.get<int64_t>() > INT32_MAX) {
+      return bad("top_logprobs_num", "expected an integer >= 0, found " + k.dump());
+    }
+    if (return_logprob) call.sampling.logprobs = static_cast<int32_t>(k.get<int64_t>());
+  }
+  if (return_logprob && call.sampling.logprobs < 0) call.sampling.logprobs = 0;
+  if (j.contains("logprob_start_len") && !j["logprob_start_len"].is_null()) {
+    const json& s = j["logprob_start_len"];
+    if (!s.is_number_integer()) return bad("logprob_start_len", "expected an integer");
+    if (return_logprob && s.get<int64_t>() >= 0) {
+      return bad("logprob_start_len", "the prompt's log-probabilities are not supported yet "
+                                      "(-1: the output's only)");
+    }
+  }
   const bool has_text = j.contains("text") && !j["text"].is_null();
   const bool has_ids = j.contains("input_ids") && !j["input_ids"].is_null();
   if (has_text == has_ids) {
@@ -439,12 +457,41 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
           if (s.empty()) return bad(param, "a stop string is empty");
         }
       } else if (key == "n") {
-        if (v != 1) return bad(param, "only n = 1 is supported");
-      } else if (key == "frequency_penalty" || key == "presence_penalty" ||
-                 key == "repetition_penalty") {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxChoices) {
+          return bad(param, "expected an integer from 1 to " + std::to_string(kMaxChoices) +
+                                ", found " + v.dump());
+        }
+        call.n = static_cast<int32_t>(v.get<int64_t>());
+      } else if (key == "frequency_penalty") {
         if (auto e = number(&x)) return *e;
-        const double neutral = key == "repetition_penalty" ? 1.0 : 0.0;
-        if (x != neutral) return bad(param, key + " is not supported yet");
+        call.sampling.frequency_penalty = static_cast<float>(x);
+      } else if (key == "presence_penalty") {
+        if (auto e = number(&x)) return *e;
+        call.sampling.presence_penalty = static_cast<float>(x);
+      } else if (key == "repetition_penalty") {
+        if (auto e = number(&x)) return *e;
+        call.sampling.repetition_penalty = static_cast<float>(x);
+      } else if (key == "min_new_tokens") {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+          return bad(param, "expected an integer >= 0, found " + v.dump());
+        }
+        call.sampling.min_tokens = static_cast<int32_t>(v.get<int64_t>());
+      } else if (key == "logit_bias") {
+        // {"<token id>": bias}, as OpenAI's.
+        if (!v.is_object()) return bad(param, "expected an object of token id -> bias");
+        for (auto it = v.begin(); it != v.end(); ++it) {
+          int64_t id = -1;
+          const std::string& k = it.key();
+          const auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), id);
+          if (ec != std::errc() || end != k.data() + k.size() || id < 0 || id > INT32_MAX) {
+            return bad(param, "'" + k + "' is not a token id");
+          }
+          if (!it.value().is_number() || !std::isfinite(it.value().get<double>())) {
+            return bad(param + "." + k, "expected a number");
+          }
+          call.sampling.logit_bias.emplace_back(static_cast<int32_t>(id),
+                                                it.value().get<float>());
+        }
       } else if (key == "no_stop_trim") {
         if (!v.is_boolean()) return bad(param, "expected true or false");
         call.no_stop_trim = v.get<bool>();
@@ -460,10 +507,72 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
       }
     }
   }
+  if (call.stream && call.n > 1) {
+    return bad("sampling_params.n", "streaming n > 1 is not supported on /generate (it is on "
+                                    "/v1/completions)");
+  }
   return call;
 }
 
 namespace {
+
+// A token's text beside its log-probability: the id decoded alone, special tokens kept ("" with
+// no tokenizer).
+std::string token_text(const GenerateCall& call, int32_t id) {
+  if (call.tokenizer == nullptr) return "";
+  model::DecodeOptions options;
+  options.skip_special_tokens = false;
+  const int32_t one[] = {id};
+  return call.tokenizer->decode(one, options);
+}
+
+// OpenAI completions' logprobs object for `entries`, text_offset counted from `offset`.
+json completions_logprobs(const GenerateCall& call, std::span<const exec::SampledLogprobs> entries,
+                          size_t offset) {
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       offsets = json::array();
+  for (const exec::SampledLogprobs& e : entries) {
+    const std::string text = token_text(call, e.chosen.id);
+    tokens.push_back(text);
+    token_logprobs.push_back(e.chosen.logprob);
+    // The k likeliest and, always, the chosen one (up to k + 1 entries, as OpenAI's).
+    json alternatives = json::object();
+    for (const exec::TokenLogprob& t : e.top) alternatives[token_text(call, t.id)] = t.logprob;
+    alternatives[text] = e.chosen.logprob;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(offset);
+    offset += util::utf8_characters(text);  // Python's len(), as OpenAI counts
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", offsets}};
+}
+
+json chat_logprob_entry(const GenerateCall& call, const exec::TokenLogprob& t) {
+  const std::string text = token_text(call, t.id);
+  std::vector<int> bytes;
+  for (char c : text) bytes.push_back(static_cast<unsigned char>(c));
+  return {{"token", text}, {"logprob", t.logprob}, {"bytes", bytes}};
+}
+
+// OpenAI chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}.
+json chat_logprobs(const GenerateCall& call, std::span<const exec::SampledLogprobs> entries) {
+  json content = json::array();
+  for (const exec::SampledLogprobs& e : entries) {
+    json entry = chat_logprob_entry(call, e.chosen);
+    json top = json::array();
+    for (const exec::TokenLogprob& t : e.top) top.push_back(chat_logprob_entry(call, t));
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+// SGLang's (logprob, id, text or null) tuple.
+json sglang_tuple(const GenerateCall& call, const exec::TokenLogprob& t) {
+  return json::array({t.logprob, t.id, call.logprob_text ? json(token_text(call, t.id)) : json()});
+}
 
 // OpenAI's finish reasons: "length", or "stop" for a stop token or string (an aborted request
 // is an error, openai_abort_error).
@@ -483,11 +592,20 @@ std::variant<json, ApiError> openai_sampling(const json& j) {
       sp["max_new_tokens"] = v;
     } else if (k == "temperature" || k == "top_p" || k == "seed" || k == "stop" || k == "n" ||
                k == "frequency_penalty" || k == "presence_penalty" || k == "top_k" ||
-               k == "ignore_eos" || k == "min_p") {
+               k == "ignore_eos" || k == "min_p" || k == "repetition_penalty" ||
+               k == "logit_bias") {
       sp[k] = v;
+    } else if (k == "min_tokens") {
+      sp["min_new_tokens"] = v;
+    } else if (k == "tools" || k == "tool_choice" || k == "functions" || k == "function_call" ||
+               k == "parallel_tool_calls") {
+      // "None of them" is accepted; any tool is refused by name.
+      const bool none = v.is_null() || (v.is_array() && v.empty()) || v == "none" ||
+                        (k == "parallel_tool_calls" && v.is_boolean());
+      if (!none) return bad(k, "tools are not supported: kvrt serves text completions only");
     } else if (k == "model" || k == "prompt" || k == "messages" || k == "stream" || k == "user" ||
                k == "stream_options" || k == "logprobs" || k == "echo" || k == "best_of" ||
-               k == "response_format" || k == "priority") {
+               k == "response_format" || k == "priority" || k == "top_logprobs") {
       // handled by the caller (no_op: best_of 1, response_format text, user, priority)
     } else {
       return bad(k, "unknown field");
@@ -505,11 +623,32 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   const json& j = std::get<json>(parsed);
   auto sampling = openai_sampling(j);
   if (auto* e = std::get_if<ApiError>(&sampling)) return *e;
-  if ((j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false &&
-       j["logprobs"] != 0) ||
-      (j.contains("echo") && j["echo"] == true)) {
-    return bad(j.contains("echo") && j["echo"] == true ? "echo" : "logprobs",
-               "not supported yet");
+  if (j.contains("echo") && j["echo"] == true) {
+    return bad("echo", "echoing the prompt (with its log-probabilities) is not supported yet");
+  }
+  // Completions: logprobs k (the chosen token's and the k likeliest); chat: logprobs true and
+  // top_logprobs k.
+  int32_t logprobs = -1;
+  if (j.contains("logprobs") && !j["logprobs"].is_null() && j["logprobs"] != false) {
+    const json& v = j["logprobs"];
+    if (chat) {
+      if (!v.is_boolean()) return bad("logprobs", "expected true or false");
+      logprobs = 0;
+    } else {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+        return bad("logprobs", "expected an integer >= 0, found " + v.dump());
+      }
+      logprobs = static_cast<int32_t>(v.get<int64_t>());
+    }
+  }
+  if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
+    const json& v = j["top_logprobs"];
+    if (!chat) return bad("top_logprobs", "unknown field (completions take logprobs: k)");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+      return bad("top_logprobs", "expected an integer >= 0, found " + v.dump());
+    }
+    if (logprobs < 0) return bad("top_logprobs", "needs logprobs: true");
+    logprobs = static_cast<int32_t>(v.get<int64_t>());
   }
   if (auto e = no_op(j)) return *e;
   bool stream = false, include_usage = false;
@@ -555,6 +694,7 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
     // Name the OpenAI field, not the /generate one it was mapped to.
     ApiError error = *e;
     for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_tokens"},
+                            std::pair{"sampling_params.min_new_tokens", "min_tokens"},
                             std::pair{"sampling_params.", ""},
                             std::pair{"input_ids", chat ? "messages" : "prompt"},
                             std::pair{"text", chat ? "messages" : "prompt"}}) {
@@ -571,6 +711,19 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
   c.stream = stream;
   c.include_usage = include_usage;
+  c.sampling.logprobs = logprobs;
+  if (j.contains("best_of") && !j["best_of"].is_null()) {
+    const json& b = j["best_of"];
+    if (!b.is_number_integer() || b.get<int64_t>() < 1 || b.get<int64_t>() > kMaxChoices) {
+      return bad("best_of", "expected an integer from 1 to " + std::to_string(kMaxChoices) +
+                                ", found " + b.dump());
+    }
+    c.best_of = static_cast<int32_t>(b.get<int64_t>());
+    if (c.best_of < c.n) return bad("best_of", "must be at least n (" + std::to_string(c.n) + ")");
+    if (c.best_of > c.n && stream) {
+      return bad("best_of", "best_of > n cannot stream: the best are known only at the end");
+    }
+  }
   if (j.contains("model") && j["model"].is_string()) c.model = j["model"].get<std::string>();
   return c;
 }
@@ -582,6 +735,10 @@ namespace {
 json usage_json(const std::vector<GenerateResult>& results) {
   int64_t prompt = 0, completion = 0, cached = 0;
   for (const GenerateResult& r : results) {
+    if (!r.counts_prompt) {  // another choice of a prompt counted already
+      completion += static_cast<int64_t>(r.output_ids.size());
+      continue;
+    }
     prompt += r.prompt_tokens;
     completion += static_cast<int64_t>(r.output_ids.size());
     cached += r.cached_tokens;
@@ -603,11 +760,13 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
     json choice = {{"index", i}};
     const char* finish = openai_finish(r);
     choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+    const bool logprobs = call.sampling.logprobs >= 0;
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", r.text}};
+      choice["logprobs"] = logprobs ? chat_logprobs(call, r.logprobs) : json();
     } else {
       choice["text"] = r.text;
-      choice["logprobs"] = nullptr;
+      choice["logprobs"] = logprobs ? completions_logprobs(call, r.logprobs, 0) : json();
     }
     choices.push_back(choice);
   }
@@ -620,17 +779,20 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
 }
 
 json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::string& delta,
-                  const std::string& id, int64_t created, size_t index) {
+                  const std::string& id, int64_t created, size_t index,
+                  std::span<const exec::SampledLogprobs> logprobs, size_t text_offset) {
   const bool chat = call.dialect == Dialect::kChat;
   json choice = {{"index", index}};
   const char* finish = openai_finish(r);
   choice["finish_reason"] = finish ? json(finish) : json(nullptr);
+  const bool asked = call.sampling.logprobs >= 0;
   if (chat) {
     choice["delta"] = {{"content", delta}};
     if (r.output_ids.size() <= 1 && !r.finished) choice["delta"]["role"] = "assistant";
+    choice["logprobs"] = asked ? chat_logprobs(call, logprobs) : json();
   } else {
     choice["text"] = delta;
-    choice["logprobs"] = nullptr;
+    choice["logprobs"] = asked ? completions_logprobs(call, logprobs, text_offset) : json();
   }
   json chunk = {{"id", id},
                 {"object", chat ? "chat.completion.chunk" : "text_completion"},
@@ -653,7 +815,8 @@ json openai_usage_chunk(const GenerateCall& call, const std::vector<GenerateResu
   return chunk;
 }
 
-json generate_json(const GenerateResult& r, size_t ids_from, size_t text_from) {
+json generate_json(const GenerateCall& call, const GenerateResult& r, size_t ids_from,
+                   size_t text_from) {
   json finish = nullptr;
   if (r.finished) {
     switch (r.reason) {
@@ -678,6 +841,23 @@ json generate_json(const GenerateResult& r, size_t ids_from, size_t text_from) {
                {"cached_tokens", r.cached_tokens},
                {"finish_reason", finish}};
   if (r.finished) meta["e2e_latency"] = r.e2e_latency;
+  if (call.sampling.logprobs >= 0) {
+    // The output's, from ids_from on as output_ids; the prompt's are not asked for
+    // (logprob_start_len -1).
+    json chosen = json::array(), top = json::array();
+    for (size_t i = std::min(ids_from, r.logprobs.size()); i < r.logprobs.size(); ++i) {
+      chosen.push_back(sglang_tuple(call, r.logprobs[i].chosen));
+      json alternatives = json::array();
+      for (const exec::TokenLogprob& t : r.logprobs[i].top) {
+        alternatives.push_back(sglang_tuple(call, t));
+      }
+      top.push_back(std::move(alternatives));
+    }
+    meta["output_token_logprobs"] = std::move(chosen);
+    meta["output_top_logprobs"] = std::move(top);
+    meta["input_token_logprobs"] = json::array();
+    meta["input_top_logprobs"] = json::array();
+  }
   const std::span<const int32_t> ids =
       std::span<const int32_t>(r.output_ids).subspan(std::min(ids_from, r.output_ids.size()));
   return json{{"text", r.text.substr(std::min(text_from, r.text.size()))},
@@ -688,6 +868,7 @@ json generate_json(const GenerateResult& r, size_t ids_from, size_t text_from) {
 void GenerateResult::add(const serve::RequestOutput& out) {
   output_ids.insert(output_ids.end(), out.new_ids.begin(), out.new_ids.end());
   text += out.new_text;
+  logprobs.insert(logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
   prompt_tokens = out.prompt_tokens;
   cached_tokens = out.cached_tokens;
   if (!out.finished) return;
@@ -720,6 +901,12 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt) 
     if (call.batch && field == "input_ids") param += "[" + std::to_string(prompt) + "]";
   } else if (field == "max_new_tokens") {
     param = openai ? "max_tokens" : "sampling_params.max_new_tokens";
+  } else if (field == "min_tokens") {
+    param = openai ? "min_tokens" : "sampling_params.min_new_tokens";
+  } else if (field == "logprobs") {
+    param = call.dialect == Dialect::kChat ? "top_logprobs"
+            : openai                       ? "logprobs"
+                                           : "top_logprobs_num";
   } else if (!field.empty() && !openai) {
     param = "sampling_params." + field;
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -50,6 +51,9 @@ struct ModelLimits {
 // anyway, as far longer than any context.)
 uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length);
 
+// The most choices (n) or candidates (best_of) one prompt may ask for.
+inline constexpr int32_t kMaxChoices = 64;
+
 // Which API a call came through: its answer takes that API's shape.
 enum class Dialect { kGenerate, kCompletions, kChat };
 
@@ -67,10 +71,19 @@ struct GenerateCall {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings, matched in the decoded output
   bool ignore_eos = false;
+  // Choices per prompt (n), and the candidates they are the best of (best_of >= n: the n with
+  // the highest cumulative log-probability are answered).
+  int32_t n = 1;
+  int32_t best_of = 1;
   // sampling_params.no_stop_trim: the answer keeps the stop string that ended it.
   bool no_stop_trim = false;
   // OpenAI streams: stream_options.include_usage, a last chunk with the usage and no choices.
   bool include_usage = false;
+  // Log-probabilities are asked for when sampling.logprobs >= 0 (that many top ones); SGLang's
+  // return_text_in_logprobs puts each token's text beside them.
+  bool logprob_text = false;
+  // The served tokenizer (null: none), for the tokens' texts beside their log-probabilities.
+  const model::Tokenizer* tokenizer = nullptr;
 };
 
 // The body parsed and its shape checked: types, a prompt given exactly once, valid UTF-8, a text
@@ -113,7 +126,9 @@ struct GenerateResult {
   std::string matched_stop;    // kStopString
   std::string message;         // why it was aborted or failed
   double e2e_latency = 0;
+  std::vector<exec::SampledLogprobs> logprobs;  // one per output id, when asked for
   bool keep_stop = false;  // GenerateCall::no_stop_trim: a matched stop string ends the text
+  bool counts_prompt = true;  // false for a prompt's second and later choices (usage)
   // One more output of its request: its ids and text appended, its end taken.
   void add(const serve::RequestOutput& out);
 };
@@ -131,8 +146,10 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt =
 // output_ids holds the ids from `ids_from` on and text the bytes from `text_from` on (0, 0: the
 // whole answer so far, as SGLang streams it; a stream with incremental output gives the new
 // ones).
-nlohmann::json generate_json(const GenerateResult& result, size_t ids_from = 0,
-                             size_t text_from = 0);
+// With log-probabilities asked for, meta_info has SGLang's output_token_logprobs and
+// output_top_logprobs as (logprob, id, text or null) tuples, from ids_from on.
+nlohmann::json generate_json(const GenerateCall& call, const GenerateResult& result,
+                             size_t ids_from = 0, size_t text_from = 0);
 
 // OpenAI's answer for a finished call (`results` in prompt order, none aborted: an aborted one
 // is answered with openai_abort_error): a "text_completion" or a "chat.completion" with choices
@@ -142,11 +159,14 @@ nlohmann::json openai_json(const GenerateCall& call, const std::vector<GenerateR
 // An aborted or failed request as OpenAI answers errors: 500 for an engine failure, 503 for an
 // abort (shutdown, timeout, /abort_request), with the reason; a stream sends it as an event.
 ApiError openai_abort_error(const GenerateResult& result);
-// One streamed chunk of choice `index`: `delta` is the text since the last chunk; finish_reason
-// when finished; "usage": null when the call asked for usage (stream_options.include_usage).
+// One streamed chunk of choice `index`: `delta` is the text since the last chunk, `logprobs`
+// those of the ids since then (completions' text_offset counted from `text_offset`);
+// finish_reason when finished; "usage": null when the call asked for usage
+// (stream_options.include_usage).
 nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& result,
                             const std::string& delta, const std::string& id, int64_t created,
-                            size_t index);
+                            size_t index, std::span<const exec::SampledLogprobs> logprobs = {},
+                            size_t text_offset = 0);
 // The last chunk of a stream that asked for usage: no choices, the call's usage.
 nlohmann::json openai_usage_chunk(const GenerateCall& call,
                                   const std::vector<GenerateResult>& results,

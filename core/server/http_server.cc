@@ -56,7 +56,8 @@ struct HttpServer::Impl {
   std::atomic<bool> accepting{false};
   // Client rids of the requests in flight, for /abort_request.
   std::mutex rid_mutex;
-  std::unordered_map<std::string, uint64_t> rids;
+  // (The candidates of one prompt, n or best_of > 1, share its rid.)
+  std::unordered_multimap<std::string, uint64_t> rids;
   // record_trace: the file, and when the server started (the trace's time 0).
   std::mutex trace_mutex;
   std::ofstream trace;
@@ -115,11 +116,17 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   // One prompt of the call being answered.
+  // One request of the call: candidate `candidate` of prompt `prompt` (a prompt has n
+  // candidates, or best_of when more). pending_[prompt * candidates + candidate].
   struct Pending {
     uint64_t id = 0;
+    size_t prompt = 0;
+    size_t candidate = 0;
+    bool submitted = false;
     GenerateResult result;
     size_t sent_text = 0;  // streaming: text already sent
     size_t sent_ids = 0;
+    size_t sent_logprobs = 0;  // of result.logprobs
   };
   // What a read waits for, and so which timeout ends it.
   enum class Phase { kIdle, kHeader, kBody };
@@ -370,14 +377,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!j.is_object() || !j.contains("rid") || !j["rid"].is_string()) {
       return respond(400, error_body({400, "rid: expected a string", "rid"}));
     }
-    uint64_t id = 0;
+    std::vector<uint64_t> ids;
     {
       std::lock_guard lock(server_.rid_mutex);
-      auto it = server_.rids.find(j["rid"].get<std::string>());
-      if (it != server_.rids.end()) id = it->second;
+      auto [from, to] = server_.rids.equal_range(j["rid"].get<std::string>());
+      for (auto it = from; it != to; ++it) ids.push_back(it->second);
     }
-    if (id != 0) server_.loop.abort(id, "aborted by /abort_request");
-    respond(200, json{{"success", id != 0}}.dump());
+    for (uint64_t id : ids) server_.loop.abort(id, "aborted by /abort_request");
+    respond(200, json{{"success", !ids.empty()}}.dump());
   }
 
   static int64_t unix_time() {
@@ -394,34 +401,27 @@ class Session : public std::enable_shared_from_this<Session> {
     call_ = std::move(call);
     created_ = unix_time();
     pending_.clear();
-    pending_.resize(call_.prompts.size());
+    const size_t per = candidates();
+    pending_.resize(call_.prompts.size() * per);
     started_ = Clock::now();
-    std::vector<int32_t> stop_ids = call_.stop_token_ids;
-    if (!call_.ignore_eos) stop_ids.insert(stop_ids.end(), server_.eos_ids.begin(),
-                                           server_.eos_ids.end());
-    std::vector<std::pair<serve::GenerateRequest, serve::RequestSink>> batch;
-    for (size_t i = 0; i < call_.prompts.size(); ++i) {
-      Pending& p = pending_[i];
+    stop_ids_ = call_.stop_token_ids;
+    if (!call_.ignore_eos) stop_ids_.insert(stop_ids_.end(), server_.eos_ids.begin(),
+                                            server_.eos_ids.end());
+    for (size_t k = 0; k < pending_.size(); ++k) {
+      Pending& p = pending_[k];
+      p.prompt = k / per;
+      p.candidate = k % per;
       p.id = server_.loop.next_id();
-      p.result.rid = call_.rids[i].empty() ? std::to_string(p.id) : call_.rids[i];
-      p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[i].size());
+      const std::string& rid = call_.rids[p.prompt];
+      p.result.rid = rid.empty() ? std::to_string(pending_[k - p.candidate].id) : rid;
+      p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[p.prompt].size());
       p.result.keep_stop = call_.no_stop_trim;
-      serve::GenerateRequest r;
-      r.id = p.id;
-      r.input_ids = std::move(call_.prompts[i]);
-      r.max_new_tokens = call_.max_new_tokens;
-      r.sampling = call_.sampling;
-      r.stop_token_ids = stop_ids;
-      r.stop = call_.stop;
-      r.stream = call_.stream;
-      // The sinks keep the session alive until the request ends (the core drops them then), so
-      // its answer always has a connection to go to.
-      serve::RequestSink sink = [self = shared_from_this(), i](serve::RequestOutput out) {
-        net::post(self->stream_.get_executor(),
-                  [self, i, out = std::move(out)] { self->on_output(i, out); });
-      };
-      batch.emplace_back(std::move(r), std::move(sink));
+      p.result.counts_prompt = p.candidate == 0;
     }
+    // A prompt's first candidate goes now; its others once it has a token (its prefill done and
+    // its pages in the prefix cache, which they then share: one prefill, n decodes).
+    std::vector<std::pair<serve::GenerateRequest, serve::RequestSink>> batch;
+    for (size_t i = 0; i < call_.prompts.size(); ++i) batch.push_back(request_for(i * per));
     size_t refused = 0;
     if (Status s = server_.loop.submit(std::move(batch), &refused); !s.ok()) {
       // Nothing of the call was submitted.
@@ -433,11 +433,12 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       return respond_error(e);
     }
-    unfinished_ = pending_.size();
-    {
-      std::lock_guard lock(server_.rid_mutex);
-      for (const Pending& p : pending_) server_.rids[p.result.rid] = p.id;
+    for (size_t i = 0; i < call_.prompts.size(); ++i) {
+      pending_[i * per].submitted = true;
+      remember_rid(pending_[i * per]);
     }
+    answered_ = false;
+    unfinished_ = pending_.size();
     if (server_.options.request_timeout_s > 0) {
       timer_.expires_after(seconds(server_.options.request_timeout_s));
       timer_.async_wait([weak = weak_from_this()](beast::error_code ec) {
@@ -459,6 +460,77 @@ class Session : public std::enable_shared_from_this<Session> {
                std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
     }
     watch_disconnect();
+  }
+
+  // Requests per prompt: n, or best_of when it asks for more (the n best are answered).
+  size_t candidates() const {
+    return static_cast<size_t>(std::max({call_.n, call_.best_of, int32_t{1}}));
+  }
+
+  // The request of pending_[k], with the sink that brings its outputs back here.
+  std::pair<serve::GenerateRequest, serve::RequestSink> request_for(size_t k) {
+    const Pending& p = pending_[k];
+    serve::GenerateRequest r;
+    r.id = p.id;
+    r.input_ids = call_.prompts[p.prompt];
+    r.max_new_tokens = call_.max_new_tokens;
+    r.sampling = call_.sampling;
+    // Each candidate its own seed stream; best_of ranks by the candidates' log-probabilities.
+    r.sampling.seed += p.candidate;
+    if (call_.best_of > call_.n) r.sampling.logprobs = std::max(r.sampling.logprobs, 0);
+    r.stop_token_ids = stop_ids_;
+    r.stop = call_.stop;
+    // A first candidate with others to follow streams, so its first token is heard.
+    r.stream = call_.stream || (p.candidate == 0 && candidates() > 1);
+    // The sinks keep the session alive until the request ends (the core drops them then), so
+    // its answer always has a connection to go to.
+    serve::RequestSink sink = [self = shared_from_this(), k](serve::RequestOutput out) {
+      net::post(self->stream_.get_executor(),
+                [self, k, out = std::move(out)] { self->on_output(k, out); });
+    };
+    return {std::move(r), std::move(sink)};
+  }
+
+  // /abort_request finds a submitted request by its rid.
+  void remember_rid(const Pending& p) {
+    std::lock_guard lock(server_.rid_mutex);
+    server_.rids.emplace(p.result.rid, p.id);
+  }
+
+  // The other candidates of `prompt`, once its first has a token; when it ended without one
+  // (aborted, failed) they end as it did.
+  void submit_rest(size_t prompt) {
+    const size_t per = candidates();
+    const GenerateResult& first = pending_[prompt * per].result;
+    std::vector<std::pair<serve::GenerateRequest, serve::RequestSink>> batch;
+    for (size_t k = prompt * per + 1; k < (prompt + 1) * per; ++k) {
+      if (!pending_[k].submitted && !pending_[k].result.finished) batch.push_back(request_for(k));
+    }
+    if (batch.empty()) return;
+    Status s;
+    if (first.finished && !serve::completed(first.reason)) {
+      s = Status::Internal(first.message);
+    } else {
+      size_t refused = 0;
+      s = server_.loop.submit(std::move(batch), &refused);
+    }
+    for (size_t k = prompt * per + 1; k < (prompt + 1) * per; ++k) {
+      Pending& p = pending_[k];
+      if (p.submitted || p.result.finished) continue;
+      if (s.ok()) {
+        p.submitted = true;
+        remember_rid(p);
+        continue;
+      }
+      serve::RequestOutput end;
+      end.id = p.id;
+      end.finished = true;
+      end.finish_reason = first.finished && !serve::completed(first.reason)
+                              ? first.reason
+                              : serve::FinishReason::kAborted;
+      end.message = s.message();
+      on_output(k, end);
+    }
   }
 
   // A client that goes away aborts its request. Only a close or a reset says so: the socket
@@ -494,40 +566,56 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void abort_generation(const std::string& reason) {
-    for (const Pending& p : pending_) {
-      if (!p.result.finished) server_.loop.abort(p.id, reason);
+    for (size_t k = 0; k < pending_.size(); ++k) {
+      const Pending& p = pending_[k];
+      if (p.result.finished) continue;
+      if (p.submitted) {
+        server_.loop.abort(p.id, reason);
+      } else {
+        // Never submitted (a candidate waiting for its prompt's first): it ends here.
+        serve::RequestOutput end;
+        end.id = p.id;
+        end.finished = true;
+        end.finish_reason = serve::FinishReason::kAborted;
+        end.message = reason;
+        on_output(k, end);
+      }
     }
   }
 
-  void on_output(size_t i, const serve::RequestOutput& out) {
-    if (i >= pending_.size() || pending_[i].id != out.id) return;
-    Pending& p = pending_[i];
+  void on_output(size_t k, const serve::RequestOutput& out) {
+    if (k >= pending_.size() || pending_[k].id != out.id) return;
+    Pending& p = pending_[k];
     if (p.result.finished) return;
+    const bool first_output = p.result.output_ids.empty() && !p.result.finished;
     p.result.add(out);
-    if (!out.finished) {
-      if (call_.stream) stream_chunk(p);
-      return;
+    if (out.finished) {
+      p.result.e2e_latency = std::chrono::duration<double>(Clock::now() - started_).count();
+      server_.record(started_, p.result);
+      --unfinished_;
     }
-    p.result.e2e_latency = std::chrono::duration<double>(Clock::now() - started_).count();
-    server_.record(started_, p.result);
-    if (--unfinished_ > 0) {
-      if (call_.stream) stream_chunk(p);
-      return;
-    }
+    if (call_.stream && unfinished_ > 0) stream_chunk(p);
+    if (first_output && p.candidate == 0 && candidates() > 1) submit_rest(p.prompt);
+    if (out.finished && unfinished_ == 0) answer(p);
+  }
+
+  // Every request of the call has ended (`last` the last to): the answer.
+  void answer(Pending& last) {
+    if (answered_) return;
+    answered_ = true;
     timer_.cancel();
     forget_rids();
     if (health_) {
       health_ = false;
-      return serve::completed(p.result.reason)
+      return serve::completed(last.result.reason)
                  ? respond(200, "", "text/plain")
-                 : respond(503, error_body({503, p.result.message, "", "server_error"}));
+                 : respond(503, error_body({503, last.result.message, "", "server_error"}));
     }
     if (call_.stream) {
-      stream_chunk(p);
+      stream_chunk(last);
       if (call_.include_usage) {
-        std::vector<GenerateResult> results;
-        for (const Pending& q : pending_) results.push_back(q.result);
-        send_chunk("data: " + to_text(openai_usage_chunk(call_, results, openai_id(), created_)) +
+        send_chunk("data: " +
+                   to_text(openai_usage_chunk(call_, shown_results(), openai_id(), created_)) +
                    "\n\n");
       }
       send_chunk("data: [DONE]\n\n");
@@ -544,26 +632,56 @@ class Session : public std::enable_shared_from_this<Session> {
         return respond_error(openai_abort_error(q.result));
       }
     }
-    if (openai) {
-      std::vector<GenerateResult> results;
-      for (const Pending& q : pending_) results.push_back(q.result);
-      return respond(200, to_text(openai_json(call_, results, openai_id(), created_)));
-    }
+    std::vector<GenerateResult> results = shown_results();
+    if (openai) return respond(200, to_text(openai_json(call_, results, openai_id(), created_)));
     json body;
-    if (call_.batch) {
+    if (call_.batch || candidates() > 1) {
       body = json::array();
-      for (const Pending& q : pending_) body.push_back(generate_json(q.result));
+      for (const GenerateResult& r : results) body.push_back(generate_json(call_, r));
     } else {
-      body = generate_json(pending_[0].result);
+      body = generate_json(call_, results[0]);
     }
     respond(200, to_text(body));
+  }
+
+  // The answered results in choice order (prompt by prompt, n each): with best_of > n, the n of
+  // each prompt's candidates with the highest cumulative log-probability.
+  std::vector<GenerateResult> shown_results() const {
+    const size_t per = candidates();
+    const auto n = static_cast<size_t>(std::max(call_.n, int32_t{1}));
+    std::vector<GenerateResult> shown;
+    for (size_t i = 0; i * per < pending_.size(); ++i) {
+      std::vector<const GenerateResult*> group;
+      for (size_t k = i * per; k < (i + 1) * per; ++k) group.push_back(&pending_[k].result);
+      if (per > n) {
+        auto total = [](const GenerateResult* r) {
+          double sum = 0;
+          for (const exec::SampledLogprobs& e : r->logprobs) sum += e.chosen.logprob;
+          return sum;
+        };
+        std::stable_sort(group.begin(), group.end(), [&](const GenerateResult* a,
+                                                         const GenerateResult* b) {
+          return total(a) > total(b);
+        });
+      }
+      for (size_t j = 0; j < n && j < group.size(); ++j) {
+        shown.push_back(*group[j]);
+        shown.back().counts_prompt = j == 0;  // usage counts a prompt once, as OpenAI's
+      }
+    }
+    return shown;
   }
 
   void forget_rids() {
     std::lock_guard lock(server_.rid_mutex);
     for (const Pending& p : pending_) {
-      auto it = server_.rids.find(p.result.rid);
-      if (it != server_.rids.end() && it->second == p.id) server_.rids.erase(it);
+      auto [from, to] = server_.rids.equal_range(p.result.rid);
+      for (auto it = from; it != to; ++it) {
+        if (it->second == p.id) {
+          server_.rids.erase(it);
+          break;
+        }
+      }
     }
   }
 
@@ -573,8 +691,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void stream_chunk(Pending& p) {
     if (call_.dialect == Dialect::kGenerate) {
       const bool incremental = server_.options.incremental_streaming_output;
-      const json event = incremental ? generate_json(p.result, p.sent_ids, p.sent_text)
-                                     : generate_json(p.result);
+      const json event = incremental ? generate_json(call_, p.result, p.sent_ids, p.sent_text)
+                                     : generate_json(call_, p.result);
       p.sent_ids = p.result.output_ids.size();
       p.sent_text = p.result.text.size();
       return send_chunk("data: " + to_text(event) + "\n\n");
@@ -583,11 +701,20 @@ class Session : public std::enable_shared_from_this<Session> {
       return send_chunk("data: " + error_body(openai_abort_error(p.result)) + "\n\n");
     }
     const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
+    if (delta.empty() && !p.result.finished) return;  // its ids' log-probabilities wait too
+    // completions' text_offset: from the characters sent before this chunk.
+    const size_t offset = util::utf8_characters(std::string_view(p.result.text).substr(
+        0, std::min(p.sent_text, p.result.text.size())));
     p.sent_text = p.result.text.size();
-    if (delta.empty() && !p.result.finished) return;
-    const size_t index = static_cast<size_t>(&p - pending_.data());
+    const std::span<const exec::SampledLogprobs> logprobs =
+        std::span<const exec::SampledLogprobs>(p.result.logprobs)
+            .subspan(std::min(p.sent_logprobs, p.result.logprobs.size()));
+    p.sent_logprobs = p.result.logprobs.size();
+    const size_t index = p.prompt * static_cast<size_t>(std::max(call_.n, int32_t{1})) +
+                         p.candidate;  // the choice's index, as OpenAI orders them
     send_chunk("data: " +
-               to_text(openai_chunk(call_, p.result, delta, openai_id(), created_, index)) +
+               to_text(openai_chunk(call_, p.result, delta, openai_id(), created_, index,
+                                    logprobs, offset)) +
                "\n\n");
   }
 
@@ -694,6 +821,8 @@ class Session : public std::enable_shared_from_this<Session> {
   bool health_ = false;
   bool read_after_writes_ = false;
   GenerateCall call_;
+  std::vector<int32_t> stop_ids_;  // the call's stop ids and, unless ignore_eos, the model's EOS
+  bool answered_ = false;          // the call's answer went out (or began to)
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
   uint64_t exchange_ = 0;  // counts generations on this connection (watch_disconnect)

@@ -71,4 +71,10 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
+size_t utf8_characters(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
 }  // namespace kvrt::util

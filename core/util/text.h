@@ -21,5 +21,8 @@ std::string render_columns(const std::vector<std::vector<std::string>>& rows,
 
 // RFC 3629 UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF.
 bool valid_utf8(std::string_view s);
+// The characters (code points) of UTF-8 text, as Python's len() counts them: the bytes that do
+// not continue a character.
+size_t utf8_characters(std::string_view s);
 
 }  // namespace kvrt::util

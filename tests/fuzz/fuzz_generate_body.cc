@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     text.finish(so_far);
     r.text += text.take();
     r.finished = true;
-    (void)kvrt::server::to_text(kvrt::server::generate_json(r));
+    (void)kvrt::server::to_text(kvrt::server::generate_json(c, r));
     (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
     (void)kvrt::server::to_text(kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0, 0));
   }

@@ -5,7 +5,10 @@
 // names and shapes, and the metrics under SGLang's names.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/core/server/server_fixture.h"
@@ -53,6 +56,8 @@ TEST_F(ApiParityTest, NoOpFieldsAreAcceptedAndWhatCannotBeHonouredIsRefusedByNam
   EXPECT_EQ(openai.status, 200) << openai.body;
   Reply chat = post(port_, "/v1/chat/completions",
                     {{"messages", {{{"role", "user"}, {"content", "hi"}, {"name", "ann"}}}},
+                     {"tools", json::array()},
+                     {"tool_choice", "none"},
                      {"max_tokens", 2},
                      {"logprobs", false},
                      {"response_format", {{"type", "text"}}}});
@@ -80,7 +85,6 @@ TEST_F(ApiParityTest, NoOpFieldsAreAcceptedAndWhatCannotBeHonouredIsRefusedByNam
        "sampling_params.regex",
        "constrained decoding"},
       {"/generate", {{"input_ids", {1, 2}}, {"bogus", 1}}, "bogus", "unknown field"},
-      {"/v1/completions", {{"prompt", "a"}, {"best_of", 3}}, "best_of", "best_of"},
       {"/v1/completions",
        {{"prompt", "a"}, {"response_format", {{"type", "json_object"}}}},
        "response_format",
@@ -102,6 +106,11 @@ TEST_F(ApiParityTest, NoOpFieldsAreAcceptedAndWhatCannotBeHonouredIsRefusedByNam
       {"/v1/chat/completions",
        {{"messages", {{{"role", "assistant"}, {"content", "x"}, {"tool_calls", json::array()}}}}},
        "messages[0].tool_calls",
+       "tools are not supported"},
+      {"/v1/chat/completions",
+       {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+        {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}},
+       "tools",
        "tools are not supported"},
       {"/v1/completions", {{"prompt", "a"}, {"frobnicate", true}}, "frobnicate", "unknown field"},
   };
@@ -273,6 +282,254 @@ TEST_F(ApiParityTest, SglangEndpointNamesAndShapes) {
   EXPECT_EQ(call(port_, http::verb::get, "/flush_cache", "").status, 200);
 }
 
+// Log-probabilities in SGLang's, OpenAI completions' and OpenAI chat's shapes, streamed and not:
+// greedy picks the likeliest, so the chosen token is the first of the top ones; every value is
+// finite and <= 0, and the tokens' texts add up to the answer.
+TEST_F(ApiParityTest, LogprobsInEachApisShape) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  const Reply g = post(port_, "/generate",
+                       {{"text", "Once upon a time"},
+                        {"sampling_params", {{"max_new_tokens", 8}, {"ignore_eos", true}}},
+                        {"return_logprob", true},
+                        {"top_logprobs_num", 3},
+                        {"return_text_in_logprobs", true}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json gj = g.json_body();
+  const json& chosen = gj["meta_info"]["output_token_logprobs"];
+  const json& top = gj["meta_info"]["output_top_logprobs"];
+  ASSERT_EQ(chosen.size(), 8u) << g.body;
+  ASSERT_EQ(top.size(), 8u);
+  std::string joined;
+  std::vector<float> lps;
+  for (size_t i = 0; i < 8; ++i) {
+    const float lp = chosen[i][0];
+    lps.push_back(lp);
+    EXPECT_TRUE(std::isfinite(lp) && lp <= 0) << lp;
+    EXPECT_EQ(chosen[i][1], gj["output_ids"][i]);
+    joined += chosen[i][2].get<std::string>();
+    ASSERT_EQ(top[i].size(), 3u);
+    EXPECT_EQ(top[i][0][1], chosen[i][1]);
+    EXPECT_FLOAT_EQ(top[i][0][0].get<float>(), lp);
+    EXPECT_GE(top[i][0][0].get<float>(), top[i][1][0].get<float>());
+    EXPECT_GE(top[i][1][0].get<float>(), top[i][2][0].get<float>());
+  }
+  EXPECT_EQ(joined, gj["text"]);
+
+  const json body = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"logprobs", 2}, {"ignore_eos", true}};
+  const Reply c = post(port_, "/v1/completions", body);
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = c.json_body();
+  const json& lp = cj["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 8u) << c.body;
+  std::string tokens;
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), lps[i]);
+    const std::string t = lp["tokens"][i];
+    EXPECT_TRUE(lp["top_logprobs"][i].contains(t));
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);     // the two likeliest and the chosen one
+    EXPECT_EQ(lp["text_offset"][i], tokens.size());  // ASCII: characters are bytes
+    tokens += t;
+  }
+  EXPECT_EQ(tokens, cj["choices"][0]["text"]);
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  bool done = false;
+  json tokens_streamed = json::array(), offsets_streamed = json::array();
+  for (const json& e : events_of(post(port_, "/v1/completions", streamed_body).body, &done)) {
+    const json& l = e["choices"][0]["logprobs"];
+    for (const json& t : l["tokens"]) tokens_streamed.push_back(t);
+    for (const json& o : l["text_offset"]) offsets_streamed.push_back(o);
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(tokens_streamed, lp["tokens"]);
+  EXPECT_EQ(offsets_streamed, lp["text_offset"]);
+
+  const Reply chat = post(port_, "/v1/chat/completions",
+                          {{"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}},
+                           {"max_tokens", 6},
+                           {"logprobs", true},
+                           {"top_logprobs", 2},
+                           {"ignore_eos", true}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json chat_json = chat.json_body();
+  const json& content = chat_json["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 6u) << chat.body;
+  std::string said;
+  for (const json& entry : content) {
+    EXPECT_LE(entry["logprob"].get<float>(), 0.0f);
+    EXPECT_EQ(entry["top_logprobs"].size(), 2u);
+    std::string bytes;
+    for (int b : entry["bytes"]) bytes += static_cast<char>(b);
+    EXPECT_EQ(bytes, entry["token"]);
+    said += entry["token"].get<std::string>();
+  }
+  EXPECT_EQ(said, chat_json["choices"][0]["message"]["content"]);
+
+  // Without asking: nothing, at no cost.
+  const Reply plain = post(port_, "/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2}});
+  EXPECT_TRUE(plain.json_body()["choices"][0]["logprobs"].is_null()) << plain.body;
+
+  EXPECT_EQ(refused(post(port_, "/v1/chat/completions",
+                         {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                          {"logprobs", true},
+                          {"top_logprobs", 21}}))
+                .first,
+            "top_logprobs");
+  EXPECT_EQ(
+      refused(post(port_, "/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}}))
+          .first,
+      "top_logprobs");
+  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 30}})).first,
+            "logprobs");
+  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"echo", true}})).first,
+            "echo");
+  EXPECT_EQ(refused(post(port_, "/generate",
+                         {{"text", "x"}, {"return_logprob", true}, {"logprob_start_len", 0}}))
+                .first,
+            "logprob_start_len");
+}
+
+// frequency, presence and repetition penalties, logit_bias and min_tokens reach the sampler;
+// out-of-range values are refused naming the API's own field.
+TEST_F(ApiParityTest, PenaltiesLogitBiasAndMinTokensReachTheSampler) {
+  serve({"model.preset=synth-tiny"});
+  auto ids = [&](const json& sp) {
+    const Reply r = post(port_, "/generate", {{"input_ids", {1, 2, 3}}, {"sampling_params", sp}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body();
+  };
+  const json forced =
+      ids({{"max_new_tokens", 5}, {"ignore_eos", true}, {"logit_bias", {{"7", 100}}}});
+  EXPECT_EQ(forced["output_ids"], json::array({7, 7, 7, 7, 7}));
+  // 7 is a stop id and the likeliest, but held back for three tokens.
+  const json held = ids({{"max_new_tokens", 10},
+                         {"ignore_eos", true},
+                         {"stop_token_ids", {7}},
+                         {"min_new_tokens", 3},
+                         {"logit_bias", {{"7", 100}}}});
+  ASSERT_EQ(held["output_ids"].size(), 4u) << held.dump();
+  EXPECT_EQ(held["output_ids"][3], 7);
+  EXPECT_EQ(held["meta_info"]["finish_reason"]["type"], "stop");
+  // A presence penalty above the bias's lead moves greedy off a token once it appeared.
+  const json moved = ids({{"max_new_tokens", 2},
+                          {"ignore_eos", true},
+                          {"presence_penalty", 2.0},
+                          {"logit_bias", {{"7", 100}, {"9", 99}}}});
+  EXPECT_EQ(moved["output_ids"], json::array({7, 9}));
+  const json repeated = ids({{"max_new_tokens", 2},
+                             {"ignore_eos", true},
+                             {"frequency_penalty", 2.0},
+                             {"logit_bias", {{"7", 100}, {"9", 99}}}});
+  EXPECT_EQ(repeated["output_ids"], json::array({7, 9}));
+
+  const json openai = post(port_, "/v1/completions",
+                           {{"prompt", {1, 2, 3}},
+                            {"max_tokens", 5},
+                            {"min_tokens", 2},
+                            {"logit_bias", {{"7", 100}}},
+                            {"ignore_eos", true}})
+                          .json_body();
+  EXPECT_EQ(openai["usage"]["completion_tokens"], 5) << openai.dump();
+  for (const auto& [body, param] : std::vector<std::pair<json, std::string>>{
+           {{{"prompt", "x"}, {"frequency_penalty", 3}}, "frequency_penalty"},
+           {{{"prompt", "x"}, {"presence_penalty", -2.5}}, "presence_penalty"},
+           {{{"prompt", "x"}, {"repetition_penalty", 0}}, "repetition_penalty"},
+           {{{"prompt", "x"}, {"logit_bias", {{"x7", 1}}}}, "logit_bias"},
+           {{{"prompt", "x"}, {"logit_bias", {{"99999999", 1}}}}, "logit_bias"},
+           {{{"prompt", "x"}, {"logit_bias", {{"7", 101}}}}, "logit_bias"},
+           {{{"prompt", "x"}, {"max_tokens", 3}, {"min_tokens", 4}}, "min_tokens"}}) {
+    EXPECT_EQ(refused(post(port_, "/v1/completions", body)).first, param) << body.dump();
+  }
+  EXPECT_EQ(refused(post(port_, "/generate",
+                         {{"input_ids", {1, 2}},
+                          {"sampling_params", {{"max_new_tokens", 2}, {"min_new_tokens", 3}}}}))
+                .first,
+            "sampling_params.min_new_tokens");
+}
+
+// n choices of one prompt: each its own seed stream, index and finish reason, one prefill shared
+// through the prefix cache, usage counting the prompt once; best_of answers the candidates with
+// the highest cumulative log-probability.
+TEST_F(ApiParityTest, NChoicesShareOnePrefillAndBestOfRanksByLogprob) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  // Three pages of prompt (page_size 16), so the later choices find the first's pages cached.
+  std::vector<int32_t> prompt = {1};
+  for (int i = 0; i < 47; ++i) prompt.push_back(300 + i % 90);
+  const json sp = {
+      {"max_new_tokens", 8}, {"temperature", 1.0}, {"seed", 5}, {"n", 3}, {"ignore_eos", true}};
+  const Reply g = post(port_, "/generate", {{"input_ids", prompt}, {"sampling_params", sp}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json choices = g.json_body();
+  ASSERT_TRUE(choices.is_array());
+  ASSERT_EQ(choices.size(), 3u);
+  EXPECT_EQ(choices[0]["meta_info"]["cached_tokens"], 0);
+  std::set<std::vector<int32_t>> distinct;
+  for (size_t j = 0; j < 3; ++j) {
+    if (j > 0) {
+      EXPECT_GE(choices[j]["meta_info"]["cached_tokens"].get<int>(), 32) << g.body;
+    }
+    EXPECT_EQ(choices[j]["output_ids"].size(), 8u);
+    distinct.insert(ids_of(choices[j]));
+  }
+  EXPECT_GT(distinct.size(), 1u);  // three seeds, not three copies
+
+  const json body = {{"prompt", prompt}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 5},
+                     {"n", 3},           {"logprobs", 0},   {"ignore_eos", true}};
+  const Reply c = post(port_, "/v1/completions", body);
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json cj = c.json_body();
+  ASSERT_EQ(cj["choices"].size(), 3u);
+  EXPECT_EQ(cj["usage"]["prompt_tokens"], 48);
+  EXPECT_EQ(cj["usage"]["completion_tokens"], 24);
+  double best = -1e30;
+  std::string best_text;
+  for (size_t j = 0; j < 3; ++j) {
+    const json& choice = cj["choices"][j];
+    EXPECT_EQ(choice["index"], j);
+    EXPECT_EQ(choice["finish_reason"], "length");
+    double total = 0;
+    for (const json& lp : choice["logprobs"]["token_logprobs"]) total += lp.get<double>();
+    if (total > best) best = total, best_text = choice["text"];
+  }
+  json best_of = body;
+  best_of["n"] = 1;
+  best_of["best_of"] = 3;
+  const Reply b = post(port_, "/v1/completions", best_of);
+  ASSERT_EQ(b.status, 200) << b.body;
+  ASSERT_EQ(b.json_body()["choices"].size(), 1u);
+  EXPECT_EQ(b.json_body()["choices"][0]["text"], best_text);  // the same three candidates
+
+  // Streamed: each choice's chunks under its index add up to the unstreamed choice.
+  json streamed = body;
+  streamed["stream"] = true;
+  bool done = false;
+  std::string texts[3];
+  for (const json& e : events_of(post(port_, "/v1/completions", streamed).body, &done)) {
+    const size_t index = e["choices"][0]["index"];
+    ASSERT_LT(index, 3u);
+    texts[index] += e["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done);
+  for (size_t j = 0; j < 3; ++j) EXPECT_EQ(texts[j], cj["choices"][j]["text"]);
+
+  EXPECT_EQ(
+      refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"n", 3}, {"best_of", 2}})).first,
+      "best_of");
+  EXPECT_EQ(
+      refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"best_of", 2}, {"stream", true}}))
+          .first,
+      "best_of");
+  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"n", 0}})).first, "n");
+  EXPECT_EQ(refused(post(port_, "/generate",
+                         {{"text", "x"}, {"stream", true}, {"sampling_params", {{"n", 2}}}}))
+                .first,
+            "sampling_params.n");
+}
+
 // [server] metric_names: SGLang's names with its model_name label, kvrt's, or both (default).
 class MetricNamesTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
 
@@ -287,9 +544,9 @@ TEST_P(MetricNamesTest, MetricsCarrySglangNamesWhenAsked) {
   const std::string m = call(port_, http::verb::get, "/metrics", "").body;
   const bool kvrt = names != "sglang", sglang = names != "kvrt";
   EXPECT_EQ(m.find("\nkvrt:num_requests_total 1\n") != std::string::npos, kvrt) << m;
-  EXPECT_EQ(m.find("\nsglang:num_requests_total{model_name=\"test-model\"} 1\n") !=
-                std::string::npos,
-            sglang)
+  EXPECT_EQ(
+      m.find("\nsglang:num_requests_total{model_name=\"test-model\"} 1\n") != std::string::npos,
+      sglang)
       << m;
   EXPECT_EQ(m.find("# TYPE sglang:time_to_first_token_seconds histogram\n") != std::string::npos,
             sglang);

@@ -569,8 +569,8 @@ TEST_F(ServerTest, OpenAiCompletionsAndChatMatchGenerate) {
   for (const auto& [body, param] : std::vector<std::pair<json, std::string>>{
            {{{"prompt", "a"}, {"max_tokens", -1}}, "max_tokens"},
            {{{"prompt", "a"}, {"temperature", "hot"}}, "temperature"},
-           {{{"prompt", "a"}, {"n", 2}}, "n"},
-           {{{"prompt", "a"}, {"best_of", 2}}, "best_of"},
+           {{{"prompt", "a"}, {"n", 65}}, "n"},
+           {{{"prompt", "a"}, {"best_of", "two"}}, "best_of"},
            {{{"max_tokens", 3}}, "prompt"}}) {
     Reply r = post(port_, "/v1/completions", body);
     EXPECT_EQ(r.status, 400) << body.dump();
