@@ -23,7 +23,7 @@ FUZZ_PACKAGES = clang-14 libclang-rt-14-dev
 FUZZ_SECONDS ?= 60
 FUZZ_LONG_SECONDS ?= 300
 
-.PHONY: deps test-deps configure build demo report-screenshot test test-asan test-tsan fuzz fuzz-long fuzz-build bench install clean
+.PHONY: deps test-deps npm-clients configure build demo report-screenshot test test-asan test-tsan fuzz fuzz-long fuzz-build bench install clean
 
 deps:
 	@missing=""; for p in $(PACKAGES) $(EXTRA_PACKAGES); do \
@@ -38,6 +38,21 @@ deps:
 test-deps:
 	@$(MAKE) --no-print-directory deps EXTRA_PACKAGES="$(TEST_PACKAGES)" || \
 	  echo "could not install $(TEST_PACKAGES): the HTML report's browser test will be skipped"
+	@$(MAKE) --no-print-directory npm-clients BUILD=$(BUILD)
+
+# The real OpenAI-API clients cli.clients runs (tests/clients/package.json, versions pinned by
+# its package-lock.json), installed with npm into the build folder; reinstalled only when the
+# lock file changes. Without node/npm or the registry the test is skipped, saying why.
+NPM_CLIENTS = $(BUILD)/npm-clients
+npm-clients:
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm not found: cli.clients (openai, Vercel AI SDK, LangChain) will be skipped"; \
+	elif ! cmp -s tests/clients/package-lock.json $(NPM_CLIENTS)/node_modules/.kvrt-lock; then \
+	  mkdir -p $(NPM_CLIENTS) && cp tests/clients/package.json tests/clients/package-lock.json $(NPM_CLIENTS)/ && \
+	  (cd $(NPM_CLIENTS) && npm ci --no-audit --no-fund --loglevel=error) && \
+	  cp tests/clients/package-lock.json $(NPM_CLIENTS)/node_modules/.kvrt-lock || \
+	  echo "npm ci failed: cli.clients (openai, Vercel AI SDK, LangChain) will be skipped"; \
+	fi
 
 configure: deps
 	cmake -S . -B $(BUILD) $(CMAKE_ARGS)

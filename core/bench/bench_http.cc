@@ -72,6 +72,7 @@ class HttpDriver {
   Status probe();
   void send(PlannedRequest p);
   std::string body_of(const Flight& f) const;
+  const char* path() const;  // the endpoint the backend posts to
   void on_event(Flight& f, std::string_view data);
   void on_tokens(Flight& f, int64_t n);
   void on_done(uint64_t id, const client::Response& response);
@@ -86,6 +87,7 @@ class HttpDriver {
   BenchReport report_;
   ClientSamples samples_;
   std::unordered_map<uint64_t, Flight> flights_;
+  std::unordered_map<uint64_t, std::string> texts_;  // --backend responses: each prompt's text
   std::deque<PlannedRequest> pending_, ready_;
   Clock::time_point start_, first_send_{}, last_end_{};
   std::map<std::string, double> metrics_start_;
@@ -118,7 +120,7 @@ Status HttpDriver::probe() {
   }
   plan_.emplace(workload_, vocab);
   std::string model = options_.model;
-  if (options_.backend == "openai" && model.empty()) {
+  if (options_.backend != "generate" && model.empty()) {
     client::Response models = client_.fetch("GET", "/v1/models");
     const json j = json::parse(models.body, nullptr, false);
     if (models.status == 200 && j.is_object() && j.contains("data") && j["data"].is_array() &&
@@ -130,9 +132,7 @@ Status HttpDriver::probe() {
     }
   }
   model_ = model;
-  report_.endpoint = where + " (" +
-                     (options_.backend == "openai" ? "POST /v1/completions" : "POST /generate") +
-                     ", streamed)";
+  report_.endpoint = where + " (POST " + path() + ", streamed)";
   report_.store = "(not reported by the server)";
   client::Response server = client_.fetch("GET", "/get_server_info");
   if (server.status == 200) {
@@ -156,8 +156,26 @@ Status HttpDriver::probe() {
   return Status::Ok();
 }
 
+const char* HttpDriver::path() const {
+  return options_.backend == "openai"      ? "/v1/completions"
+         : options_.backend == "responses" ? "/v1/responses"
+                                           : "/generate";
+}
+
 std::string HttpDriver::body_of(const Flight& f) const {
   // The in-process bench's requests: greedy, exactly max_new_tokens (no end-of-sequence stop).
+  if (options_.backend == "responses") {
+    // The prompt as text (the server's /detokenize gave it), through the chat template: the
+    // server's prompt is the template's tokens longer.
+    return json{{"model", model_},
+                {"input", texts_.at(f.plan.id)},
+                {"max_output_tokens", f.plan.max_new_tokens},
+                {"temperature", 0},
+                {"ignore_eos", true},
+                {"store", false},
+                {"stream", true}}
+        .dump();
+  }
   if (options_.backend == "openai") {
     return json{{"model", model_},
                 {"prompt", f.prompt},
@@ -182,9 +200,8 @@ void HttpDriver::send(PlannedRequest p) {
   f.plan = std::move(p);
   f.sent = Clock::now();
   if (first_send_ == Clock::time_point{}) first_send_ = f.sent;
-  const char* path = options_.backend == "openai" ? "/v1/completions" : "/generate";
   client_.start(
-      "POST", path, body_of(f),
+      "POST", path(), body_of(f),
       [this, id](std::string_view bytes) {
         Flight& g = flights_.at(id);
         if (g.head.size() < 4096) g.head.append(bytes.substr(0, 4096 - g.head.size()));
@@ -216,6 +233,37 @@ void HttpDriver::on_event(Flight& f, std::string_view data) {
   if (j.contains("error")) {
     f.finish = "abort";
     f.message = error_message(200, std::string(data));
+    return;
+  }
+  // A field of the type expected, else nothing (a foreign server's answer is not trusted).
+  auto text_of = [](const json& o, const char* key) {
+    return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].get<std::string>()
+                                                                  : std::string();
+  };
+  auto read_int = [](const json& o, const char* key, int64_t* out) {
+    if (o.is_object() && o.contains(key) && o[key].is_number_integer()) {
+      *out = o[key].get<int64_t>();
+    }
+  };
+  if (options_.backend == "responses") {
+    const std::string type = text_of(j, "type");
+    if (type == "response.output_text.delta") on_tokens(f, 1);  // one delta per token
+    if (type == "response.completed" || type == "response.incomplete" ||
+        type == "response.failed") {
+      f.finish = type == "response.completed"    ? "stop"
+                 : type == "response.incomplete" ? "length"
+                                                 : "abort";
+      const json& r = j.contains("response") ? j["response"] : j;
+      if (r.is_object() && r.contains("error")) f.message = text_of(r["error"], "message");
+      if (r.is_object() && r.contains("usage")) {
+        const json& u = r["usage"];
+        read_int(u, "output_tokens", &f.completion_tokens);
+        read_int(u, "input_tokens", &f.prompt_tokens);
+        if (u.is_object() && u.contains("input_tokens_details")) {
+          read_int(u["input_tokens_details"], "cached_tokens", &f.cached_tokens);
+        }
+      }
+    }
     return;
   }
   if (options_.backend == "openai") {
@@ -348,11 +396,12 @@ void HttpDriver::progress(bool last) {
 }
 
 Result<BenchReport> HttpDriver::run() {
-  if (options_.backend != "generate" && options_.backend != "openai") {
+  if (options_.backend != "generate" && options_.backend != "openai" &&
+      options_.backend != "responses") {
     return Status::InvalidArgument("--backend '" + options_.backend +
-                                   "': expected generate or openai");
+                                   "': expected generate, openai or responses");
   }
-  if (options_.backend == "openai" && workload_.turns > 1) {
+  if (options_.backend != "generate" && workload_.turns > 1) {
     return Status::InvalidArgument(
         "kvrt bench --backend openai: " + workload_.source + " has " +
         std::to_string(workload_.turns) +
@@ -362,6 +411,21 @@ Result<BenchReport> HttpDriver::run() {
   if (Status s = probe(); !s.ok()) return s;
   report_.requests = plan_->total_requests();
   pending_.assign(plan_->initial().begin(), plan_->initial().end());
+  if (options_.backend == "responses") {
+    // The Responses API takes text: each prompt's ids as the server decodes them, before the
+    // clock starts.
+    for (const PlannedRequest& p : pending_) {
+      client::Response r = client_.fetch("POST", "/detokenize", json{{"tokens", p.prompt}}.dump());
+      const json j = json::parse(r.body, nullptr, false);
+      if (r.status != 200 || !j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+        return Status::InvalidArgument(
+            "kvrt bench --backend responses: " + options_.url.text +
+            "/detokenize could not turn the prompts into text (HTTP " + std::to_string(r.status) +
+            "): the Responses API needs a server with /detokenize (kvrt serve, vLLM)");
+      }
+      texts_[p.id] = j["prompt"].get<std::string>();
+    }
+  }
 
   start_ = Clock::now();
   const auto scrape_every = std::chrono::duration_cast<Clock::duration>(

@@ -648,13 +648,15 @@ int run_command_line(int argc, char** argv) {
                     "drive a running server over HTTP instead (http://HOST:PORT: kvrt serve, "
                     "SGLang or an OpenAI-compatible one)");
   bench->add_option("--backend", bench_args.backend,
-                    "with --url: generate (POST /generate) or openai (POST /v1/completions)")
-      ->check(CLI::IsMember({"generate", "openai"}))
+                    "with --url: generate (POST /generate), openai (POST /v1/completions) or "
+                    "responses (POST /v1/responses: the prompts as text, from /detokenize)")
+      ->check(CLI::IsMember({"generate", "openai", "responses"}))
       ->capture_default_str();
   bench->add_option("--api-key", bench_args.api_key,
                     "with --url: sent as Authorization: Bearer KEY (default: $KVRT_API_KEY)");
   bench->add_option("--model", bench_args.model,
-                    "with --backend openai: the model to name (default: /v1/models' first)");
+                    "with --backend openai or responses: the model to name (default: "
+                    "/v1/models' first)");
   bench->add_option("--vocab-size", bench_args.vocab_size,
                     "with --url: prompt ids' range when /get_model_info gives no vocab_size");
   bench->add_option("--scrape-interval", bench_args.scrape_interval_s,

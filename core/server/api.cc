@@ -751,6 +751,224 @@ json usage_json(const std::vector<GenerateResult>& results) {
 
 }  // namespace
 
+std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
+                                                     const ModelLimits& limits) {
+  auto parsed = read_object(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const json& j = std::get<json>(parsed);
+  if (auto e = unknown_field(j, {"model", "input", "instructions", "max_output_tokens",
+                                 "temperature", "top_p", "stream", "user", "metadata", "store",
+                                 "tools", "tool_choice", "parallel_tool_calls", "text",
+                                 "reasoning", "previous_response_id", "truncation", "include",
+                                 "service_tier", "background", "ignore_eos"})) {
+    return *e;
+  }
+  auto none = [&j](const char* key, bool (*accepts)(const json&)) {
+    return !j.contains(key) || j[key].is_null() || accepts(j[key]);
+  };
+  struct Refusal {
+    const char* key;
+    bool (*accepts)(const json&);
+    const char* why;
+  };
+  static const Refusal kRefusals[] = {
+      {"tools", [](const json& v) { return v.is_array() && v.empty(); },
+       "tools are not supported: kvrt serves text responses only"},
+      {"tool_choice", [](const json& v) { return v == "none" || v == "auto"; },
+       "tools are not supported"},
+      {"reasoning", [](const json& v) { return v.is_object() && v.empty(); },
+       "reasoning options are not supported"},
+      {"previous_response_id", [](const json&) { return false; },
+       "responses are not stored, so none can be continued: send the conversation in input"},
+      {"store", [](const json& v) { return v == false; },
+       "responses are not stored: send store: false (and the conversation in input)"},
+      {"background", [](const json& v) { return v == false; }, "background responses are not "
+                                                              "supported"},
+      {"truncation", [](const json& v) { return v == "disabled"; },
+       "only \"disabled\" is supported: a conversation too long for the context is refused"},
+      {"include", [](const json& v) { return v.is_array() && v.empty(); },
+       "nothing can be included"},
+      {"parallel_tool_calls", [](const json& v) { return v.is_boolean(); }, "expected a boolean"},
+      {"user", [](const json& v) { return v.is_string(); }, "expected a string"},
+      {"metadata", [](const json& v) { return v.is_object(); }, "expected an object"},
+      {"service_tier", [](const json& v) { return v.is_string(); }, "expected a string"},
+  };
+  for (const Refusal& r : kRefusals) {
+    if (!none(r.key, r.accepts)) return bad(r.key, r.why);
+  }
+  if (j.contains("text") && !j["text"].is_null()) {
+    const json& t = j["text"];
+    const bool text_format = t.is_object() && (!t.contains("format") ||
+                                                (t["format"].is_object() &&
+                                                 t["format"].contains("type") &&
+                                                 t["format"]["type"] == "text"));
+    if (!text_format) {
+      return bad("text.format", "only {\"type\": \"text\"}: constrained decoding is not "
+                                "built yet");
+    }
+  }
+  // The conversation as chat messages: instructions first, as a system message.
+  json messages = json::array();
+  if (j.contains("instructions") && !j["instructions"].is_null()) {
+    if (!j["instructions"].is_string()) return bad("instructions", "expected a string");
+    messages.push_back({{"role", "system"}, {"content", j["instructions"]}});
+  }
+  if (!j.contains("input") || j["input"].is_null()) return bad("input", "missing");
+  const json& input = j["input"];
+  if (input.is_string()) {
+    messages.push_back({{"role", "user"}, {"content", input}});
+  } else if (input.is_array() && !input.empty()) {
+    for (size_t i = 0; i < input.size(); ++i) {
+      const json& item = input[i];
+      const std::string at = "input[" + std::to_string(i) + "]";
+      if (!item.is_object()) return bad(at, "expected a message {role, content}");
+      // (A type that is not a string is no type kvrt knows: refused below by name.)
+      const std::string type = !item.contains("type") ? "message"
+                               : item["type"].is_string() ? item["type"].get<std::string>()
+                                                          : item["type"].dump();
+      if (type != "message") {
+        return bad(at + ".type", "'" + type + "' items are not supported (only messages: no "
+                                 "tools or reasoning)");
+      }
+      if (!item.contains("role") || !item["role"].is_string()) {
+        return bad(at + ".role", "expected user, assistant, system or developer");
+      }
+      std::string role = item["role"];
+      if (role == "developer") role = "system";  // the chat templates know system
+      if (!item.contains("content")) return bad(at + ".content", "missing");
+      const json& c = item["content"];
+      std::string content;
+      if (c.is_string()) {
+        content = c.get<std::string>();
+      } else if (c.is_array()) {
+        for (size_t k = 0; k < c.size(); ++k) {
+          const json& part = c[k];
+          const std::string pat = at + ".content[" + std::to_string(k) + "]";
+          const std::string ptype =
+              part.is_object() && part.contains("type") && part["type"].is_string()
+                  ? part["type"].get<std::string>()
+                  : "";
+          if (ptype != "input_text" && ptype != "output_text") {
+            return bad(pat + ".type", "'" + ptype + "' parts are not supported (only "
+                                      "input_text and output_text: a text model)");
+          }
+          if (!part.contains("text") || !part["text"].is_string()) {
+            return bad(pat + ".text", "expected a string");
+          }
+          if (k > 0) content += "\n";
+          content += part["text"].get<std::string>();
+        }
+      } else {
+        return bad(at + ".content", "expected a string or a list of text parts");
+      }
+      messages.push_back({{"role", role}, {"content", content}});
+    }
+  } else {
+    return bad("input", "expected a string or a non-empty list of messages");
+  }
+  json sp = json::object();
+  for (auto [from, to] : {std::pair{"max_output_tokens", "max_new_tokens"},
+                          std::pair{"temperature", "temperature"}, std::pair{"top_p", "top_p"},
+                          std::pair{"ignore_eos", "ignore_eos"}}) {
+    if (j.contains(from) && !j[from].is_null()) sp[to] = j[from];
+  }
+  bool stream = false;
+  if (auto e = read_bool(j, "stream", &stream)) return *e;
+  auto ids = chat_ids(json{{"messages", messages}}, limits, /*add_generation_prompt=*/true);
+  if (auto* e = std::get_if<ApiError>(&ids)) {
+    ApiError error = *e;
+    if (error.param.rfind("messages", 0) == 0) error.param = "input";
+    return error;
+  }
+  auto call = parse_generate(
+      json{{"input_ids", std::get<std::vector<int32_t>>(ids)}, {"sampling_params", sp}}.dump(),
+      limits);
+  if (auto* e = std::get_if<ApiError>(&call)) {
+    ApiError error = *e;
+    for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_output_tokens"},
+                            std::pair{"sampling_params.", ""}}) {
+      const std::string f = from;
+      if (error.param.rfind(f, 0) == 0) {
+        error.param = to + error.param.substr(f.size());
+        if (error.message.rfind(f, 0) == 0) error.message = to + error.message.substr(f.size());
+        break;
+      }
+    }
+    return error;
+  }
+  GenerateCall c = std::get<GenerateCall>(std::move(call));
+  c.dialect = Dialect::kResponses;
+  c.stream = stream;
+  if (j.contains("model") && j["model"].is_string()) c.model = j["model"].get<std::string>();
+  if (j.contains("instructions") && j["instructions"].is_string()) {
+    c.instructions = j["instructions"].get<std::string>();
+  }
+  if (j.contains("metadata") && j["metadata"].is_object()) c.metadata = j["metadata"].dump();
+  c.max_tokens_given = j.contains("max_output_tokens") && !j["max_output_tokens"].is_null();
+  return c;
+}
+
+json responses_event(const std::string& type, int64_t sequence, json fields) {
+  fields["type"] = type;
+  fields["sequence_number"] = sequence;
+  return fields;
+}
+
+std::string sse_event(const json& event) {
+  return "event: " + event["type"].get<std::string>() + "\ndata: " + to_text(event) + "\n\n";
+}
+
+json responses_json(const GenerateCall& call, const GenerateResult& r, const std::string& id,
+                    int64_t created) {
+  const bool done = r.finished;
+  const bool incomplete = done && r.reason == serve::FinishReason::kLength;
+  json content = json::array();
+  if (done) {
+    content.push_back(
+        {{"type", "output_text"}, {"text", r.text}, {"annotations", json::array()}});
+  }
+  json output = json::array();
+  if (done) {
+    output.push_back({{"type", "message"},
+                      {"id", "msg_" + id.substr(id.find('_') + 1)},
+                      {"status", incomplete ? "incomplete" : "completed"},
+                      {"role", "assistant"},
+                      {"content", content}});
+  }
+  const int64_t completion = static_cast<int64_t>(r.output_ids.size());
+  json usage = nullptr;
+  if (done) {
+    usage = {{"input_tokens", r.prompt_tokens},
+             {"input_tokens_details", {{"cached_tokens", r.cached_tokens}}},
+             {"output_tokens", completion},
+             {"output_tokens_details", {{"reasoning_tokens", 0}}},
+             {"total_tokens", r.prompt_tokens + completion}};
+  }
+  return {{"id", id},
+          {"object", "response"},
+          {"created_at", created},
+          {"status", !done ? "in_progress" : incomplete ? "incomplete" : "completed"},
+          {"error", nullptr},
+          {"incomplete_details",
+           incomplete ? json{{"reason", "max_output_tokens"}} : json(nullptr)},
+          {"instructions", call.instructions.empty() ? json(nullptr) : json(call.instructions)},
+          {"max_output_tokens", call.max_tokens_given ? json(call.max_new_tokens) : json()},
+          {"model", call.model},
+          {"output", output},
+          {"parallel_tool_calls", false},
+          {"previous_response_id", nullptr},
+          {"reasoning", {{"effort", nullptr}, {"summary", nullptr}}},
+          {"store", false},
+          {"temperature", call.sampling.temperature},
+          {"text", {{"format", {{"type", "text"}}}}},
+          {"tool_choice", "none"},
+          {"tools", json::array()},
+          {"top_p", call.sampling.top_p},
+          {"truncation", "disabled"},
+          {"usage", usage},
+          {"metadata", call.metadata.empty() ? json::object() : json::parse(call.metadata)}};
+}
+
 json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,
                  const std::string& id, int64_t created) {
   const bool chat = call.dialect == Dialect::kChat;
@@ -894,13 +1112,16 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt) 
   const bool openai = call.dialect != Dialect::kGenerate;
   std::string param = field;
   if (field == "input_ids" || field == "batch") {
-    param = call.dialect == Dialect::kChat ? "messages"
-            : openai                       ? "prompt"
+    param = call.dialect == Dialect::kChat        ? "messages"
+            : call.dialect == Dialect::kResponses ? "input"
+            : openai                              ? "prompt"
             : call.text_prompt             ? "text"
                                            : "input_ids";
     if (call.batch && field == "input_ids") param += "[" + std::to_string(prompt) + "]";
   } else if (field == "max_new_tokens") {
-    param = openai ? "max_tokens" : "sampling_params.max_new_tokens";
+    param = call.dialect == Dialect::kResponses ? "max_output_tokens"
+            : openai                            ? "max_tokens"
+                                                : "sampling_params.max_new_tokens";
   } else if (field == "min_tokens") {
     param = openai ? "min_tokens" : "sampling_params.min_new_tokens";
   } else if (field == "logprobs") {

@@ -55,7 +55,7 @@ uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_le
 inline constexpr int32_t kMaxChoices = 64;
 
 // Which API a call came through: its answer takes that API's shape.
-enum class Dialect { kGenerate, kCompletions, kChat };
+enum class Dialect { kGenerate, kCompletions, kChat, kResponses };
 
 // One POST /generate call: one prompt, or a batch answered as a list in order.
 struct GenerateCall {
@@ -82,6 +82,10 @@ struct GenerateCall {
   // Log-probabilities are asked for when sampling.logprobs >= 0 (that many top ones); SGLang's
   // return_text_in_logprobs puts each token's text beside them.
   bool logprob_text = false;
+  // The Responses API's: echoed in its answer.
+  std::string instructions;
+  std::string metadata;           // the JSON object given, or ""
+  bool max_tokens_given = false;  // max_output_tokens was set
   // The served tokenizer (null: none), for the tokens' texts beside their log-probabilities.
   const model::Tokenizer* tokenizer = nullptr;
 };
@@ -98,6 +102,14 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
 // (max_tokens, temperature, top_p, seed, stop, stream, n = 1), checked as parse_generate does.
 std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const ModelLimits& limits,
                                                   bool chat);
+
+// POST /v1/responses, OpenAI's Responses API, its text subset: `input` (a string, or a list of
+// messages whose content is a string or input_text / output_text parts), `instructions` (a
+// system message first), max_output_tokens, temperature, top_p, stream, through the chat
+// template. Tools, reasoning, stored responses (previous_response_id, store true) and formats
+// other than text are refused by name.
+std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
+                                                     const ModelLimits& limits);
 
 // j["messages"]: a non-empty list of {"role", "content"} strings (OpenAI chat's messages).
 std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const nlohmann::json& j);
@@ -171,6 +183,17 @@ nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& resu
 nlohmann::json openai_usage_chunk(const GenerateCall& call,
                                   const std::vector<GenerateResult>& results,
                                   const std::string& id, int64_t created);
+
+// The Responses API's answer: a "response" object (status "completed", or "incomplete" with
+// incomplete_details.reason "max_output_tokens") with one assistant message of output_text,
+// and usage (input_tokens, output_tokens, cached tokens). `id` is the response's ("resp_...").
+nlohmann::json responses_json(const GenerateCall& call, const GenerateResult& result,
+                              const std::string& id, int64_t created);
+// A Responses stream's event: {"type", "sequence_number", ...fields}; its SSE text is
+// "event: <type>\ndata: <json>\n\n" (sse_event).
+nlohmann::json responses_event(const std::string& type, int64_t sequence,
+                               nlohmann::json fields);
+std::string sse_event(const nlohmann::json& event);
 
 // JSON text of a response: bytes of the generated text that are not valid UTF-8 (a token cut
 // in the middle of a character) become U+FFFD rather than failing the answer.

@@ -286,6 +286,7 @@ class Session : public std::enable_shared_from_this<Session> {
         {"/model_info", http::verb::get},       {"/server_info", http::verb::get},
         {"/get_load", http::verb::get},         {"/metrics", http::verb::get},
         {"/v1/completions", http::verb::post},  {"/v1/chat/completions", http::verb::post},
+        {"/v1/responses", http::verb::post},
         {"/v1/models", http::verb::get},        {"/flush_cache", http::verb::post},
         {"/flush_cache", http::verb::get},      {"/tokenize", http::verb::post},
         {"/detokenize", http::verb::post}};
@@ -361,10 +362,10 @@ class Session : public std::enable_shared_from_this<Session> {
                           {"created", unix_time()}, {"owned_by", "kvrt"}};
       return respond(200, to_text(json{{"object", "list"}, {"data", json::array({model})}}));
     }
-    auto parsed = path == "/generate"
-                      ? parse_generate(request_.body(), server_.limits)
-                      : parse_openai(request_.body(), server_.limits,
-                                     path == "/v1/chat/completions");
+    auto parsed = path == "/generate"        ? parse_generate(request_.body(), server_.limits)
+                  : path == "/v1/responses" ? parse_responses(request_.body(), server_.limits)
+                                            : parse_openai(request_.body(), server_.limits,
+                                                           path == "/v1/chat/completions");
     if (auto* call = std::get_if<GenerateCall>(&parsed); call && call->model.empty()) {
       call->model = server_.info.model_name;
     }
@@ -394,7 +395,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   // One id for the call, its choices told apart by index (as OpenAI's).
   std::string openai_id() const {
-    return (call_.dialect == Dialect::kChat ? "chatcmpl-" : "cmpl-") + pending_[0].result.rid;
+    const char* prefix = call_.dialect == Dialect::kChat        ? "chatcmpl-"
+                         : call_.dialect == Dialect::kResponses ? "resp_"
+                                                                : "cmpl-";
+    return prefix + pending_[0].result.rid;
   }
 
   void generate(GenerateCall call) {
@@ -458,8 +462,60 @@ class Session : public std::enable_shared_from_this<Session> {
                " 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" +
                (chunked_ ? "Transfer-Encoding: chunked\r\n" : "") + "Connection: " +
                std::string(keep_alive_ ? "keep-alive" : "close") + "\r\n\r\n");
+      if (call_.dialect == Dialect::kResponses) {
+        // The response and its one message open before any text.
+        sequence_ = 0;
+        const json response = responses_json(call_, pending_[0].result, openai_id(), created_);
+        send_chunk(sse_event(responses_event("response.created", sequence_++,
+                                             {{"response", response}})));
+        send_chunk(sse_event(responses_event("response.in_progress", sequence_++,
+                                             {{"response", response}})));
+        send_chunk(sse_event(responses_event(
+            "response.output_item.added", sequence_++,
+            {{"output_index", 0},
+             {"item", {{"type", "message"}, {"id", message_id()}, {"status", "in_progress"},
+                       {"role", "assistant"}, {"content", json::array()}}}})));
+        send_chunk(sse_event(responses_event(
+            "response.content_part.added", sequence_++,
+            {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
+             {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}})));
+      }
     }
     watch_disconnect();
+  }
+
+  // The Responses API's message id, beside the response's ("resp_<rid>", "msg_<rid>").
+  std::string message_id() const { return "msg_" + pending_[0].result.rid; }
+
+  // The Responses stream's end: the text done, the part and the message closed, then the
+  // response completed (incomplete at max_output_tokens; failed when aborted).
+  void end_responses_stream(const Pending& p) {
+    const json response = responses_json(call_, p.result, openai_id(), created_);
+    if (!serve::completed(p.result.reason)) {
+      json failed = response;
+      failed["status"] = "failed";
+      failed["error"] = {{"code", p.result.reason == serve::FinishReason::kEngineFailure
+                                      ? "server_error"
+                                      : "request_aborted"},
+                         {"message", p.result.message}};
+      send_chunk(sse_event(responses_event("response.failed", sequence_++,
+                                           {{"response", failed}})));
+      return;
+    }
+    const json part = {{"type", "output_text"}, {"text", p.result.text},
+                       {"annotations", json::array()}};
+    send_chunk(sse_event(responses_event("response.output_text.done", sequence_++,
+                                         {{"item_id", message_id()}, {"output_index", 0},
+                                          {"content_index", 0}, {"text", p.result.text},
+                                          {"logprobs", json::array()}})));
+    send_chunk(sse_event(responses_event("response.content_part.done", sequence_++,
+                                         {{"item_id", message_id()}, {"output_index", 0},
+                                          {"content_index", 0}, {"part", part}})));
+    send_chunk(sse_event(responses_event("response.output_item.done", sequence_++,
+                                         {{"output_index", 0}, {"item", response["output"][0]}})));
+    send_chunk(sse_event(responses_event(
+        response["status"] == "completed" ? "response.completed" : "response.incomplete",
+        sequence_++, {{"response", response}})));
   }
 
   // Requests per prompt: n, or best_of when it asks for more (the n best are answered).
@@ -611,6 +667,13 @@ class Session : public std::enable_shared_from_this<Session> {
                  ? respond(200, "", "text/plain")
                  : respond(503, error_body({503, last.result.message, "", "server_error"}));
     }
+    if (call_.stream && call_.dialect == Dialect::kResponses) {
+      stream_chunk(last);
+      end_responses_stream(last);
+      if (chunked_) send_raw("0\r\n\r\n");
+      after_response();
+      return;
+    }
     if (call_.stream) {
       stream_chunk(last);
       if (call_.include_usage) {
@@ -633,6 +696,9 @@ class Session : public std::enable_shared_from_this<Session> {
       }
     }
     std::vector<GenerateResult> results = shown_results();
+    if (call_.dialect == Dialect::kResponses) {
+      return respond(200, to_text(responses_json(call_, results[0], openai_id(), created_)));
+    }
     if (openai) return respond(200, to_text(openai_json(call_, results, openai_id(), created_)));
     json body;
     if (call_.batch || candidates() > 1) {
@@ -696,6 +762,16 @@ class Session : public std::enable_shared_from_this<Session> {
       p.sent_ids = p.result.output_ids.size();
       p.sent_text = p.result.text.size();
       return send_chunk("data: " + to_text(event) + "\n\n");
+    }
+    if (call_.dialect == Dialect::kResponses) {
+      const std::string delta =
+          p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
+      p.sent_text = p.result.text.size();
+      if (delta.empty()) return;
+      return send_chunk(sse_event(responses_event(
+          "response.output_text.delta", sequence_++,
+          {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
+           {"delta", delta}, {"logprobs", json::array()}})));
     }
     if (p.result.finished && !serve::completed(p.result.reason)) {
       return send_chunk("data: " + error_body(openai_abort_error(p.result)) + "\n\n");
@@ -823,6 +899,7 @@ class Session : public std::enable_shared_from_this<Session> {
   GenerateCall call_;
   std::vector<int32_t> stop_ids_;  // the call's stop ids and, unless ignore_eos, the model's EOS
   bool answered_ = false;          // the call's answer went out (or began to)
+  int64_t sequence_ = 0;           // a Responses stream's next sequence_number
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
   uint64_t exchange_ = 0;  // counts generations on this connection (watch_disconnect)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `kvrt bench --url` against `kvrt serve` (synth-bench, no model files needed): the same workload
-# gives the same token counts as the in-process bench over both backends, multi-turn runs over
+# gives the same token counts as the in-process bench over each backend, multi-turn runs over
 # /generate, the server's record_trace replays in process, and bad uses are refused by name.
 #   usage: bench_url_test.sh <kvrt binary> <source dir>
 set -u
@@ -53,6 +53,16 @@ for backend in generate openai; do
 done
 check "the in-process bench: 960 prompt and 288 generated tokens" \
   grep -q "960 prompt, 288 generated" "$out/local.txt"
+# The Responses API takes text: the prompts go through /detokenize and the chat template (so
+# more prompt tokens), the answers are as long.
+"$kvrt" bench --url "$url" --backend responses --workload "$out/w.toml" \
+  >"$out/responses.txt" 2>"$out/responses.err"
+check "--backend responses: every request completed" \
+  grep -q "24 completed, 0 aborted of 24" "$out/responses.txt" || tail -5 "$out/responses.err"
+check "--backend responses: 288 generated tokens, as in process" \
+  grep -q "prompt, 288 generated" "$out/responses.txt"
+check "--backend responses: the report names /v1/responses" \
+  grep -q "POST /v1/responses, streamed" "$out/responses.txt"
 
 # Back-to-back one-token requests on keep-alive connections: none may be taken for a
 # disconnect (a wait left from the previous exchange once aborted the next one).
@@ -89,8 +99,8 @@ pid=
 check "SIGTERM exits 0" test $rc -eq 0
 
 # The traffic the server recorded, replayed in process.
-check "record_trace wrote one line per request (24 + 24 + 1500 + 12)" \
-  test "$(wc -l <"$out/recorded.jsonl")" -eq 1560
+check "record_trace wrote one line per request (24 + 24 + 24 + 1500 + 12)" \
+  test "$(wc -l <"$out/recorded.jsonl")" -eq 1584
 "$kvrt" bench --config "$config" --trace "$out/recorded.jsonl" >"$out/replay.txt" 2>/dev/null
-check "the recorded trace replays in process" grep -q "1560 completed, 0 aborted of 1560" "$out/replay.txt"
+check "the recorded trace replays in process" grep -q "1584 completed, 0 aborted of 1584" "$out/replay.txt"
 exit $failed

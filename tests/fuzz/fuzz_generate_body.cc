@@ -1,6 +1,6 @@
-// The bodies of POST /generate, /v1/completions, /v1/chat/completions, /tokenize and /detokenize
-// (kvrt serve): every field checked by parse_generate / parse_openai / tokenize_json /
-// detokenize_json, against a 512-token byte tokenizer and a 2048-token context; each prompt of
+// The bodies of POST /generate, /v1/completions, /v1/chat/completions, /v1/responses, /tokenize
+// and /detokenize (kvrt serve): every field checked by parse_generate / parse_openai /
+// parse_responses / tokenize_json / detokenize_json, against a 512-token byte tokenizer and a 2048-token context; each prompt of
 // a call that passes goes through the scheduler's check (sched::check_request) and, as if it
 // were the output, through the output text with the call's stop strings; the call is answered
 // as JSON in its API's shape.
@@ -27,9 +27,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)kvrt::server::to_text(std::get<nlohmann::json>(answer));
     }
   }
-  for (int api = 0; api < 3; ++api) {
-    auto call = api == 0 ? kvrt::server::parse_generate(body, limits)
-                         : kvrt::server::parse_openai(body, limits, /*chat=*/api == 2);
+  for (int api = 0; api < 4; ++api) {
+    auto call = api == 0   ? kvrt::server::parse_generate(body, limits)
+                : api == 3 ? kvrt::server::parse_responses(body, limits)
+                           : kvrt::server::parse_openai(body, limits, /*chat=*/api == 2);
     if (auto* e = std::get_if<kvrt::server::ApiError>(&call)) {
       (void)kvrt::server::error_body(*e);
       continue;
@@ -54,6 +55,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int32_t id : c.prompts.front()) {
       so_far.push_back(id);
       r.output_ids.push_back(id);
+      // As the sampler would report it, when asked: the id and the next as an alternative.
+      r.logprobs.push_back({{id, -0.5f}, {{id, -0.5f}, {(id + 1) % 512, -1.5f}}});
       const bool stopped = text.update(so_far);
       r.text += text.take();
       if (stopped) break;
@@ -63,7 +66,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     r.finished = true;
     (void)kvrt::server::to_text(kvrt::server::generate_json(c, r));
     (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
-    (void)kvrt::server::to_text(kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0, 0));
+    (void)kvrt::server::to_text(
+        kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0, 0, r.logprobs, 0));
+    (void)kvrt::server::to_text(kvrt::server::responses_json(c, r, "resp_1", 0));
   }
   return 0;
 }

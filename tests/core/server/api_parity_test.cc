@@ -530,6 +530,83 @@ TEST_F(ApiParityTest, NChoicesShareOnePrefillAndBestOfRanksByLogprob) {
             "sampling_params.n");
 }
 
+// /v1/responses, its text subset: the conversation (instructions first) through the chat
+// template, answered as the chat endpoint answers it; a stream's events in order, their
+// sequence numbers counting up, the deltas adding up to the text; what it cannot do refused.
+TEST_F(ApiParityTest, ResponsesApiTextSubset) {
+  serve({"model.preset=synth-tiny"});
+  const json chat = post(port_, "/v1/chat/completions",
+                         {{"messages",
+                           {{{"role", "system"}, {"content", "Be brief"}},
+                            {{"role", "user"}, {"content", "Once"}}}},
+                          {"max_tokens", 6},
+                          {"ignore_eos", true}})
+                        .json_body();
+  const std::string want = chat["choices"][0]["message"]["content"];
+  const json body = {
+      {"model", "m"},
+      {"instructions", "Be brief"},
+      {"input", {{{"role", "user"}, {"content", {{{"type", "input_text"}, {"text", "Once"}}}}}}},
+      {"max_output_tokens", 6},
+      {"store", false}};
+  const Reply r = post(port_, "/v1/responses", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.json_body();
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["model"], "m");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("resp_", 0), 0u);
+  EXPECT_EQ(j["status"], "incomplete");
+  EXPECT_EQ(j["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(j["output"][0]["role"], "assistant");
+  EXPECT_EQ(j["output"][0]["content"][0]["type"], "output_text");
+  EXPECT_EQ(j["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(j["usage"]["output_tokens"], 6);
+  EXPECT_EQ(j["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+
+  json streamed = body;
+  streamed["stream"] = true;
+  const Reply s = post(port_, "/v1/responses", streamed);
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_NE(s.body.find("event: response.created\ndata: {"), std::string::npos) << s.body;
+  bool done = false;
+  std::vector<std::string> types;
+  std::string text;
+  int64_t sequence = -1;
+  json last;
+  for (const json& e : events_of(s.body, &done)) {
+    types.push_back(e["type"]);
+    EXPECT_EQ(e["sequence_number"].get<int64_t>(), sequence + 1);
+    sequence = e["sequence_number"];
+    if (e["type"] == "response.output_text.delta") text += e["delta"].get<std::string>();
+    last = e;
+  }
+  EXPECT_FALSE(done);  // the Responses API ends with its last event, no [DONE]
+  ASSERT_GE(types.size(), 8u);
+  const std::vector<std::string> head = {"response.created", "response.in_progress",
+                                         "response.output_item.added",
+                                         "response.content_part.added"};
+  EXPECT_EQ(std::vector<std::string>(types.begin(), types.begin() + 4), head);
+  const std::vector<std::string> tail = {"response.output_text.done", "response.content_part.done",
+                                         "response.output_item.done", "response.incomplete"};
+  EXPECT_EQ(std::vector<std::string>(types.end() - 4, types.end()), tail);
+  EXPECT_EQ(text, want);
+  EXPECT_EQ(last["response"]["output"][0]["content"][0]["text"], want);
+
+  for (const auto& [b, param] : std::vector<std::pair<json, std::string>>{
+           {{{"input", "x"}, {"tools", {{{"type", "function"}, {"name", "f"}}}}}, "tools"},
+           {{{"input", "x"}, {"previous_response_id", "resp_1"}}, "previous_response_id"},
+           {{{"input", "x"}, {"store", true}}, "store"},
+           {{{"input", {{{"type", "function_call_output"}, {"output", "1"}}}}}, "input[0].type"},
+           {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}},
+            "input[0].content[0].type"},
+           {{{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}}}}}}, "text.format"},
+           {{{"input", "x"}, {"max_output_tokens", 0}}, "max_output_tokens"},
+           {{{"instructions", "x"}}, "input"},
+           {{{"input", "x"}, {"frobnicate", 1}}, "frobnicate"}}) {
+    EXPECT_EQ(refused(post(port_, "/v1/responses", b)).first, param) << b.dump();
+  }
+}
+
 // [server] metric_names: SGLang's names with its model_name label, kvrt's, or both (default).
 class MetricNamesTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
 
