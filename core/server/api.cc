@@ -199,6 +199,21 @@ std::optional<ApiError> no_op(const json& j) {
   return std::nullopt;
 }
 
+// An error of the /generate request an OpenAI call was mapped to, naming the call's own field:
+// the first of `names` whose /generate prefix the param starts with is replaced.
+ApiError renamed(ApiError error,
+                 std::initializer_list<std::pair<const char*, const char*>> names) {
+  for (auto [from, to] : names) {
+    const std::string f = from;
+    if (error.param.rfind(f, 0) == 0) {
+      error.param = to + error.param.substr(f.size());
+      if (error.message.rfind(f, 0) == 0) error.message = to + error.message.substr(f.size());
+      break;
+    }
+  }
+  return error;
+}
+
 std::optional<ApiError> read_bool(const json& j, const char* key, bool* out) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   if (!j[key].is_boolean()) return bad(key, "expected a boolean, found " + type_name(j[key]));
@@ -692,20 +707,11 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   auto call = parse_generate(generate.dump(), limits);
   if (auto* e = std::get_if<ApiError>(&call)) {
     // Name the OpenAI field, not the /generate one it was mapped to.
-    ApiError error = *e;
-    for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_tokens"},
-                            std::pair{"sampling_params.min_new_tokens", "min_tokens"},
-                            std::pair{"sampling_params.", ""},
-                            std::pair{"input_ids", chat ? "messages" : "prompt"},
-                            std::pair{"text", chat ? "messages" : "prompt"}}) {
-      const std::string f = from;
-      if (error.param.rfind(f, 0) == 0) {
-        error.param = to + error.param.substr(f.size());
-        if (error.message.rfind(f, 0) == 0) error.message = to + error.message.substr(f.size());
-        break;
-      }
-    }
-    return error;
+    return renamed(*e, {{"sampling_params.max_new_tokens", "max_tokens"},
+                        {"sampling_params.min_new_tokens", "min_tokens"},
+                        {"sampling_params.", ""},
+                        {"input_ids", chat ? "messages" : "prompt"},
+                        {"text", chat ? "messages" : "prompt"}});
   }
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
@@ -884,17 +890,8 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
       json{{"input_ids", std::get<std::vector<int32_t>>(ids)}, {"sampling_params", sp}}.dump(),
       limits);
   if (auto* e = std::get_if<ApiError>(&call)) {
-    ApiError error = *e;
-    for (auto [from, to] : {std::pair{"sampling_params.max_new_tokens", "max_output_tokens"},
-                            std::pair{"sampling_params.", ""}}) {
-      const std::string f = from;
-      if (error.param.rfind(f, 0) == 0) {
-        error.param = to + error.param.substr(f.size());
-        if (error.message.rfind(f, 0) == 0) error.message = to + error.message.substr(f.size());
-        break;
-      }
-    }
-    return error;
+    return renamed(*e, {{"sampling_params.max_new_tokens", "max_output_tokens"},
+                        {"sampling_params.", ""}});
   }
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = Dialect::kResponses;
