@@ -13,6 +13,7 @@ void serialize(const Batch& batch, std::vector<int32_t>* out) {
     out->insert(out->end(), s.tokens.begin(), s.tokens.end());
     out->push_back(static_cast<int32_t>(s.pages.size()));
     out->insert(out->end(), s.pages.begin(), s.pages.end());
+    out->push_back(s.all_logits ? 1 : 0);
   }
 }
 
@@ -40,6 +41,8 @@ Status deserialize(std::span<const int32_t> words, Batch* batch) {
     if (!next_count(&n)) return bad("bad page count");
     s.pages.assign(words.begin() + at, words.begin() + at + n);
     at += static_cast<size_t>(n);
+    if (at >= words.size() || (words[at] != 0 && words[at] != 1)) return bad("bad all_logits");
+    s.all_logits = words[at++] == 1;
   }
   if (at != words.size()) return bad("trailing words");
   return Status::Ok();

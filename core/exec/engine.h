@@ -67,8 +67,8 @@ class Engine {
   // group fails (the reason, naming the rank).
   Status follow();
 
-  // One forward step on every rank; logits [num_sequences][vocab] of each sequence's last new
-  // token. The batch is checked first (tokens in the vocabulary, pages in range and covering
+  // One forward step on every rank; logits [rows][vocab]: each sequence's last new token's, or
+  // each of its new tokens' when it asks for all_logits (SequenceStep::logit_rows). The batch is checked first (tokens in the vocabulary, pages in range and covering
   // every position), so a bad batch fails before any rank starts. Leader only.
   Result<std::vector<float>> step(const Batch& batch);
 

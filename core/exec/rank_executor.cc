@@ -134,7 +134,9 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
         positions_.push_back(pos);
         slots_.push_back(int64_t{s.pages[pos / page_size_]} * page_size_ + pos % page_size_);
       }
-      last_rows_.push_back(static_cast<int64_t>(ids_.size()) - 1);
+      // The rows whose logits it gets: its last new token's, or every one's.
+      const int64_t end = static_cast<int64_t>(ids_.size());
+      for (int64_t row = end - s.logit_rows(); row < end; ++row) last_rows_.push_back(row);
     }
     // A failed plan still runs the forward, with its collectives: the first KV write of each
     // layer returns the failure, and the forward returns it at the end.

@@ -47,6 +47,20 @@ Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt,
     prompt_ids_.erase(std::unique(prompt_ids_.begin(), prompt_ids_.end()), prompt_ids_.end());
   }
   if (params_.min_tokens > 0) stop_ids_.assign(stop_ids.begin(), stop_ids.end());
+  // Position 0 has nothing before it to be predicted from.
+  next_prompt_ = std::max(params_.prompt_logprobs_from, 1);
+}
+
+void Sampler::add_prompt_logprob(int32_t position, std::span<const float> logits, int32_t id) {
+  if (params_.prompt_logprobs_from < 0 || position != next_prompt_) return;
+  prompt_logprobs_.push_back(logprobs_of(logits, id, std::max(params_.logprobs, 0)));
+  ++next_prompt_;
+}
+
+std::vector<SampledLogprobs> Sampler::take_prompt_logprobs() {
+  std::vector<SampledLogprobs> out;
+  out.swap(prompt_logprobs_);
+  return out;
 }
 
 double Sampler::uniform() {

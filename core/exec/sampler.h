@@ -39,6 +39,10 @@ struct SamplingParams {
   int32_t min_tokens = 0;
   // Log-probabilities: -1 none; k >= 0 the chosen token's and the k likeliest tokens'.
   int32_t logprobs = -1;
+  // The prompt's: -1 none; p >= 0 those of its tokens from position p on (position 0 has none),
+  // with logprobs' k likeliest (0 when logprobs is -1). Of the model's raw logits (no penalty,
+  // bias or temperature: nothing was sampled there).
+  int32_t prompt_logprobs_from = -1;
 };
 
 struct TokenLogprob {
@@ -70,6 +74,14 @@ class Sampler {
   bool has_logprobs() const { return !logprobs_.empty(); }
   SampledLogprobs take_logprobs();
 
+  // The prompt's log-probabilities, as the engine step that computed each position's logits
+  // reports them (prompt_logprobs_from >= 0): `position`'s token under the logits before it.
+  // Each position once, in order (a recomputed prefill adds nothing new).
+  void add_prompt_logprob(int32_t position, std::span<const float> logits, int32_t id);
+  // The next prompt position whose log-probability is wanted; past the prompt once all are in.
+  int32_t next_prompt_position() const { return next_prompt_; }
+  std::vector<SampledLogprobs> take_prompt_logprobs();
+
   const SamplingParams& params() const { return params_; }
 
  private:
@@ -86,6 +98,8 @@ class Sampler {
   int32_t generated_ = 0;
   std::vector<float> scratch_;  // the const form's copy
   std::deque<SampledLogprobs> logprobs_;
+  int32_t next_prompt_ = 0;
+  std::vector<SampledLogprobs> prompt_logprobs_;
 };
 
 }  // namespace kvrt::exec

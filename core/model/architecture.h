@@ -24,7 +24,9 @@ namespace kvrt::model {
 struct StepInputs {
   std::span<const int32_t> ids;        // the new tokens
   std::span<const int32_t> positions;  // their positions
-  std::span<const int64_t> last_rows;  // per sequence, the row of its last new token
+  // The rows whose logits are wanted, in order: per sequence its last new token's, or each of
+  // its new tokens' (exec::SequenceStep::all_logits).
+  std::span<const int64_t> last_rows;
 };
 
 // This rank's KV store and attention plugin, as a layer's forward uses them. The step's KV slots
@@ -54,8 +56,8 @@ class Architecture {
   virtual ~Architecture() = default;
   virtual AttentionShape attention_shape() const = 0;
   // One step on this rank. Every rank runs it at once with the same inputs, meeting in `comm`'s
-  // collectives; rank 0 fills `logits` with [sequences][vocab] of each sequence's last token,
-  // the others leave it alone. A failure (a plugin call) still takes part in every collective,
+  // collectives; rank 0 fills `logits` with [rows][vocab] of the inputs' last_rows, the others
+  // leave it alone. A failure (a plugin call) still takes part in every collective,
   // so no rank is left waiting, and is returned at the end.
   virtual Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
                          KvAttention& kv, std::vector<float>* logits) = 0;

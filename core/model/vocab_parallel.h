@@ -27,7 +27,7 @@ class VocabParallel {
   // x[T][hidden] = the embedding rows of `ids`, on every rank.
   Status embed(exec::Backend& be, exec::Communicator& comm, std::span<const int32_t> ids,
                float* x);
-  // Rank 0's `logits` = [sequences][vocab] of the rows `last_rows` of x, after the final norm.
+  // Rank 0's `logits` = [rows][vocab] of the rows `last_rows` of x, after the final norm.
   Status logits(exec::Backend& be, exec::Communicator& comm, const float* x,
                 std::span<const int64_t> last_rows, float eps, std::vector<float>* logits);
 

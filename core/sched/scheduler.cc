@@ -233,8 +233,13 @@ void Scheduler::requeue(RequestPtr r) {
 }
 
 void Scheduler::attach_prefix(Request& r) {
-  // At most len - 1 tokens come from the cache: the last one is computed for its logits.
-  const std::span<const int32_t> key(r.tokens.data(), r.tokens.size() - 1);
+  // At most len - 1 tokens come from the cache: the last one is computed for its logits (and
+  // those the request wants logits of, max_cached_tokens).
+  size_t reusable = r.tokens.size() - 1;
+  if (r.spec.max_cached_tokens >= 0) {
+    reusable = std::min(reusable, static_cast<size_t>(r.spec.max_cached_tokens));
+  }
+  const std::span<const int32_t> key(r.tokens.data(), reusable);
   PrefixCache::Match m = cache_.match(key, /*report_hits=*/tier_ != nullptr);
   cache_.lock(m.last);
   r.locked = m.last;

@@ -42,6 +42,9 @@ struct RequestSpec {
   std::vector<int32_t> prompt;
   int32_t max_new_tokens = 128;
   std::vector<int32_t> stop_ids;  // generation ends after one of these (empty: only length)
+  // At most this many prompt tokens come from the prefix cache (-1: as many as match): a
+  // request that wants its prompt's log-probabilities from position p computes p - 1 on.
+  int32_t max_cached_tokens = -1;
 };
 
 enum class FinishKind { kLength, kStop, kAborted };

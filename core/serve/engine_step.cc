@@ -13,16 +13,35 @@ Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32
     e.tokens.assign(s.tokens.begin(), s.tokens.end());
     e.start = s.start;
     e.pages.assign(s.pages.begin(), s.pages.end());
+    // A prefill chunk whose rows predict prompt tokens the request wants log-probabilities of
+    // (row j predicts position start + j + 1) gets every row's logits.
+    const int32_t wanted = sampler_of_(*s.request).next_prompt_position();
+    const int32_t last_predicted = s.start + static_cast<int32_t>(s.tokens.size());
+    e.all_logits = sampler_of_(*s.request).params().prompt_logprobs_from >= 0 &&
+                   wanted < s.request->prompt_len && last_predicted >= wanted;
   }
   Result<std::vector<float>> logits = engine_->step(exec_batch_);
   if (!logits.ok()) return logits.status();
   const size_t vocab = static_cast<size_t>(engine_->config().vocab_size);
   next->resize(batch.sequences.size());
+  size_t row = 0;  // the first logits row of sequence i
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const sched::ScheduledSequence& s = batch.sequences[i];
-    if (!s.samples) continue;
-    (*next)[i] =
-        sampler_of_(*s.request).sample_in_place(std::span<float>(logits->data() + i * vocab, vocab));
+    const exec::SequenceStep& e = exec_batch_.sequences[i];
+    exec::Sampler& sampler = sampler_of_(*s.request);
+    const auto rows = static_cast<size_t>(e.logit_rows());
+    auto logits_of = [&](size_t r) {
+      return std::span<float>(logits->data() + (row + r) * vocab, vocab);
+    };
+    if (e.all_logits) {
+      for (size_t j = 0; j < rows; ++j) {
+        const int32_t target = e.start + static_cast<int32_t>(j) + 1;
+        if (target >= s.request->prompt_len) break;
+        sampler.add_prompt_logprob(target, logits_of(j), s.request->tokens[target]);
+      }
+    }
+    if (s.samples) (*next)[i] = sampler.sample_in_place(logits_of(rows - 1));
+    row += rows;
   }
   return Status::Ok();
 }

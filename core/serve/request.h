@@ -73,6 +73,9 @@ struct RequestOutput {
   // One per new id when the request asked for log-probabilities (sampling.logprobs >= 0; see
   // exec/sampler.h for which distribution they are of).
   std::vector<exec::SampledLogprobs> new_logprobs;
+  // The prompt's (sampling.prompt_logprobs_from >= 0), for positions max(from, 1) on, in the
+  // first output.
+  std::vector<exec::SampledLogprobs> prompt_logprobs;
   // The text since the last output: whole characters only, and never any part of a stop string
   // (text that may be the start of one is held back until it is known not to be), so the
   // streamed pieces add up to the finished answer. Empty without a tokenizer.

@@ -83,6 +83,13 @@ Status ServingCore::check_request(const GenerateRequest& r) const {
                                             " top log-probabilities, found " +
                                             std::to_string(p.logprobs));
   }
+  if (p.prompt_logprobs_from < -1 ||
+      p.prompt_logprobs_from >= static_cast<int32_t>(r.input_ids.size())) {
+    return Status::BadField("prompt_logprobs_from",
+                            "expected -1 (none) or a prompt position below " +
+                                std::to_string(r.input_ids.size()) + ", found " +
+                                std::to_string(p.prompt_logprobs_from));
+  }
   const int32_t vocab = options_.scheduler.vocab_size;
   for (const auto& [id, bias] : p.logit_bias) {
     if (vocab > 0 && (id < 0 || id >= vocab)) {
@@ -127,6 +134,10 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
   spec.prompt = std::move(request.input_ids);
   spec.max_new_tokens = request.max_new_tokens;
   spec.stop_ids = std::move(request.stop_token_ids);
+  // Positions whose prompt log-probabilities it wants are computed, not taken from the cache.
+  if (request.sampling.prompt_logprobs_from >= 0) {
+    spec.max_cached_tokens = std::max(request.sampling.prompt_logprobs_from - 1, 0);
+  }
   Status queued = scheduler_.submit(std::move(spec));
   if (!queued.ok()) live_.erase(id);  // check_request said it would be taken
   return queued;
@@ -194,6 +205,7 @@ void ServingCore::deliver(uint64_t id) {
   live.sent_ids = live.output.size();
   out.new_logprobs = std::move(live.logprobs);
   live.logprobs.clear();
+  out.prompt_logprobs = live.sampler.take_prompt_logprobs();
   if (options_.tokenizer != nullptr) out.new_text = live.text.take();
   out.output_tokens = static_cast<int32_t>(live.output.size());
   out.prompt_tokens = live.prompt_tokens;

@@ -319,9 +319,11 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   if (j.contains("logprob_start_len") && !j["logprob_start_len"].is_null()) {
     const json& s = j["logprob_start_len"];
     if (!s.is_number_integer()) return bad("logprob_start_len", "expected an integer");
+    // -1: the output's only; p >= 0: the prompt's from position p on as well (checked
+    // against the prompt by the serving core).
     if (return_logprob && s.get<int64_t>() >= 0) {
-      return bad("logprob_start_len", "the prompt's log-probabilities are not supported yet "
-                                      "(-1: the output's only)");
+      if (s.get<int64_t>() > INT32_MAX) return bad("logprob_start_len", "too large");
+      call.sampling.prompt_logprobs_from = static_cast<int32_t>(s.get<int64_t>());
     }
   }
   const bool has_text = j.contains("text") && !j["text"].is_null();
@@ -361,6 +363,7 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
     for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> ids = limits.tokenizer->encode(texts[i], /*add_bos=*/true);
       call.prompts.push_back(std::move(ids));
+      call.prompt_texts.push_back(texts[i]);
     }
   } else {
     const json& ids = j["input_ids"];
@@ -638,8 +641,11 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   const json& j = std::get<json>(parsed);
   auto sampling = openai_sampling(j);
   if (auto* e = std::get_if<ApiError>(&sampling)) return *e;
-  if (j.contains("echo") && j["echo"] == true) {
-    return bad("echo", "echoing the prompt (with its log-probabilities) is not supported yet");
+  bool echo = false;
+  if (auto e = read_bool(j, "echo", &echo)) return *e;
+  if (echo && chat) return bad("echo", "unknown field (completions take echo)");
+  if (echo && j.contains("stream") && j["stream"] == true) {
+    return bad("echo", "echo is not supported when streaming yet");
   }
   // Completions: logprobs k (the chosen token's and the k likeliest); chat: logprobs true and
   // top_logprobs k.
@@ -718,6 +724,9 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   c.stream = stream;
   c.include_usage = include_usage;
   c.sampling.logprobs = logprobs;
+  // echo: the answer starts with the prompt, and its log-probabilities with the prompt's.
+  c.echo = echo;
+  if (echo && logprobs >= 0) c.sampling.prompt_logprobs_from = 0;
   if (j.contains("best_of") && !j["best_of"].is_null()) {
     const json& b = j["best_of"];
     if (!b.is_number_integer() || b.get<int64_t>() < 1 || b.get<int64_t>() > kMaxChoices) {
@@ -979,6 +988,37 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", r.text}};
       choice["logprobs"] = logprobs ? chat_logprobs(call, r.logprobs) : json();
+    } else if (call.echo) {
+      // The prompt's text first (as given, or its ids decoded) and, with logprobs, its tokens
+      // first: the first with no log-probability, nothing being before it.
+      const size_t prompt = i / static_cast<size_t>(std::max(call.n, int32_t{1}));
+      const std::string prompt_text =
+          prompt < call.prompt_texts.size() ? call.prompt_texts[prompt]
+          : call.tokenizer != nullptr       ? call.tokenizer->decode(call.prompts[prompt])
+                                            : "";
+      choice["text"] = prompt_text + r.text;
+      if (logprobs) {
+        json head = completions_logprobs(call, r.prompt_logprobs, 0);
+        const std::string first = token_text(call, r.first_prompt_token);
+        size_t offset = util::utf8_characters(first);
+        for (const json& t : head["tokens"]) offset += util::utf8_characters(t.get<std::string>());
+        json tail = completions_logprobs(call, r.logprobs, offset);
+        json all = {{"tokens", json::array({first})},
+                    {"token_logprobs", json::array({nullptr})},
+                    {"top_logprobs", json::array({nullptr})},
+                    {"text_offset", json::array({0})}};
+        size_t shift = util::utf8_characters(first);
+        for (const json* part : {&head, &tail}) {
+          for (const char* key : {"tokens", "token_logprobs", "top_logprobs"}) {
+            for (const json& v : (*part)[key]) all[key].push_back(v);
+          }
+        }
+        for (const json& o : head["text_offset"]) all["text_offset"].push_back(o.get<size_t>() + shift);
+        for (const json& o : tail["text_offset"]) all["text_offset"].push_back(o);
+        choice["logprobs"] = std::move(all);
+      } else {
+        choice["logprobs"] = nullptr;
+      }
     } else {
       choice["text"] = r.text;
       choice["logprobs"] = logprobs ? completions_logprobs(call, r.logprobs, 0) : json();
@@ -1070,8 +1110,23 @@ json generate_json(const GenerateCall& call, const GenerateResult& r, size_t ids
     }
     meta["output_token_logprobs"] = std::move(chosen);
     meta["output_top_logprobs"] = std::move(top);
-    meta["input_token_logprobs"] = json::array();
-    meta["input_top_logprobs"] = json::array();
+    // The prompt's from logprob_start_len on (none when it was -1): position 0, with nothing
+    // before it, as (null, id, text).
+    json input = json::array(), input_top = json::array();
+    if (call.sampling.prompt_logprobs_from == 0) {
+      input.push_back(json::array({nullptr, r.first_prompt_token,
+                                   call.logprob_text ? json(token_text(call, r.first_prompt_token))
+                                                     : json()}));
+      input_top.push_back(nullptr);
+    }
+    for (const exec::SampledLogprobs& e : r.prompt_logprobs) {
+      input.push_back(sglang_tuple(call, e.chosen));
+      json alternatives = json::array();
+      for (const exec::TokenLogprob& t : e.top) alternatives.push_back(sglang_tuple(call, t));
+      input_top.push_back(std::move(alternatives));
+    }
+    meta["input_token_logprobs"] = std::move(input);
+    meta["input_top_logprobs"] = std::move(input_top);
   }
   const std::span<const int32_t> ids =
       std::span<const int32_t>(r.output_ids).subspan(std::min(ids_from, r.output_ids.size()));
@@ -1084,6 +1139,8 @@ void GenerateResult::add(const serve::RequestOutput& out) {
   output_ids.insert(output_ids.end(), out.new_ids.begin(), out.new_ids.end());
   text += out.new_text;
   logprobs.insert(logprobs.end(), out.new_logprobs.begin(), out.new_logprobs.end());
+  prompt_logprobs.insert(prompt_logprobs.end(), out.prompt_logprobs.begin(),
+                         out.prompt_logprobs.end());
   prompt_tokens = out.prompt_tokens;
   cached_tokens = out.cached_tokens;
   if (!out.finished) return;
@@ -1121,6 +1178,8 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt) 
                                                 : "sampling_params.max_new_tokens";
   } else if (field == "min_tokens") {
     param = openai ? "min_tokens" : "sampling_params.min_new_tokens";
+  } else if (field == "prompt_logprobs_from") {
+    param = openai ? "echo" : "logprob_start_len";
   } else if (field == "logprobs") {
     param = call.dialect == Dialect::kChat ? "top_logprobs"
             : openai                       ? "logprobs"

@@ -79,6 +79,10 @@ struct GenerateCall {
   bool no_stop_trim = false;
   // OpenAI streams: stream_options.include_usage, a last chunk with the usage and no choices.
   bool include_usage = false;
+  // OpenAI completions' echo: the answer's text starts with the prompt (and its
+  // log-probabilities with the prompt's, sampling.prompt_logprobs_from 0).
+  bool echo = false;
+  std::vector<std::string> prompt_texts;  // the text prompts as given (one per prompt)
   // Log-probabilities are asked for when sampling.logprobs >= 0 (that many top ones); SGLang's
   // return_text_in_logprobs puts each token's text beside them.
   bool logprob_text = false;
@@ -139,6 +143,9 @@ struct GenerateResult {
   std::string message;         // why it was aborted or failed
   double e2e_latency = 0;
   std::vector<exec::SampledLogprobs> logprobs;  // one per output id, when asked for
+  // The prompt's, from max(prompt_logprobs_from, 1) on, when asked for; and its first token.
+  std::vector<exec::SampledLogprobs> prompt_logprobs;
+  int32_t first_prompt_token = -1;
   bool keep_stop = false;  // GenerateCall::no_stop_trim: a matched stop string ends the text
   bool counts_prompt = true;  // false for a prompt's second and later choices (usage)
   // One more output of its request: its ids and text appended, its end taken.

@@ -420,6 +420,7 @@ class Session : public std::enable_shared_from_this<Session> {
       p.result.rid = rid.empty() ? std::to_string(pending_[k - p.candidate].id) : rid;
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[p.prompt].size());
       p.result.keep_stop = call_.no_stop_trim;
+      if (!call_.prompts[p.prompt].empty()) p.result.first_prompt_token = call_.prompts[p.prompt][0];
       p.result.counts_prompt = p.candidate == 0;
     }
     // A prompt's first candidate goes now; its others once it has a token (its prefill done and

@@ -126,6 +126,13 @@ await check("langchain: ChatOpenAI with logprobs", async () => {
   const r = await chat.invoke(prompt);
   expect(r.response_metadata.logprobs.content.length === 6, JSON.stringify(r.response_metadata));
 });
+await check("langchain: ChatOpenAI with n = 2", async () => {
+  const chat = new ChatOpenAI({
+    model, apiKey: "none", configuration, maxTokens: 6, n: 2, temperature: 1, maxRetries: 0,
+  });
+  const r = await chat.generate([[["human", prompt]]]);
+  expect(r.generations[0].length === 2, JSON.stringify(r.generations));
+});
 await check("langchain: ChatOpenAI on the Responses API", async () => {
   const chat = new ChatOpenAI({
     model, apiKey: "none", configuration, maxTokens: 12, useResponsesApi: true, maxRetries: 0,

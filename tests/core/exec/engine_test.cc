@@ -241,7 +241,7 @@ TEST(Communicator, CollectivesAcrossRankThreads) {
 }
 
 TEST(Batch, SerialisesAndRefusesTruncatedWords) {
-  Batch batch{{{{5, 6, 7}, 0, {3}}, {{9}, 12, {0, 1, 2, 4}}}};
+  Batch batch{{{{5, 6, 7}, 0, {3}, /*all_logits=*/true}, {{9}, 12, {0, 1, 2, 4}}}};
   std::vector<int32_t> words;
   serialize(batch, &words);
   Batch back;
@@ -251,6 +251,7 @@ TEST(Batch, SerialisesAndRefusesTruncatedWords) {
     EXPECT_EQ(back.sequences[i].tokens, batch.sequences[i].tokens);
     EXPECT_EQ(back.sequences[i].start, batch.sequences[i].start);
     EXPECT_EQ(back.sequences[i].pages, batch.sequences[i].pages);
+    EXPECT_EQ(back.sequences[i].all_logits, batch.sequences[i].all_logits);
   }
   for (size_t cut = 0; cut < words.size(); ++cut) {
     EXPECT_FALSE(deserialize(std::span<const int32_t>(words).first(cut), &back).ok()) << cut;

@@ -384,13 +384,82 @@ TEST_F(ApiParityTest, LogprobsInEachApisShape) {
       "top_logprobs");
   EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"logprobs", 30}})).first,
             "logprobs");
-  EXPECT_EQ(refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"echo", true}})).first,
-            "echo");
-  EXPECT_EQ(refused(post(port_, "/generate",
-                         {{"text", "x"}, {"return_logprob", true}, {"logprob_start_len", 0}}))
-                .first,
-            "logprob_start_len");
+  EXPECT_EQ(
+      refused(post(port_, "/v1/completions", {{"prompt", "x"}, {"echo", true}, {"stream", true}}))
+          .first,
+      "echo");
 }
+
+// The prompt's log-probabilities come from the prefill's logits, one row per position: a prompt
+// that is a greedy continuation has, for those tokens, the log-probabilities the decode steps
+// gave them -- whole, in chunks of 3 (chunked_prefill_size), over two TP ranks, and with the
+// prompt's first pages in the prefix cache (its wanted positions are recomputed). OpenAI's echo
+// puts them first.
+class PromptLogprobsTest : public ServerTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(PromptLogprobsTest, PromptLogprobsAreTheDecodeStepsOnes) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\"", GetParam()});
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};  // "Once upon a time"
+  const json decoded = post(port_, "/generate",
+                            {{"input_ids", prompt},
+                             {"sampling_params", {{"max_new_tokens", 6}, {"ignore_eos", true}}},
+                             {"return_logprob", true}})
+                           .json_body();
+  std::vector<int32_t> longer = prompt;
+  for (const json& id : decoded["output_ids"]) longer.push_back(id);
+  // Twice: the second finds the first's pages in the cache and must not use them past position 4.
+  for (int round = 0; round < 2; ++round) {
+    const Reply r = post(port_, "/generate",
+                         {{"input_ids", longer},
+                          {"sampling_params", {{"max_new_tokens", 1}}},
+                          {"return_logprob", true},
+                          {"logprob_start_len", 5},
+                          {"top_logprobs_num", 2}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json body = r.json_body();
+    const json& input = body["meta_info"]["input_token_logprobs"];
+    ASSERT_EQ(input.size(), 6u) << r.body;  // positions 5 .. 10
+    for (size_t k = 0; k < 6; ++k) {
+      EXPECT_EQ(input[k][1], longer[5 + k]);
+      EXPECT_NEAR(input[k][0].get<double>(),
+                  decoded["meta_info"]["output_token_logprobs"][k][0].get<double>(), 2e-3)
+          << "position " << 5 + k << ", round " << round;
+    }
+    EXPECT_EQ(body["meta_info"]["input_top_logprobs"][0].size(), 2u);
+  }
+  // From position 0: the first has nothing before it.
+  const json all = post(port_, "/generate",
+                        {{"input_ids", prompt},
+                         {"sampling_params", {{"max_new_tokens", 1}}},
+                         {"return_logprob", true},
+                         {"logprob_start_len", 0}})
+                       .json_body();
+  const json& input = all["meta_info"]["input_token_logprobs"];
+  ASSERT_EQ(input.size(), 5u) << all.dump();
+  EXPECT_TRUE(input[0][0].is_null());
+  EXPECT_EQ(input[0][1], 1);
+  for (size_t k = 1; k < 5; ++k) EXPECT_LE(input[k][0].get<double>(), 0.0);
+  // OpenAI's echo: the prompt's text and log-probabilities first.
+  const json echo =
+      post(port_, "/v1/completions",
+           {{"prompt", "Once upon a time"}, {"max_tokens", 2}, {"logprobs", 1}, {"echo", true}})
+          .json_body();
+  const json& lp = echo["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 7u) << echo.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_NEAR(lp["token_logprobs"][1].get<double>(), input[1][0].get<double>(), 1e-6);
+  EXPECT_EQ(echo["choices"][0]["text"].get<std::string>().rfind("Once upon a time", 0), 0u);
+  EXPECT_EQ(
+      refused(post(port_, "/generate",
+                   {{"input_ids", prompt}, {"return_logprob", true}, {"logprob_start_len", 5}}))
+          .first,
+      "logprob_start_len");
+}
+
+INSTANTIATE_TEST_SUITE_P(Prefill, PromptLogprobsTest,
+                         ::testing::Values("scheduler.chunked_prefill_size=-1",
+                                           "scheduler.chunked_prefill_size=3", "tp.size=2"));
 
 // frequency, presence and repetition penalties, logit_bias and min_tokens reach the sampler;
 // out-of-range values are refused naming the API's own field.
