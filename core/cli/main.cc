@@ -179,8 +179,16 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   }
   const std::string weights_source =
       args.weights_gib ? "--weights-gib" : "from " + model + ", dtype " + cfg->model.dtype;
-  std::printf("%u GPU%s of %s at TP %u; weights %s (%s; %s per rank), mem_fraction_static %.2f\n\n",
-              gpus, gpus == 1 ? "" : "s", capacity::format_bytes(budget.device_memory).c_str(), tp,
+  // Which budget it assumed: a default 2 GiB "GPU" makes any real model look as if it cannot fit.
+  const std::string memory_source =
+      !args.gpu_memory.empty() ? "--gpu-memory"
+      : cfg->device.memory_bytes != config::Config{}.device.memory_bytes
+          ? "[device] memory of " + cfg->source
+          : "[device] memory's default: give --gpu-memory SIZE for your GPU";
+  std::printf("%u GPU%s of %s (%s) at TP %u; weights %s (%s; %s per rank), "
+              "mem_fraction_static %.2f\n\n",
+              gpus, gpus == 1 ? "" : "s", capacity::format_bytes(budget.device_memory).c_str(),
+              memory_source.c_str(), tp,
               capacity::format_bytes(weights).c_str(), weights_source.c_str(),
               capacity::format_bytes(budget.weights_per_rank).c_str(), budget.mem_fraction_static);
   std::printf("%-16s %10s %12s %12s %22s %8s %8s %8s %14s\n", "STORE", "BYTES/TOK", "PAGE",

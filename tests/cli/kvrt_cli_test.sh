@@ -37,6 +37,12 @@ done
 "$kvrt" capacity --gpus 0 >"$out/cap.out" 2>"$out/cap.err"
 check "capacity --gpus 0 is refused" test $? -ne 0
 check "and names --gpus" grep -q -- "--gpus 0 must be a positive multiple" "$out/cap.err"
+# Capacity says which device budget it assumed.
+"$kvrt" capacity >"$out/cap.out" 2>&1
+check "capacity without --gpu-memory says it assumed the default" \
+  grep -q "(\[device\] memory's default: give --gpu-memory SIZE for your GPU)" "$out/cap.out"
+"$kvrt" capacity --gpu-memory 80GiB >"$out/cap.out" 2>&1
+check "capacity --gpu-memory 80GiB says so" grep -q "of 80.0 GiB (--gpu-memory)" "$out/cap.out"
 
 # Sampling parameters the scheduler does not check are refused by the serving core, by name.
 "$kvrt" generate --set model.preset=synth-tiny --prompt hi --temperature=-1 >"$out/t.out" 2>"$out/t.err"
