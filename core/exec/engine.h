@@ -68,8 +68,9 @@ class Engine {
   Status follow();
 
   // One forward step on every rank; logits [rows][vocab]: each sequence's last new token's, or
-  // each of its new tokens' when it asks for all_logits (SequenceStep::logit_rows). The batch is checked first (tokens in the vocabulary, pages in range and covering
-  // every position), so a bad batch fails before any rank starts. Leader only.
+  // each of its new tokens' when it asks for all_logits (SequenceStep::logit_rows). The batch
+  // is checked first (tokens in the vocabulary, pages in range and covering every position),
+  // so a bad batch fails before any rank starts. Leader only.
   Result<std::vector<float>> step(const Batch& batch);
 
   // The KV store's host tier on every rank at once (each rank's tier keys the pages with its

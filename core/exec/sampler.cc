@@ -33,7 +33,10 @@ SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k
       return x > y || (x == y && a < b);
     });
     out.top.reserve(static_cast<size_t>(k));
-    for (int32_t i = 0; i < k; ++i) out.top.push_back({order[static_cast<size_t>(i)], logprob(order[static_cast<size_t>(i)])});
+    for (int32_t i = 0; i < k; ++i) {
+      const int32_t id_i = order[static_cast<size_t>(i)];
+      out.top.push_back({id_i, logprob(id_i)});
+    }
   }
   return out;
 }

@@ -194,8 +194,8 @@ void ServingCore::deliver(uint64_t id) {
   if (!live.end) {
     // Not ended: due when it streams and this is its first token or an interval's worth.
     const size_t unsent = live.output.size() - live.sent_ids;
-    const bool due = live.stream && (live.sent_ids == 0 ||
-                                     unsent >= static_cast<size_t>(std::max(1, options_.stream_interval)));
+    const auto interval = static_cast<size_t>(std::max(1, options_.stream_interval));
+    const bool due = live.stream && (live.sent_ids == 0 || unsent >= interval);
     if (!due) return;
   }
   RequestOutput out = live.end ? std::move(*live.end) : RequestOutput{};

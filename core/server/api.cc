@@ -84,7 +84,9 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
           return bad(pat + ".text", "expected a string");
         }
         for (auto it = part.begin(); it != part.end(); ++it) {
-          if (it.key() != "type" && it.key() != "text") return bad(pat + "." + it.key(), "unknown field");
+          if (it.key() != "type" && it.key() != "text") {
+            return bad(pat + "." + it.key(), "unknown field");
+          }
         }
         if (k > 0) content += "\n";
         content += part["text"].get<std::string>();
@@ -1013,7 +1015,9 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
             for (const json& v : (*part)[key]) all[key].push_back(v);
           }
         }
-        for (const json& o : head["text_offset"]) all["text_offset"].push_back(o.get<size_t>() + shift);
+        for (const json& o : head["text_offset"]) {
+          all["text_offset"].push_back(o.get<size_t>() + shift);
+        }
         for (const json& o : tail["text_offset"]) all["text_offset"].push_back(o);
         choice["logprobs"] = std::move(all);
       } else {

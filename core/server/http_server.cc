@@ -115,7 +115,6 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
-  // One prompt of the call being answered.
   // One request of the call: candidate `candidate` of prompt `prompt` (a prompt has n
   // candidates, or best_of when more). pending_[prompt * candidates + candidate].
   struct Pending {
@@ -420,7 +419,8 @@ class Session : public std::enable_shared_from_this<Session> {
       p.result.rid = rid.empty() ? std::to_string(pending_[k - p.candidate].id) : rid;
       p.result.prompt_tokens = static_cast<int32_t>(call_.prompts[p.prompt].size());
       p.result.keep_stop = call_.no_stop_trim;
-      if (!call_.prompts[p.prompt].empty()) p.result.first_prompt_token = call_.prompts[p.prompt][0];
+      const std::vector<int32_t>& ids = call_.prompts[p.prompt];
+      if (!ids.empty()) p.result.first_prompt_token = ids[0];
       p.result.counts_prompt = p.candidate == 0;
     }
     // A prompt's first candidate goes now; its others once it has a token (its prefill done and

@@ -1,9 +1,9 @@
 // The bodies of POST /generate, /v1/completions, /v1/chat/completions, /v1/responses, /tokenize
 // and /detokenize (kvrt serve): every field checked by parse_generate / parse_openai /
-// parse_responses / tokenize_json / detokenize_json, against a 512-token byte tokenizer and a 2048-token context; each prompt of
-// a call that passes goes through the scheduler's check (sched::check_request) and, as if it
-// were the output, through the output text with the call's stop strings; the call is answered
-// as JSON in its API's shape.
+// parse_responses / tokenize_json / detokenize_json, against a 512-token byte tokenizer and a
+// 2048-token context; each prompt of a call that passes goes through the scheduler's check
+// (sched::check_request) and, as if it were the output, through the output text with the call's
+// stop strings; the call is answered as JSON in its API's shape.
 #include <cstdint>
 #include <string_view>
 
