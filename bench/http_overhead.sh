@@ -21,13 +21,16 @@
 # model's. At best the HTTP run takes in_wall + added_cpu / cores, and its throughput ratio is at
 # most in_wall / (in_wall + added_cpu / cores).
 #
-#   usage: [STREAM_INTERVAL=N] bench/http_overhead.sh [BUILD_DIR] [ROUNDS]
-#   (STREAM_INTERVAL, default 1: [server] stream_interval for the server and the in-process run)
+#   usage: [STREAM_INTERVAL=N] [INCREMENTAL=1] bench/http_overhead.sh [BUILD_DIR] [ROUNDS]
+#   (STREAM_INTERVAL, default 1: [server] stream_interval for the server and the in-process run;
+#   INCREMENTAL=1: [server] incremental_streaming_output, each /generate event with the new ids
+#   and text only, instead of SGLang's default of everything so far)
 set -u
 build=${1:-build}
 rounds=${2:-3}
 kvrt=$build/bin/kvrt
 interval=${STREAM_INTERVAL:-1}
+incremental=$([ "${INCREMENTAL:-0}" = 1 ] && echo true || echo false)
 export KVRT_PLUGIN_PATH=${KVRT_PLUGIN_PATH:-$build/bin}
 # OpenMP threads that spin while they wait bill the wait as CPU time, and the HTTP run waits
 # longer (its client shares the cores): passive waiting keeps CPU seconds a measure of work.
@@ -68,10 +71,12 @@ ticks=$(getconf CLK_TCK)
 # CPU microseconds of one 160-byte event written over loopback (a /generate event here).
 write_us=$("$build/bin/loopback_write_bench" --benchmark_filter='/160/' --benchmark_format=json \
   2>/dev/null | sed -n 's/.*"cpu_us_per_write": *\([0-9.e+-]*\).*/\1/p' | head -1)
-echo "one event written over loopback: ${write_us:-?} us of CPU; stream_interval $interval"
+echo "one event written over loopback: ${write_us:-?} us of CPU; stream_interval $interval," \
+  "incremental_streaming_output $incremental"
 printf "%-6s %-11s %9s %9s %9s %9s %10s %10s %9s\n" round path "tok/s" "ITL p50" "ITL mean" \
   "wall s" "client cpu" "net cpu" ceiling
-serve --config configs/kv-bound.toml --set server.stream_interval="$interval"
+serve --config configs/kv-bound.toml --set server.stream_interval="$interval" \
+  --set server.incremental_streaming_output="$incremental"
 for r in $(seq "$rounds"); do
   "$kvrt" bench --config configs/kv-bound.toml --workload bench/workloads/kv-bound.toml \
     --set server.stream_interval="$interval" >"$out/in.txt" 2>/dev/null
