@@ -1074,8 +1074,10 @@ json openai_usage_chunk(const GenerateCall& call, const std::vector<GenerateResu
   return chunk;
 }
 
-json generate_json(const GenerateCall& call, const GenerateResult& r, size_t ids_from,
-                   size_t text_from) {
+namespace {
+
+// generate_json's meta_info.
+json generate_meta(const GenerateCall& call, const GenerateResult& r, size_t ids_from) {
   json finish = nullptr;
   if (r.finished) {
     switch (r.reason) {
@@ -1132,11 +1134,49 @@ json generate_json(const GenerateCall& call, const GenerateResult& r, size_t ids
     meta["input_token_logprobs"] = std::move(input);
     meta["input_top_logprobs"] = std::move(input_top);
   }
+  return meta;
+}
+
+}  // namespace
+
+json generate_json(const GenerateCall& call, const GenerateResult& r, size_t ids_from,
+                   size_t text_from) {
   const std::span<const int32_t> ids =
       std::span<const int32_t>(r.output_ids).subspan(std::min(ids_from, r.output_ids.size()));
   return json{{"text", r.text.substr(std::min(text_from, r.text.size()))},
               {"output_ids", std::vector<int32_t>(ids.begin(), ids.end())},
-              {"meta_info", meta}};
+              {"meta_info", generate_meta(call, r, ids_from)}};
+}
+
+std::string generate_event(const GenerateCall& call, const GenerateResult& r,
+                           GenerateEventCache* cache) {
+  // The ids and the text as they grew since the last event, each piece escaped once. (A text
+  // that shrank or is not valid UTF-8 -- whose U+FFFD replacements could differ piecewise --
+  // is escaped whole instead.)
+  for (size_t i = cache->ids; i < r.output_ids.size(); ++i) {
+    if (i > 0) cache->ids_text += ',';
+    char digits[16];
+    const auto end = std::to_chars(digits, digits + sizeof digits, r.output_ids[i]).ptr;
+    cache->ids_text.append(digits, end);
+  }
+  cache->ids = r.output_ids.size();
+  const bool grew = r.text.size() >= cache->text;
+  const std::string_view fresh = std::string_view(r.text).substr(grew ? cache->text : 0);
+  if (!grew || !cache->valid || !util::valid_utf8(fresh)) {
+    const std::string whole = to_text(json(r.text));
+    cache->text_json.assign(whole, 1, whole.size() - 2);  // without its quotes
+    cache->valid = util::valid_utf8(r.text);
+  } else if (!fresh.empty()) {
+    const std::string piece = to_text(json(std::string(fresh)));
+    cache->text_json.append(piece, 1, piece.size() - 2);
+  }
+  cache->text = r.text.size();
+  // nlohmann's objects are ordered by key: meta_info, output_ids, text.
+  std::string event = "{\"meta_info\":";
+  event += to_text(generate_meta(call, r, 0));
+  event.append(",\"output_ids\":[").append(cache->ids_text).append("],\"text\":\"");
+  event.append(cache->text_json).append("\"}");
+  return event;
 }
 
 void GenerateResult::add(const serve::RequestOutput& out) {

@@ -165,6 +165,20 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt =
 // output_ids holds the ids from `ids_from` on and text the bytes from `text_from` on (0, 0: the
 // whole answer so far, as SGLang streams it; a stream with incremental output gives the new
 // ones).
+// What generate_event kept of a stream's earlier events: the output ids and the text so far,
+// already in JSON, so each event adds only what is new.
+struct GenerateEventCache {
+  size_t ids = 0;  // output ids in ids_text
+  std::string ids_text;  // "1,2,3"
+  size_t text = 0;       // bytes of the text in text_json
+  std::string text_json;  // the text escaped, without quotes
+  bool valid = true;      // that text is valid UTF-8 (else it is escaped whole each time)
+};
+// to_text(generate_json(call, result)) exactly, at a cost that does not grow with the ids and
+// text already sent (SGLang's streams carry everything so far in every event).
+std::string generate_event(const GenerateCall& call, const GenerateResult& result,
+                           GenerateEventCache* cache);
+
 // With log-probabilities asked for, meta_info has SGLang's output_token_logprobs and
 // output_top_logprobs as (logprob, id, text or null) tuples, from ids_from on.
 nlohmann::json generate_json(const GenerateCall& call, const GenerateResult& result,

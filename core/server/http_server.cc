@@ -126,6 +126,7 @@ class Session : public std::enable_shared_from_this<Session> {
     size_t sent_text = 0;  // streaming: text already sent
     size_t sent_ids = 0;
     size_t sent_logprobs = 0;  // of result.logprobs
+    GenerateEventCache event_cache;  // /generate streams: the ids and text sent so far, as JSON
   };
   // What a read waits for, and so which timeout ends it.
   enum class Phase { kIdle, kHeader, kBody };
@@ -758,11 +759,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void stream_chunk(Pending& p) {
     if (call_.dialect == Dialect::kGenerate) {
       const bool incremental = server_.options.incremental_streaming_output;
-      const json event = incremental ? generate_json(call_, p.result, p.sent_ids, p.sent_text)
-                                     : generate_json(call_, p.result);
+      const std::string event =
+          incremental ? to_text(generate_json(call_, p.result, p.sent_ids, p.sent_text))
+                      : generate_event(call_, p.result, &p.event_cache);
       p.sent_ids = p.result.output_ids.size();
       p.sent_text = p.result.text.size();
-      return send_chunk("data: " + to_text(event) + "\n\n");
+      return send_chunk("data: " + event + "\n\n");
     }
     if (call_.dialect == Dialect::kResponses) {
       const std::string delta =

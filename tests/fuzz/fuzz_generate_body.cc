@@ -51,6 +51,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!servable) continue;  // refused with a 400 before any of it is decoded
     kvrt::server::GenerateResult r;
     kvrt::serve::OutputText text(tokenizer, {}, c.stop);
+    // The streamed event built from the escaped pieces is the whole dump, byte for byte, at
+    // every step (the first 64) and at the end.
+    kvrt::server::GenerateEventCache cache;
     std::vector<int32_t> so_far;
     for (int32_t id : c.prompts.front()) {
       so_far.push_back(id);
@@ -59,12 +62,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       r.logprobs.push_back({{id, -0.5f}, {{id, -0.5f}, {(id + 1) % 512, -1.5f}}});
       const bool stopped = text.update(so_far);
       r.text += text.take();
+      if (r.output_ids.size() <= 64 &&
+          kvrt::server::generate_event(c, r, &cache) !=
+              kvrt::server::to_text(kvrt::server::generate_json(c, r))) {
+        __builtin_trap();
+      }
       if (stopped) break;
     }
     text.finish(so_far);
     r.text += text.take();
     r.finished = true;
-    (void)kvrt::server::to_text(kvrt::server::generate_json(c, r));
+    if (kvrt::server::generate_event(c, r, &cache) !=
+        kvrt::server::to_text(kvrt::server::generate_json(c, r))) {
+      __builtin_trap();
+    }
     (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
     (void)kvrt::server::to_text(
         kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0, 0, r.logprobs, 0));
