@@ -7,6 +7,10 @@ build=$1 example=$2 cc=$3 cxx=$4
 stage=$build/example-stage
 rm -rf "$stage" "$build/example-build"
 cmake --install "$build" --prefix "$stage" >/dev/null
+# The install carries what kvrt runs with: configs, workloads and the eval corpus.
+test -f "$stage/share/kvrt/configs/kv-bound.toml"
+test -f "$stage/share/kvrt/workloads/kv-bound.toml"
+test -f "$stage/share/kvrt/eval/stories260k-samples.txt"
 cmake -S "$example" -B "$build/example-build" -DCMAKE_PREFIX_PATH="$stage" \
       -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" >/dev/null
 cmake --build "$build/example-build" -j 2
