@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <utility>
 
 #include "core/util/text.h"
@@ -51,6 +52,47 @@ std::variant<std::vector<int32_t>, ApiError> read_ids(const json& v, const std::
 
 }  // namespace
 
+namespace {
+
+// A message's content: a string, or a list of text parts (whose type is one of `types`) joined
+// with newlines, as vLLM renders them for a text-only template. `at` names the content in
+// errors, `only` ends the refusal of another part type; `strict`: a part's other fields are
+// refused.
+std::variant<std::string, ApiError> text_content(const json& c, const std::string& at,
+                                                 std::initializer_list<std::string_view> types,
+                                                 const char* only, bool strict) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) {
+    return bad(at, "expected a string or a list of text parts, found " + type_name(c));
+  }
+  std::string content;
+  for (size_t k = 0; k < c.size(); ++k) {
+    const json& part = c[k];
+    const std::string pat = at + "[" + std::to_string(k) + "]";
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      return bad(pat + ".type", "expected a content part {\"type\": \"" +
+                                    std::string(*types.begin()) + "\", \"text\"}");
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (std::find(types.begin(), types.end(), type) == types.end()) {
+      return bad(pat + ".type", "'" + type + "' parts are not supported" + only);
+    }
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return bad(pat + ".text", "expected a string");
+    }
+    for (auto it = part.begin(); strict && it != part.end(); ++it) {
+      if (it.key() != "type" && it.key() != "text") {
+        return bad(pat + "." + it.key(), "unknown field");
+      }
+    }
+    if (k > 0) content += "\n";
+    content += part["text"].get<std::string>();
+  }
+  return content;
+}
+
+}  // namespace
+
 std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& j) {
   if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
     return bad("messages", "expected a non-empty list of {role, content}");
@@ -63,38 +105,10 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
       return bad(at + ".role", "expected a string (system, user or assistant)");
     }
     if (!m.contains("content")) return bad(at + ".content", "missing");
-    const json& c = m["content"];
-    std::string content;
-    if (c.is_string()) {
-      content = c.get<std::string>();
-    } else if (c.is_array()) {
-      // Text parts, joined with newlines as vLLM renders them for a text-only template.
-      for (size_t k = 0; k < c.size(); ++k) {
-        const json& part = c[k];
-        const std::string pat = at + ".content[" + std::to_string(k) + "]";
-        if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
-          return bad(pat + ".type", "expected a content part {\"type\": \"text\", \"text\"}");
-        }
-        const std::string type = part["type"].get<std::string>();
-        if (type != "text") {
-          return bad(pat + ".type", "'" + type + "' parts are not supported: this server "
-                                    "serves text models (only \"text\" parts)");
-        }
-        if (!part.contains("text") || !part["text"].is_string()) {
-          return bad(pat + ".text", "expected a string");
-        }
-        for (auto it = part.begin(); it != part.end(); ++it) {
-          if (it.key() != "type" && it.key() != "text") {
-            return bad(pat + "." + it.key(), "unknown field");
-          }
-        }
-        if (k > 0) content += "\n";
-        content += part["text"].get<std::string>();
-      }
-    } else {
-      return bad(at + ".content", "expected a string or a list of text parts, found " +
-                                      type_name(c));
-    }
+    auto content = text_content(m["content"], at + ".content", {"text"},
+                                ": this server serves text models (only \"text\" parts)",
+                                /*strict=*/true);
+    if (auto* e = std::get_if<ApiError>(&content)) return *e;
     for (auto it = m.begin(); it != m.end(); ++it) {
       // "name" is OpenAI's speaker label; templates that do not use it ignore it, as in HF.
       if (it.key() != "role" && it.key() != "content" && it.key() != "name") {
@@ -103,7 +117,7 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
                                             : "unknown field");
       }
     }
-    messages.push_back({m["role"].get<std::string>(), std::move(content)});
+    messages.push_back({m["role"].get<std::string>(), std::get<std::string>(std::move(content))});
   }
   return messages;
 }
@@ -853,32 +867,11 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
       std::string role = item["role"];
       if (role == "developer") role = "system";  // the chat templates know system
       if (!item.contains("content")) return bad(at + ".content", "missing");
-      const json& c = item["content"];
-      std::string content;
-      if (c.is_string()) {
-        content = c.get<std::string>();
-      } else if (c.is_array()) {
-        for (size_t k = 0; k < c.size(); ++k) {
-          const json& part = c[k];
-          const std::string pat = at + ".content[" + std::to_string(k) + "]";
-          const std::string ptype =
-              part.is_object() && part.contains("type") && part["type"].is_string()
-                  ? part["type"].get<std::string>()
-                  : "";
-          if (ptype != "input_text" && ptype != "output_text") {
-            return bad(pat + ".type", "'" + ptype + "' parts are not supported (only "
-                                      "input_text and output_text: a text model)");
-          }
-          if (!part.contains("text") || !part["text"].is_string()) {
-            return bad(pat + ".text", "expected a string");
-          }
-          if (k > 0) content += "\n";
-          content += part["text"].get<std::string>();
-        }
-      } else {
-        return bad(at + ".content", "expected a string or a list of text parts");
-      }
-      messages.push_back({{"role", role}, {"content", content}});
+      auto content = text_content(item["content"], at + ".content", {"input_text", "output_text"},
+                                  " (only input_text and output_text: a text model)",
+                                  /*strict=*/false);
+      if (auto* e = std::get_if<ApiError>(&content)) return *e;
+      messages.push_back({{"role", role}, {"content", std::get<std::string>(content)}});
     }
   } else {
     return bad("input", "expected a string or a non-empty list of messages");
