@@ -169,38 +169,43 @@ std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const Model
   return std::move(*ids);
 }
 
+// A field accepted when absent, null or as `accepts` says; else refused with `why`.
+struct FieldRule {
+  const char* key;
+  bool (*accepts)(const json&);
+  const char* why;
+};
+std::optional<ApiError> refused_field(const json& j, std::span<const FieldRule> rules) {
+  for (const FieldRule& r : rules) {
+    if (j.contains(r.key) && !j[r.key].is_null() && !r.accepts(j[r.key])) {
+      return bad(r.key, r.why);
+    }
+  }
+  return std::nullopt;
+}
+
+// For a field of which only null (or absence) is accepted.
+bool never(const json&) { return false; }
+
 // The fields SGLang's and OpenAI's clients send with their "nothing" value, accepted as such;
 // any other value asks for what kvrt does not do, refused by name.
 std::optional<ApiError> no_op(const json& j) {
-  struct NoOp {
-    const char* key;
-    bool (*accepts)(const json&);
-    const char* why;
-  };
-  static const NoOp kNoOps[] = {
-      {"lora_path", [](const json& v) { return v.is_null(); }, "LoRA adapters are not supported"},
-      {"image_data", [](const json& v) { return v.is_null(); },
-       "images are not supported: this server serves text models"},
-      {"modalities", [](const json& v) { return v.is_null() || (v.is_array() && v.empty()); },
+  static const FieldRule kNoOps[] = {
+      {"lora_path", never, "LoRA adapters are not supported"},
+      {"image_data", never, "images are not supported: this server serves text models"},
+      {"modalities", [](const json& v) { return v.is_array() && v.empty(); },
        "only text is supported"},
-      {"return_hidden_states", [](const json& v) { return v.is_null() || v == false; },
+      {"return_hidden_states", [](const json& v) { return v == false; },
        "hidden states are not returned"},
-      {"custom_logit_processor", [](const json& v) { return v.is_null(); },
-       "custom logit processors are not supported"},
-      {"bootstrap_host", [](const json& v) { return v.is_null(); },
-       "prefill/decode disaggregation is not supported"},
-      {"bootstrap_port", [](const json& v) { return v.is_null(); },
-       "prefill/decode disaggregation is not supported"},
-      {"bootstrap_room", [](const json& v) { return v.is_null(); },
-       "prefill/decode disaggregation is not supported"},
-      {"user", [](const json& v) { return v.is_null() || v.is_string(); }, "expected a string"},
+      {"custom_logit_processor", never, "custom logit processors are not supported"},
+      {"bootstrap_host", never, "prefill/decode disaggregation is not supported"},
+      {"bootstrap_port", never, "prefill/decode disaggregation is not supported"},
+      {"bootstrap_room", never, "prefill/decode disaggregation is not supported"},
+      {"user", [](const json& v) { return v.is_string(); }, "expected a string"},
       // Requests are served first come, first served; a priority is accepted and not used.
-      {"priority", [](const json& v) { return v.is_null() || v.is_number_integer(); },
-       "expected an integer"},
+      {"priority", [](const json& v) { return v.is_number_integer(); }, "expected an integer"},
   };
-  for (const NoOp& op : kNoOps) {
-    if (j.contains(op.key) && !op.accepts(j[op.key])) return bad(op.key, op.why);
-  }
+  if (auto e = refused_field(j, kNoOps)) return e;
   if (j.contains("response_format") && !j["response_format"].is_null()) {
     const json& f = j["response_format"];
     if (!f.is_object() || !f.contains("type") || !f["type"].is_string()) {
@@ -794,22 +799,14 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
                                  "service_tier", "background", "ignore_eos"})) {
     return *e;
   }
-  auto none = [&j](const char* key, bool (*accepts)(const json&)) {
-    return !j.contains(key) || j[key].is_null() || accepts(j[key]);
-  };
-  struct Refusal {
-    const char* key;
-    bool (*accepts)(const json&);
-    const char* why;
-  };
-  static const Refusal kRefusals[] = {
+  static const FieldRule kRefusals[] = {
       {"tools", [](const json& v) { return v.is_array() && v.empty(); },
        "tools are not supported: kvrt serves text responses only"},
       {"tool_choice", [](const json& v) { return v == "none" || v == "auto"; },
        "tools are not supported"},
       {"reasoning", [](const json& v) { return v.is_object() && v.empty(); },
        "reasoning options are not supported"},
-      {"previous_response_id", [](const json&) { return false; },
+      {"previous_response_id", never,
        "responses are not stored, so none can be continued: send the conversation in input"},
       {"store", [](const json& v) { return v == false; },
        "responses are not stored: send store: false (and the conversation in input)"},
@@ -824,9 +821,7 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
       {"metadata", [](const json& v) { return v.is_object(); }, "expected an object"},
       {"service_tier", [](const json& v) { return v.is_string(); }, "expected a string"},
   };
-  for (const Refusal& r : kRefusals) {
-    if (!none(r.key, r.accepts)) return bad(r.key, r.why);
-  }
+  if (auto e = refused_field(j, kRefusals)) return *e;
   if (j.contains("text") && !j["text"].is_null()) {
     const json& t = j["text"];
     const bool text_format = t.is_object() && (!t.contains("format") ||
