@@ -313,12 +313,9 @@ void HttpDriver::on_event(Flight& f, std::string_view data) {
   }
   if (j.contains("meta_info") && j["meta_info"].is_object()) {
     const json& m = j["meta_info"];
-    auto integer = [&m](const char* key, int64_t* out) {
-      if (m.contains(key) && m[key].is_number_integer()) *out = m[key].get<int64_t>();
-    };
-    integer("prompt_tokens", &f.prompt_tokens);
-    integer("completion_tokens", &f.completion_tokens);
-    integer("cached_tokens", &f.cached_tokens);
+    read_int(m, "prompt_tokens", &f.prompt_tokens);
+    read_int(m, "completion_tokens", &f.completion_tokens);
+    read_int(m, "cached_tokens", &f.cached_tokens);
     if (m.contains("finish_reason") && m["finish_reason"].is_object()) {
       const json& fr = m["finish_reason"];
       if (fr.contains("type") && fr["type"].is_string()) f.finish = fr["type"].get<std::string>();

@@ -15,9 +15,10 @@ Status EngineExecutor::run(const sched::ScheduledBatch& batch, std::vector<int32
     e.pages.assign(s.pages.begin(), s.pages.end());
     // A prefill chunk whose rows predict prompt tokens the request wants log-probabilities of
     // (row j predicts position start + j + 1) gets every row's logits.
-    const int32_t wanted = sampler_of_(*s.request).next_prompt_position();
+    const exec::Sampler& sampler = sampler_of_(*s.request);
+    const int32_t wanted = sampler.next_prompt_position();
     const int32_t last_predicted = s.start + static_cast<int32_t>(s.tokens.size());
-    e.all_logits = sampler_of_(*s.request).params().prompt_logprobs_from >= 0 &&
+    e.all_logits = sampler.params().prompt_logprobs_from >= 0 &&
                    wanted < s.request->prompt_len && last_predicted >= wanted;
   }
   Result<std::vector<float>> logits = engine_->step(exec_batch_);

@@ -899,7 +899,7 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
   if (j.contains("instructions") && j["instructions"].is_string()) {
     c.instructions = j["instructions"].get<std::string>();
   }
-  if (j.contains("metadata") && j["metadata"].is_object()) c.metadata = j["metadata"].dump();
+  if (j.contains("metadata") && j["metadata"].is_object()) c.metadata = j["metadata"];
   c.max_tokens_given = j.contains("max_output_tokens") && !j["max_output_tokens"].is_null();
   return c;
 }
@@ -962,7 +962,7 @@ json responses_json(const GenerateCall& call, const GenerateResult& r, const std
           {"top_p", call.sampling.top_p},
           {"truncation", "disabled"},
           {"usage", usage},
-          {"metadata", call.metadata.empty() ? json::object() : json::parse(call.metadata)}};
+          {"metadata", call.metadata}};
 }
 
 json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& results,

@@ -88,7 +88,7 @@ struct GenerateCall {
   bool logprob_text = false;
   // The Responses API's: echoed in its answer.
   std::string instructions;
-  std::string metadata;           // the JSON object given, or ""
+  nlohmann::json metadata = nlohmann::json::object();  // the object given, or {}
   bool max_tokens_given = false;  // max_output_tokens was set
   // The served tokenizer (null: none), for the tokens' texts beside their log-probabilities.
   const model::Tokenizer* tokenizer = nullptr;

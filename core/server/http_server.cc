@@ -422,7 +422,6 @@ class Session : public std::enable_shared_from_this<Session> {
       p.result.keep_stop = call_.no_stop_trim;
       const std::vector<int32_t>& ids = call_.prompts[p.prompt];
       if (!ids.empty()) p.result.first_prompt_token = ids[0];
-      p.result.counts_prompt = p.candidate == 0;
     }
     // A prompt's first candidate goes now; its others once it has a token (its prefill done and
     // its pages in the prefix cache, which they then share: one prefill, n decodes).
