@@ -22,15 +22,18 @@ std::string format_value(double v) {
   return fmt::format("{}", v);
 }
 
-// HELP text escapes only backslash and newline (exposition format 0.0.4).
-std::string escape_help(const std::string& help) {
+// HELP text escapes backslash and newline, a label value the double quote as well (exposition
+// format 0.0.4).
+std::string escape_text(const std::string& text, bool label_value) {
   std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && label_value) {
+      out += "\\\"";
     } else {
       out += c;
     }
@@ -189,7 +192,7 @@ std::string Registry::render_prometheus() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   for (const auto& e : entries_) {
-    out += fmt::format("# HELP {} {}\n", e->name, escape_help(e->help));
+    out += fmt::format("# HELP {} {}\n", e->name, escape_text(e->help, /*label_value=*/false));
     switch (e->kind) {
       case Kind::kCounter:
         out += fmt::format("# TYPE {} counter\n{} {}\n", e->name, e->name,
@@ -280,19 +283,9 @@ ServerMetrics::ServerMetrics(Registry& r)
 std::string renamed_exposition(const std::string& exposition, const std::string& from,
                                const std::string& to, const std::string& label_name,
                                const std::string& label_value) {
-  std::string label;
-  if (!label_name.empty()) {
-    label = label_name + "=\"";
-    for (char c : label_value) {
-      if (c == '\\' || c == '"') label += '\\';
-      if (c == '\n') {
-        label += "\\n";
-      } else {
-        label += c;
-      }
-    }
-    label += '"';
-  }
+  const std::string label =
+      label_name.empty() ? ""
+                         : label_name + "=\"" + escape_text(label_value, /*label_value=*/true) + '"';
   std::string out;
   out.reserve(exposition.size() + exposition.size() / 2);
   size_t begin = 0;
