@@ -7,17 +7,19 @@
 
 namespace kvrt::exec {
 
-SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k) {
+SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k, float scale) {
   const auto n = static_cast<int32_t>(logits.size());
+  // A positive scale keeps the order, so the maximum and the top entries are the logits' own.
   float max = -std::numeric_limits<float>::infinity();
   for (float x : logits) max = std::max(max, x);
+  const double smax = static_cast<double>(max) * scale;
   double sum = 0;
   if (std::isfinite(max)) {
-    for (float x : logits) sum += std::exp(static_cast<double>(x) - max);
+    for (float x : logits) sum += std::exp(static_cast<double>(x) * scale - smax);
   }
-  const double lse = static_cast<double>(max) + std::log(sum);
+  const double lse = smax + std::log(sum);
   auto logprob = [&](int32_t i) {
-    const double lp = static_cast<double>(logits[static_cast<size_t>(i)]) - lse;
+    const double lp = static_cast<double>(logits[static_cast<size_t>(i)]) * scale - lse;
     // A masked token (-inf) gets the lowest finite value: the answer's JSON has no -inf.
     if (!std::isfinite(lp)) return std::numeric_limits<float>::lowest();
     return static_cast<float>(std::min(0.0, lp));
@@ -70,9 +72,13 @@ double Sampler::uniform() {
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;  // mt19937_64's output is specified
 }
 
-bool Sampler::reshapes() const {
+bool Sampler::counts_output() const {
   return params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f ||
-         params_.repetition_penalty != 1.0f || !params_.logit_bias.empty() ||
+         params_.repetition_penalty != 1.0f;
+}
+
+bool Sampler::reshapes() const {
+  return counts_output() || !params_.logit_bias.empty() ||
          (params_.min_tokens > generated_ && !stop_ids_.empty());
 }
 
@@ -175,19 +181,11 @@ int32_t Sampler::choose(std::span<const float> logits) {
     return order[keep - 1];
   }();
   if (params_.logprobs >= 0) {
-    if (params_.temperature > 0.0f) {
-      std::vector<float> tempered(logits.begin(), logits.end());
-      for (float& x : tempered) x /= params_.temperature;
-      logprobs_.push_back(logprobs_of(tempered, token, params_.logprobs));
-    } else {
-      logprobs_.push_back(logprobs_of(logits, token, params_.logprobs));
-    }
+    const float scale = params_.temperature > 0.0f ? 1.0f / params_.temperature : 1.0f;
+    logprobs_.push_back(logprobs_of(logits, token, params_.logprobs, scale));
   }
   ++generated_;
-  if (params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f ||
-      params_.repetition_penalty != 1.0f) {
-    ++counts_[token];
-  }
+  if (counts_output()) ++counts_[token];
   return token;
 }
 

@@ -55,9 +55,10 @@ struct SampledLogprobs {
   std::vector<TokenLogprob> top;  // the likeliest first; ties by id
 };
 
-// The log-softmax of `logits` over the whole vocabulary at `id`, and the k largest entries.
-// Infinite logits (-inf: masked tokens) count as probability 0.
-SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k);
+// The log-softmax of `logits` times `scale` (1 / temperature) over the whole vocabulary at
+// `id`, and the k largest entries. Infinite logits (-inf: masked tokens) count as probability 0.
+SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k,
+                            float scale = 1.0f);
 
 class Sampler {
  public:
@@ -86,6 +87,7 @@ class Sampler {
 
  private:
   bool reshapes() const;
+  bool counts_output() const;  // a penalty reads the output's counts
   void reshape(std::span<float> logits) const;
   int32_t choose(std::span<const float> logits);
   double uniform();  // [0, 1), the same on every platform for a seed
