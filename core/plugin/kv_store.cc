@@ -1,6 +1,8 @@
 #include "core/plugin/kv_store.h"
 
 #include <algorithm>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "core/plugin/host.h"
@@ -49,19 +51,36 @@ void complete_layout(const kvrt_kv_geometry& geometry, kvrt_kv_layout* layout) {
 
 namespace {
 
-uint64_t element_bytes(kvrt_dtype dtype) {
+// Bits of one element of a dtype the core knows; 0 for a vendor or unknown code.
+uint32_t known_bits(kvrt_dtype dtype) {
   switch (dtype) {
     case KVRT_DTYPE_F32:
-      return 4;
+      return 32;
     case KVRT_DTYPE_BF16:
     case KVRT_DTYPE_F16:
-      return 2;
+      return 16;
     case KVRT_DTYPE_FP8_E4M3:
     case KVRT_DTYPE_INT8:
-      return 1;
+      return 8;
+    case KVRT_DTYPE_INT4:
+    case KVRT_DTYPE_UINT4:
+      return 4;
     default:
-      return 0;  // a dtype the core does not know: only its base address is checked
+      return 0;
   }
+}
+
+// Bytes of `elements` elements of one head row: by the dtype's bits, else by the store's format
+// (ABI 1.3), else -- an opaque dtype from an older store -- the distance from one head's row to
+// the next as the layout's strides give it. Never 0.
+uint64_t row_bytes(kvrt_dtype dtype, uint32_t format_bits, uint64_t elements,
+                   const kvrt_kv_layout& l, int64_t token_stride, int64_t head_stride) {
+  const uint32_t bits = known_bits(dtype) != 0 ? known_bits(dtype) : format_bits;
+  if (bits != 0) return std::max<uint64_t>((elements * bits + 7) / 8, 1);
+  const uint64_t head = static_cast<uint64_t>(head_stride < 0 ? -head_stride : head_stride);
+  const uint64_t token = static_cast<uint64_t>(token_stride < 0 ? -token_stride : token_stride);
+  if (l.num_kv_heads > 1 && head != 0) return head;
+  return std::max<uint64_t>(token / std::max<uint32_t>(l.num_kv_heads, 1), 1);
 }
 
 // Every address a layout's strides reach for one tensor: from the lowest to one past the highest
@@ -149,6 +168,14 @@ Status KvStore::check_created(uint64_t num_pages, uint64_t expected_page_bytes) 
   for (uint32_t layer = 0; layer < geometry_.num_layers; ++layer) {
     Result<kvrt_kv_layout> l = layout(layer);
     if (!l.ok()) return l.status();
+    if (plugin_->kv_1_3.format != nullptr) {
+      Result<std::optional<kvrt_kv_format>> f = read_format(layer, *l);
+      if (!f.ok()) return f.status();
+      if (layer > 0 && f->has_value() != !formats_.empty()) {
+        return Status::PluginError(who + "format() answers for some layers and not others");
+      }
+      if (f->has_value()) formats_.push_back(**f);
+    }
     const std::string where = who + "layout(" + std::to_string(layer) + ") ";
     auto mismatch = [&](const char* field, uint64_t got, uint64_t want) {
       return Status::PluginError(where + "has " + field + " " + std::to_string(got) +
@@ -203,14 +230,16 @@ Status KvStore::check_reach(uint32_t layer, const kvrt_kv_layout& l) const {
         " bytes over its pages, outside the memory the store allocated "
         "through the host; refusing the store (are its strides right?)");
   };
-  const uint64_t k_elem = element_bytes(l.k_dtype), v_elem = element_bytes(l.v_dtype);
+  const kvrt_kv_format* f = formats_.empty() ? nullptr : &formats_[layer];
   if (Status s = inside("K", l.k_base, l.k_page_stride, l.k_token_stride, l.k_head_stride,
-                        k_elem * l.k_head_dim);
+                        row_bytes(l.k_dtype, f ? f->k_bits : 0, l.k_head_dim, l, l.k_token_stride,
+                                  l.k_head_stride));
       !s.ok()) {
     return s;
   }
   if (Status s = inside("V", l.v_base, l.v_page_stride, l.v_token_stride, l.v_head_stride,
-                        v_elem * (uint64_t{l.v_offset} + l.v_width));
+                        row_bytes(l.v_dtype, f ? f->v_bits : 0, uint64_t{l.v_offset} + l.v_width,
+                                  l, l.v_token_stride, l.v_head_stride));
       !s.ok()) {
     return s;
   }
@@ -233,6 +262,44 @@ Status KvStore::check_reach(uint32_t layer, const kvrt_kv_layout& l) const {
     }
   }
   return Status::Ok();
+}
+
+// A layer's format (ABI 1.3), checked against its layout: element bits that a row can be sized
+// by (and that agree with a known dtype's), a pack order, groups that divide nothing oddly.
+Result<std::optional<kvrt_kv_format>> KvStore::read_format(uint32_t layer,
+                                                            const kvrt_kv_layout& l) const {
+  kvrt_kv_format f{};
+  f.struct_size = sizeof(f);
+  clear_last_error();
+  if (kvrt_status st = plugin_->kv_1_3.format(store_, layer, &f); st != KVRT_OK) {
+    if (st == KVRT_ERR_UNSUPPORTED) {  // no format to give (a wrapper over an older store)
+      clear_last_error();
+      return std::optional<kvrt_kv_format>{};
+    }
+    return failure("format", st);
+  }
+  const std::string where = "plugin " + plugin_->name + ": format(" + std::to_string(layer) + ") ";
+  for (auto [part, dtype, bits] :
+       {std::tuple{"K", l.k_dtype, f.k_bits}, std::tuple{"V", l.v_dtype, f.v_bits}}) {
+    if (bits == 0 || bits > 64) {
+      return Status::PluginError(where + "gives " + part + " " + std::to_string(bits) +
+                                 " bits per element (1..64 expected)");
+    }
+    if (known_bits(dtype) != 0 && known_bits(dtype) != bits) {
+      return Status::PluginError(where + "gives " + part + " " + std::to_string(bits) +
+                                 " bits per element, but its dtype " + sdk::dtype_text(dtype) +
+                                 " has " + std::to_string(known_bits(dtype)));
+    }
+  }
+  if (f.pack_order != KVRT_PACK_LOW_FIRST && f.pack_order != KVRT_PACK_HIGH_FIRST) {
+    return Status::PluginError(where + "has pack order " + std::to_string(f.pack_order) +
+                               " (KVRT_PACK_LOW_FIRST or KVRT_PACK_HIGH_FIRST expected)");
+  }
+  if (f.group_size != 0 && (f.k_bits < 8 || f.v_bits < 8) && f.group_size % 2 != 0) {
+    return Status::PluginError(where + "has scale groups of " + std::to_string(f.group_size) +
+                               " sub-byte elements (a multiple of 2 expected)");
+  }
+  return std::optional<kvrt_kv_format>{f};
 }
 
 Result<kvrt_kv_layout> KvStore::layout(uint32_t layer) const {

@@ -42,14 +42,14 @@ std::string dl_reason(const std::exception& e, const std::string& path) {
   return reason;
 }
 
-// Copies a plugin's table over a zeroed struct of the host's size.
+// Copies a plugin's table over a zeroed struct of the host's size; its struct_size says how
+// much of the copy came from the plugin (no more than the host's size).
 template <class Table>
-Table copy_table(const void* source) {
-  Table table{};
+void copy_table(const void* source, Table* table, uint32_t* struct_size) {
+  *table = Table{};
   uint32_t size = *static_cast<const uint32_t*>(source);
-  std::memcpy(&table, source, std::min<size_t>(size, sizeof(Table)));
-  table.struct_size = size;
-  return table;
+  std::memcpy(table, source, std::min<size_t>(size, sizeof(Table)));
+  *struct_size = std::min<uint32_t>(size, sizeof(Table));
 }
 
 struct Slot {
@@ -76,15 +76,19 @@ std::string check_slots(const std::vector<Slot>& required, const std::vector<Slo
   return "";
 }
 
-std::string validate_kv_table(const void* raw, kvrt_kv_store_api* out) {
+std::string validate_kv_table(const void* raw, kvrt_kv_store_api_1_3* out) {
   constexpr uint32_t kMinimum = offsetof(kvrt_kv_store_api, write) + sizeof(void*);
   uint32_t size = *static_cast<const uint32_t*>(raw);
   if (size < kMinimum) {
     return "KV store table too small: struct_size " + std::to_string(size) + ", at least " +
            std::to_string(kMinimum) + " needed (through 'write')";
   }
-  *out = copy_table<kvrt_kv_store_api>(raw);
-  const kvrt_kv_store_api& t = *out;
+  copy_table(raw, out, &out->base.struct_size);
+  if (out->base.struct_size < sizeof(kvrt_kv_store_api_1_3)) {  // 1.2 or older: no 1.3 part
+    out->format = nullptr;
+    out->base.struct_size = std::min<uint32_t>(size, sizeof(kvrt_kv_store_api));
+  }
+  const kvrt_kv_store_api& t = out->base;
   return check_slots({{"page_bytes", reinterpret_cast<const void*>(t.page_bytes)},
                       {"create", reinterpret_cast<const void*>(t.create)},
                       {"destroy", reinterpret_cast<const void*>(t.destroy)},
@@ -106,7 +110,7 @@ std::string validate_attention_table(const void* raw, kvrt_attention_api* out) {
     return "attention table too small: struct_size " + std::to_string(size) + ", at least " +
            std::to_string(kMinimum) + " needed (through 'run')";
   }
-  *out = copy_table<kvrt_attention_api>(raw);
+  copy_table(raw, out, &out->struct_size);
   const kvrt_attention_api& t = *out;
   return check_slots({{"create", reinterpret_cast<const void*>(t.create)},
                       {"destroy", reinterpret_cast<const void*>(t.destroy)},
@@ -141,6 +145,7 @@ std::string LoadedPlugin::capabilities() const {
     caps.push_back("layout");
     if (kv.gather != nullptr) caps.push_back("gather");
     if (kv.tier_info != nullptr) caps.push_back("tier");
+    if (kv_1_3.format != nullptr) caps.push_back("format");
   } else {
     caps.push_back("paged");
   }
@@ -332,7 +337,7 @@ Result<const LoadedPlugin*> Registry::accept(std::unique_ptr<LoadedPlugin> plugi
 
   std::string invalid;
   if (d.kind == KVRT_PLUGIN_KV_STORE) {
-    invalid = validate_kv_table(d.table, &plugin->kv);
+    invalid = validate_kv_table(d.table, &plugin->kv_1_3);
   } else if (d.kind == KVRT_PLUGIN_ATTENTION) {
     invalid = validate_attention_table(d.table, &plugin->attention);
   } else {

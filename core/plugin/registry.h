@@ -26,14 +26,17 @@ struct LoadedPlugin {
   // The plugin's descriptor copied over a zeroed one of this host's size (an older plugin's
   // shorter descriptor reads as NULL / 0 beyond its struct_size).
   kvrt_plugin_desc desc{};
-  kvrt_kv_store_api kv{};
+  // A store's table as ABI 1.3 extends it (kv_store.h); `kv` is its 1.2 part. kv_1_3.format
+  // is NULL for an older store, whose kv.struct_size says so (kvrt_kv_store_api_1_3_of).
+  kvrt_kv_store_api_1_3 kv_1_3{};
+  kvrt_kv_store_api& kv = kv_1_3.base;
   kvrt_attention_api attention{};
   std::vector<kvrt_option_desc> options;
   std::unique_ptr<PluginHost> host;
 
   kvrt_plugin_kind kind() const { return desc.kind; }
   const kvrt_host_api* host_api() const { return host->api(); }
-  // "layout,gather,tier" for stores (what the table offers); "paged" for attention.
+  // "layout,gather,tier,format" for stores (what the table offers); "paged" for attention.
   std::string capabilities() const;
   std::string input_dtype_names() const;
 };

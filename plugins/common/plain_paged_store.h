@@ -42,6 +42,18 @@ class PlainPagedStore : public sdk::StoreBase {
     return info;
   }
 
+  // (ABI 1.3) Whole elements; gather() only reads, so it may run on several threads. The bound:
+  // f32 holds its input exactly, bf16 within half an ulp (2^-8 of |x|).
+  kvrt_kv_format format(uint32_t) const {
+    kvrt_kv_format f{};
+    f.struct_size = sizeof(f);
+    f.capabilities = KVRT_KV_GATHER_THREAD_SAFE;
+    f.k_bits = f.v_bits = kElemBytes * 8;
+    f.bound_flags = KVRT_BOUND_ELEMENT;
+    f.bound_element_relative = Dtype == KVRT_DTYPE_F32 ? 0.0f : 1.0f / 256;
+    return f;
+  }
+
   kvrt_kv_layout layout(uint32_t layer) const {
     kvrt_kv_layout l = pool_.layout(layer);
     l.k_dtype = l.v_dtype = Dtype;

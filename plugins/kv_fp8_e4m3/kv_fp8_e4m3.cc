@@ -135,6 +135,19 @@ class Fp8Store : public sdk::StoreBase {
     return PagedPool::page_bytes(g, 1, !Fp8Options(config).per_tensor);
   }
 
+  // (ABI 1.3) Bytes of E4M3; gather() only reads. The bound: half an ulp of e4m3 (2^-4 of |x|)
+  // times the scale, and half the subnormal step (2^-10 of the scale) near zero.
+  kvrt_kv_format format(uint32_t) const {
+    kvrt_kv_format f{};
+    f.struct_size = sizeof(f);
+    f.capabilities = KVRT_KV_GATHER_THREAD_SAFE;
+    f.k_bits = f.v_bits = 8;
+    f.bound_flags = KVRT_BOUND_ELEMENT;
+    f.bound_element_relative = 1.0f / 16;
+    f.bound_element_scale_units = 1.0f / 1024;
+    return f;
+  }
+
   kvrt_kv_info info() const {
     kvrt_kv_info info{};
     info.struct_size = sizeof(info);

@@ -435,7 +435,7 @@ class Suite {
     c.sequences = {{300, 1}, {20, 6}};
     bool unsupported = false;
     expect(c, &unsupported);
-    if (unsupported) throw Skip("the plugin does not serve v_head_dim 0 (V is K)");
+    if (unsupported) throw NotApplicable("the plugin does not serve v_head_dim 0 (V is K)");
     // MLA's latent (DeepSeek-V3 / Kimi-K2: 512 + 64; V its first 512 values), decode and a
     // prefill chunk after earlier context, across page boundaries.
     c.num_q_heads = 16;
@@ -444,7 +444,9 @@ class Suite {
     c.page_size = 64;
     c.sequences = {{1, 1}, {129, 1}, {70, 6}};
     expect(c, &unsupported);
-    if (unsupported) throw Skip("the plugin does not serve an MLA latent (V the first 512 of 576)");
+    if (unsupported) {
+      throw NotApplicable("the plugin does not serve an MLA latent (V the first 512 of 576)");
+    }
   }
 
   void bad_arguments();

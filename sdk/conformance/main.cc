@@ -2,7 +2,9 @@
 // against one plugin.
 //   kvrt-conformance --plugin path/to/kv_mine.so [--config kvrt.toml] [--set kv.kv_mine.x=1]
 //   kvrt-conformance --plugin attn_mine.so [--set attention.attn_mine.x=1]
-// Exit status 0 when every property passes (or is skipped as not applicable), 1 otherwise.
+// Exit status 0 when every property passes or does not apply (N/A: the tier suite for a store
+// without a tier); 1 when one fails, or when one applies but could not run (SKIP), unless
+// --allow-skip is given. Skipped properties are listed by name.
 // The results go to stdout; the plugin's log lines and errors to stderr.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -28,6 +30,9 @@ int run(int argc, char** argv) {
   app.add_option("--set", overrides, "override a config key: section.key=value");
   app.add_option("--seed", options.seed, "random seed");
   app.add_option("--threads", options.threads, "threads for the concurrent-write property");
+  bool allow_skip = false;
+  app.add_flag("--allow-skip", allow_skip,
+               "exit 0 although some properties that apply could not run (they are still listed)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvrt-conformance"));
 
@@ -60,14 +65,16 @@ int run(int argc, char** argv) {
   auto results =
       attention ? kvrt::conformance::run_attention_suite(registry, **plugin, options, std::cout)
                 : kvrt::conformance::run_kv_store_suite(registry, **plugin, options, std::cout);
-  int passed = 0, failed = 0, skipped = 0;
-  for (const auto& r : results) {
-    using Outcome = kvrt::conformance::PropertyResult::Outcome;
-    (r.outcome == Outcome::kPass ? passed : r.outcome == Outcome::kFail ? failed : skipped)++;
+  const kvrt::conformance::Tally t = kvrt::conformance::tally(results);
+  std::cout << (*plugin)->name << ": " << t.passed << " passed, " << t.failed << " failed, "
+            << t.skipped << " skipped, " << t.not_applicable << " not applicable\n";
+  if (t.skipped > 0) {
+    std::cout << "skipped (they apply but could not run):";
+    for (const std::string& name : t.skipped_names) std::cout << " " << name;
+    std::cout << (allow_skip ? " -- allowed by --allow-skip\n"
+                             : " -- exit 1 (--allow-skip allows them)\n");
   }
-  std::cout << (*plugin)->name << ": " << passed << " passed, " << failed << " failed, " << skipped
-            << " skipped\n";
-  return failed == 0 ? 0 : 1;
+  return t.failed == 0 && (t.skipped == 0 || allow_skip) ? 0 : 1;
 }
 
 }  // namespace

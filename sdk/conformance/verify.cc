@@ -82,8 +82,12 @@ Status verify_plugins(plugin::Registry& registry, const plugin::LoadedPlugin* st
                                            : run_kv_store_suite(registry, *p, options, log);
     size_t failed = 0;
     const PropertyResult* first = nullptr;
+    // A property that applies but could not run is not a pass either.
     for (const PropertyResult& r : results) {
-      if (r.outcome != PropertyResult::Outcome::kFail) continue;
+      if (r.outcome != PropertyResult::Outcome::kFail &&
+          r.outcome != PropertyResult::Outcome::kSkip) {
+        continue;
+      }
       ++failed;
       if (first == nullptr) first = &r;
     }

@@ -174,7 +174,7 @@ TEST(Loader, LoadsShippedStoresByNameFromThePluginPath) {
   unsetenv("KVRT_PLUGIN_PATH");
   const LoadedPlugin* tiered = *registry.load("kv_host_tiered");
   EXPECT_EQ(tiered->capabilities(), "layout,gather,tier");
-  EXPECT_EQ((*registry.load("kv_bf16_paged"))->capabilities(), "layout,gather");
+  EXPECT_EQ((*registry.load("kv_bf16_paged"))->capabilities(), "layout,gather,format");
   EXPECT_EQ(tiered->input_dtype_names(), "f32,bf16");
 }
 
@@ -199,6 +199,9 @@ TEST(Loader, AnAbi10PluginStillLoads) {
   EXPECT_EQ((*old)->desc.abi_minor, 0u);
   EXPECT_NE((*old)->kv.tier_wait, nullptr);
   EXPECT_EQ((*old)->kv.tier_pages, nullptr);
+  // An older table has no ABI 1.3 part, and says so to whoever is handed it.
+  EXPECT_EQ((*old)->kv_1_3.format, nullptr);
+  EXPECT_EQ(kvrt_kv_store_api_1_3_of(&(*old)->kv), nullptr);
   const kvrt_kv_geometry g = one_layer(8);
   Result<uint64_t> pages = tier_pages(**old, g, nullptr, 100);
   ASSERT_FALSE(pages.ok());

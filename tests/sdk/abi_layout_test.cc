@@ -168,6 +168,55 @@ TEST(AbiLayout, KvStoreApi) {
   PIN(kvrt_kv_store_api, tier_pages, 104);  // ABI 1.1
 }
 
+// ABI 1.3: the store table's new part lives in its own struct, so the 1.2 table above is
+// unchanged (positional initializers of it stay complete).
+TEST(AbiLayout, KvStoreApi13) {
+  PIN_SIZE(kvrt_kv_store_api_1_3, 120);
+  PIN(kvrt_kv_store_api_1_3, base, 0);
+  PIN(kvrt_kv_store_api_1_3, format, 112);
+}
+
+TEST(AbiLayout, KvFormat) {
+  PIN_SIZE(kvrt_kv_format, 72);
+  PIN(kvrt_kv_format, struct_size, 0);
+  PIN(kvrt_kv_format, capabilities, 4);
+  PIN(kvrt_kv_format, k_bits, 8);
+  PIN(kvrt_kv_format, v_bits, 12);
+  PIN(kvrt_kv_format, pack_order, 16);
+  PIN(kvrt_kv_format, group_size, 20);
+  PIN(kvrt_kv_format, scale_group_bytes, 24);
+  PIN(kvrt_kv_format, k_zero_point, 32);
+  PIN(kvrt_kv_format, v_zero_point, 40);
+  PIN(kvrt_kv_format, bound_flags, 48);
+  PIN(kvrt_kv_format, reserved, 52);
+  PIN(kvrt_kv_format, bound_element_relative, 56);
+  PIN(kvrt_kv_format, bound_element_scale_units, 60);
+  PIN(kvrt_kv_format, bound_row_rms_relative, 64);
+  PIN(kvrt_kv_format, bound_row_rms_scale_units, 68);
+}
+
+TEST(AbiLayout, Codes13) {
+  EXPECT_EQ(KVRT_DTYPE_INT4, 6u);
+  EXPECT_EQ(KVRT_DTYPE_UINT4, 7u);
+  EXPECT_EQ(KVRT_DTYPE_VENDOR_FIRST, 0x80000000u);
+  EXPECT_TRUE(KVRT_DTYPE_IS_VENDOR(0x80000001u));
+  EXPECT_FALSE(KVRT_DTYPE_IS_VENDOR(KVRT_DTYPE_INT4));
+  EXPECT_EQ(KVRT_PACK_LOW_FIRST, 0u);
+  EXPECT_EQ(KVRT_PACK_HIGH_FIRST, 1u);
+  EXPECT_EQ(KVRT_KV_GATHER_THREAD_SAFE, 1u);
+  EXPECT_EQ(KVRT_BOUND_ELEMENT, 1u);
+  EXPECT_EQ(KVRT_BOUND_ROW_RMS, 2u);
+}
+
+TEST(AbiLayout, TheTableOfAnOlderStoreHasNo13Part) {
+  kvrt_kv_store_api_1_3 t{};
+  t.base.struct_size = sizeof(kvrt_kv_store_api);
+  EXPECT_EQ(kvrt_kv_store_api_1_3_of(&t.base), nullptr);
+  t.base.struct_size = sizeof(kvrt_kv_store_api_1_3);
+  EXPECT_EQ(kvrt_kv_store_api_1_3_of(&t.base), &t);
+  EXPECT_EQ(kvrt_kv_store_api_1_3_of(nullptr), nullptr);
+}
+
 TEST(AbiLayout, AttentionParams) {
   PIN_SIZE(kvrt_attention_params, 48);
   PIN(kvrt_attention_params, struct_size, 0);
@@ -223,5 +272,7 @@ TEST(AbiLayout, AttentionApi) {
 
 TEST(AbiLayout, Version) {
   EXPECT_EQ(KVRT_ABI_MAJOR, 1u);
-  EXPECT_EQ(KVRT_ABI_MINOR, 2u);  // 1.1: V width and offset, streams, tier_pages; 1.2: device writes
+  // 1.1: V width and offset, streams, tier_pages; 1.2: device writes; 1.3: formats (sub-byte,
+  // vendor codes, groups, zero points, error bounds, gather_thread_safe).
+  EXPECT_EQ(KVRT_ABI_MINOR, 3u);
 }

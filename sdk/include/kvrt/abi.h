@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KVRT_ABI_MAJOR 1u
-#define KVRT_ABI_MINOR 2u
+#define KVRT_ABI_MINOR 3u
 
 #if defined(_WIN32)
 #define KVRT_EXPORT __declspec(dllexport)
@@ -56,7 +56,18 @@ typedef uint32_t kvrt_dtype;
 #define KVRT_DTYPE_F16 3u
 #define KVRT_DTYPE_FP8_E4M3 4u /* OCP E4M3: bias 7, max 448, no infinities, NaN = S.1111.111 */
 #define KVRT_DTYPE_INT8 5u
-#define KVRT_DTYPE_BIT(d) (1u << (d)) /* for dtype masks */
+/* (ABI 1.3) Sub-byte codes, two per byte; a store that publishes them describes the packing,
+ * the scale groups and any zero point in its kvrt_kv_format (kv_store.h). */
+#define KVRT_DTYPE_INT4 6u  /* signed codes -8..7; value = code * scale */
+#define KVRT_DTYPE_UINT4 7u /* unsigned codes 0..15; value = (code - zero_point) * scale */
+/* (ABI 1.3) Codes with the high bit set are private to the plugins that use them: the core
+ * treats such a dtype as opaque (row sizes come from the store's kvrt_kv_format or its
+ * layout's strides, never from the code) and reads the values only through gather(). Pick one
+ * at random in this range to keep clear of other vendors; the shipped plugins name theirs. */
+#define KVRT_DTYPE_VENDOR_FIRST 0x80000000u
+#define KVRT_DTYPE_IS_VENDOR(d) (((d)&KVRT_DTYPE_VENDOR_FIRST) != 0u)
+/* For dtype masks (input_dtypes); only codes below 32 have a bit. */
+#define KVRT_DTYPE_BIT(d) (1u << (d))
 
 /* ---- devices and memory ------------------------------------------------------------------- */
 typedef uint32_t kvrt_device_kind;

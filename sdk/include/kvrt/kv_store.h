@@ -11,8 +11,13 @@
  *
  * Thread-safety: page_bytes is pure and may be called from any thread. For one store, write()
  * may run concurrently from several threads when they write distinct slots; tier callbacks may
- * run concurrently with write/gather on other pages; everything else is called from one thread
- * at a time.
+ * run concurrently with write/gather on other pages; gather() runs on several threads at once
+ * only when the store's format says KVRT_KV_GATHER_THREAD_SAFE (ABI 1.3); everything else is
+ * called from one thread at a time.
+ *
+ * Units: every stride in a struct of ABI 1.3 or later is in bytes and says so in its name
+ * (`_bytes`). Of the older fields, the layout's strides are in bytes and the write's token
+ * strides in elements of the write's dtype; each field's comment names its unit.
  */
 #ifndef KVRT_KV_STORE_H
 #define KVRT_KV_STORE_H
@@ -68,7 +73,10 @@ typedef struct kvrt_kv_info {
  * and its scale (per-token-head) at
  *   (char *)k_scale + p * scale_page_stride + t * scale_token_stride + h * scale_head_stride.
  * A dequantized value is stored_value * scale. Strides are in bytes. Pointers are device
- * pointers for a CUDA device. Valid until the store is destroyed. */
+ * pointers for a CUDA device. Valid until the store is destroyed.
+ * Sub-byte dtypes (ABI 1.3): a head row is packed, element d in byte d * bits / 8 of the row in
+ * the pack order of the store's kvrt_kv_format, which also gives scale groups and zero points.
+ * A vendor dtype's bytes are the store's own: the strides still bound where they lie. */
 typedef struct kvrt_kv_layout {
   uint32_t struct_size;
   kvrt_dtype k_dtype;
@@ -99,7 +107,8 @@ typedef struct kvrt_kv_layout {
 } kvrt_kv_layout;
 
 /* New tokens for one layer. K rows are [num_kv_heads][k_head_dim] elements of `dtype`; row i
- * starts at k + i * k_token_stride elements (0 = dense rows). Same for V. */
+ * starts at k + i * k_token_stride elements (0 = dense rows). Same for V. These two strides are
+ * in elements of `dtype`, not bytes (they index the caller's f32 / bf16 arrays). */
 typedef struct kvrt_kv_write {
   uint32_t struct_size;
   uint32_t layer;
@@ -108,8 +117,8 @@ typedef struct kvrt_kv_write {
   const int64_t *slots; /* [num_tokens] */
   const void *k;
   const void *v; /* NULL when v_head_dim == 0 */
-  int64_t k_token_stride;
-  int64_t v_token_stride;
+  int64_t k_token_stride; /* elements */
+  int64_t v_token_stride; /* elements */
   /* (ABI 1.2) For a store on a CUDA device, where k, v and these are device pointers: the same
    * slots as `slots`, in device memory (uploaded once per step by the core, so a device write
    * path needs no copy of its own), and the stream the write is ordered on (a cudaStream_t; NULL
@@ -218,6 +227,78 @@ typedef struct kvrt_kv_store_api {
   kvrt_status (*tier_pages)(const kvrt_host_api *host, const kvrt_kv_geometry *geometry,
                             const kvrt_config *config, uint64_t device_pages, uint64_t *out_pages);
 } kvrt_kv_store_api;
+
+/* ===== ABI 1.3: what a store's elements mean, how exact they are, what may run in parallel =====
+ *
+ * Backward compatible in binary and in source: kvrt_kv_store_api above keeps its 1.2 layout, so
+ * a 1.2 plugin's table (positional initializers included) stays complete. A 1.3 store's table
+ * is a kvrt_kv_store_api_1_3 whose base.struct_size is sizeof(kvrt_kv_store_api_1_3); the
+ * descriptor's `table` points at it (at `base`). A reader gets the 1.3 part with
+ * kvrt_kv_store_api_1_3_of(), NULL for an older table. Later minors add a new struct the same
+ * way (kvrt_kv_store_api_1_4 starting with a kvrt_kv_store_api_1_3), never fields to this one. */
+
+typedef uint32_t kvrt_pack_order;
+#define KVRT_PACK_LOW_FIRST 0u  /* sub-byte: element 2i of a row in bits 0..3 of byte i */
+#define KVRT_PACK_HIGH_FIRST 1u /* sub-byte: element 2i of a row in bits 4..7 of byte i */
+
+/* kvrt_kv_format.capabilities */
+#define KVRT_KV_GATHER_THREAD_SAFE 1u /* gather() may run on several threads at once (any
+                                       * layers and slots) while no write() runs */
+
+/* kvrt_kv_format.bound_flags: which of the format's error bounds the store guarantees. */
+#define KVRT_BOUND_ELEMENT 1u /* the element bound */
+#define KVRT_BOUND_ROW_RMS 2u /* the row bound */
+
+/* The format of one layer's K and V, beside its layout: how to read the elements and how far a
+ * round trip (write x, read back y, through the layout or gather) may move them. An output
+ * struct: fill it by member (it gains fields at its end in later minors; write_output in the
+ * SDK writes no more than the caller's struct_size). */
+typedef struct kvrt_kv_format {
+  uint32_t struct_size;
+  uint32_t capabilities;       /* KVRT_KV_* bits */
+  uint32_t k_bits;             /* bits per stored K element: 4, 8, 16, 32 (never 0, vendor
+                                * dtypes included: a row holds ceil(dim * bits / 8) bytes) */
+  uint32_t v_bits;             /* the same for V (equal to k_bits when V is in the K row) */
+  kvrt_pack_order pack_order;  /* for k_bits / v_bits below 8 */
+  uint32_t group_size;         /* elements of a head row that share one scale (and zero point),
+                                * from the row's start; 0: the whole row (the layout's
+                                * per-token-head scale). A multiple of 2 for sub-byte codes */
+  int64_t scale_group_bytes;   /* bytes from one group's scale to the next one's; the layout's
+                                * scale strides reach the row's first group. 0 without groups */
+  const float *k_zero_point;   /* NULL: symmetric codes. Else value = (code - zero) * scale, a
+                                * zero point per scale, at the scales' offsets from here */
+  const float *v_zero_point;
+  uint32_t bound_flags;        /* KVRT_BOUND_* */
+  uint32_t reserved;
+  /* Element bound, per element x_i with scale s_i (1 without scales):
+   *   |y_i - x_i| <= bound_element_relative * |x_i| + bound_element_scale_units * s_i.
+   * Row bound, per head row x of K or V, with s the row's scale (the RMS of its groups' scales):
+   *   rms(y - x) <= bound_row_rms_relative * rms(x) + bound_row_rms_scale_units * s.
+   * A store that declares neither is held to rms(y - x) <= 0.2 * rms(x) per row. */
+  float bound_element_relative;
+  float bound_element_scale_units;
+  float bound_row_rms_relative;
+  float bound_row_rms_scale_units;
+} kvrt_kv_format;
+
+typedef struct kvrt_kv_store_api_1_3 {
+  kvrt_kv_store_api base; /* base.struct_size = sizeof(kvrt_kv_store_api_1_3) */
+
+  /* (optional) The format of one layer. KVRT_ERR_OUT_OF_RANGE for a layer >= num_layers;
+   * KVRT_ERR_UNSUPPORTED when the store has none to give (a wrapper over an older store), which
+   * reads as NULL does: the core and the suites assume whole-byte elements of the layout's
+   * (known) dtypes, gather() on one thread at a time, and the default bound. The answer is the
+   * same for every layer but its pointers (zero points). */
+  kvrt_status (*format)(const kvrt_kv_store *store, uint32_t layer, kvrt_kv_format *out);
+} kvrt_kv_store_api_1_3;
+
+/* The 1.3 table behind `api`, or NULL for a table built against 1.2 or older. */
+static inline const kvrt_kv_store_api_1_3 *kvrt_kv_store_api_1_3_of(
+    const kvrt_kv_store_api *api) {
+  return api != NULL && api->struct_size >= sizeof(kvrt_kv_store_api_1_3)
+             ? (const kvrt_kv_store_api_1_3 *)(const void *)api
+             : NULL;
+}
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -15,6 +15,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -55,7 +56,8 @@ class Forwarded : public std::exception {
   kvrt_status status_;
 };
 
-// "f32", "bf16", "f16", "fp8_e4m3", "int8"; "unknown" for a dtype this SDK does not know.
+// "f32", "bf16", "f16", "fp8_e4m3", "int8", "int4", "uint4"; "vendor" for a code of the
+// private range (KVRT_DTYPE_IS_VENDOR); "unknown" for any other. dtype_text() adds the code.
 inline const char* dtype_name(kvrt_dtype dtype) {
   switch (dtype) {
     case KVRT_DTYPE_F32:
@@ -68,9 +70,22 @@ inline const char* dtype_name(kvrt_dtype dtype) {
       return "fp8_e4m3";
     case KVRT_DTYPE_INT8:
       return "int8";
+    case KVRT_DTYPE_INT4:
+      return "int4";
+    case KVRT_DTYPE_UINT4:
+      return "uint4";
     default:
-      return "unknown";
+      return KVRT_DTYPE_IS_VENDOR(dtype) ? "vendor" : "unknown";
   }
+}
+
+// dtype_name() for a known dtype; "vendor 0x80000001" or "unknown 9" otherwise, for messages.
+inline std::string dtype_text(kvrt_dtype dtype) {
+  const std::string name = dtype_name(dtype);
+  if (name != "vendor" && name != "unknown") return name;
+  char code[16];
+  std::snprintf(code, sizeof(code), name == "vendor" ? "0x%08x" : "%u", dtype);
+  return name + " " + code;
 }
 
 // ---- struct_size: readers use min(their size, struct_size) ---------------------------------
@@ -304,12 +319,15 @@ inline kvrt_status null_store(const void* p) {
 //   void tier_wait(uint64_t ticket);
 // optional, with the tier (ABI 1.1): static uint64_t tier_pages(const kvrt_host_api*,
 //   const kvrt_kv_geometry&, ConfigView, uint64_t device_pages);
+// optional (ABI 1.3): kvrt_kv_format format(uint32_t layer) const;
+// The table is a kvrt_kv_store_api_1_3 (see kv_store.h); this returns its base.
 template <class S>
 const kvrt_kv_store_api& kv_store_table() {
   using detail::self;
-  static const kvrt_kv_store_api table = [] {
-    kvrt_kv_store_api t{};
-    t.struct_size = sizeof(kvrt_kv_store_api);
+  static const kvrt_kv_store_api_1_3 table = [] {
+    kvrt_kv_store_api_1_3 table_1_3{};
+    kvrt_kv_store_api& t = table_1_3.base;
+    t.struct_size = sizeof(kvrt_kv_store_api_1_3);
     t.page_bytes = [](const kvrt_host_api* host, const kvrt_kv_geometry* g, const kvrt_config* cfg,
                       uint64_t* out) -> kvrt_status {
       return guard(host, [&] {
@@ -419,9 +437,33 @@ const kvrt_kv_store_api& kv_store_table() {
         };
       }
     }
-    return t;
+    if constexpr (requires(const S& c) {
+                    { c.format(0u) } -> std::convertible_to<kvrt_kv_format>;
+                  }) {
+      table_1_3.format = [](const kvrt_kv_store* s, uint32_t layer,
+                            kvrt_kv_format* out) -> kvrt_status {
+        if (detail::null_store(s) || out == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(self<S>(s)->host(), [&] {
+          self<S>(s)->check_layer(layer);
+          write_output(out, self<S>(s)->format(layer));
+        });
+      };
+    }
+    return table_1_3;
   }();
-  return table;
+  return table.base;
+}
+
+// The format of a store's layer through its table (ABI 1.3), or nullopt when the table has no
+// format() (an older store) or it failed (its message is recorded with the host).
+inline std::optional<kvrt_kv_format> kv_format(const kvrt_kv_store_api* api,
+                                               const kvrt_kv_store* store, uint32_t layer) {
+  const kvrt_kv_store_api_1_3* t = kvrt_kv_store_api_1_3_of(api);
+  if (t == nullptr || t->format == nullptr || store == nullptr) return std::nullopt;
+  kvrt_kv_format f{};
+  f.struct_size = sizeof(f);
+  if (t->format(store, layer, &f) != KVRT_OK) return std::nullopt;
+  return f;
 }
 
 // The body of kvrt_plugin_query: version check, then the plugin's describe() (which may throw;

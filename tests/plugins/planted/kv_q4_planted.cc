@@ -1,0 +1,210 @@
+// kv_q4_planted: a 4-bit KV store of its own format (a vendor dtype: the conformance suite can
+// read it only through gather()), built once correct and once per planted value bug, so the
+// suite's value checks are shown to catch each kind (tests/plugins/CMakeLists.txt):
+//   PLANTED_NONE          correct: symmetric codes -7..7, scale amax / 7 per token and head
+//   PLANTED_NIBBLE_TWICE  gather decodes the low nibble for both elements of a byte
+//   PLANTED_SCALE_25      gather multiplies by a scale 25% too large
+//   PLANTED_ONE_ROW       write puts every head's codes in head 0's row
+//   PLANTED_TRUNCATE      write truncates towards zero instead of rounding
+//   PLANTED_NO_GATHER     no gather(): nothing can read the format, which must fail by name
+// Written against the SDK alone. Layout per layer: codes [slots][heads][dim / 2] for K then V,
+// then scales [slots][heads] for K then V.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kvrt/plugin.hpp"
+
+namespace {
+
+using kvrt::sdk::fail;
+constexpr kvrt_dtype kQ4 = KVRT_DTYPE_VENDOR_FIRST | 0x7134u;  // private code
+
+float input(const kvrt_kv_write& w, const void* src, int64_t at) {
+  if (w.dtype == KVRT_DTYPE_F32) return static_cast<const float*>(src)[at];
+  const uint32_t bits = uint32_t{static_cast<const uint16_t*>(src)[at]} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+class Q4Store : public kvrt::sdk::StoreBase {
+ public:
+  Q4Store(const kvrt_host_api* host, const kvrt_kv_geometry& g, uint64_t num_pages,
+          kvrt::sdk::ConfigView config)
+      : StoreBase(host, g, num_pages),
+        memory_(host, KVRT_MEMORY_DEVICE, num_pages * page_bytes(host, g, config), "q4 pages") {}
+
+  static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry& g,
+                             kvrt::sdk::ConfigView) {
+    if (g.num_layers == 0 || g.num_kv_heads == 0 || g.k_head_dim == 0 || g.page_size == 0) {
+      fail(KVRT_ERR_UNSUPPORTED, "geometry has a zero dimension");
+    }
+    if (g.k_head_dim % 2 != 0 || g.v_head_dim % 2 != 0) {
+      fail(KVRT_ERR_UNSUPPORTED, "head dims must be even (two codes per byte)");
+    }
+    const uint64_t parts = g.v_head_dim ? 2 : 1;
+    return uint64_t{g.num_layers} * g.page_size * g.num_kv_heads *
+           ((g.k_head_dim + g.v_head_dim) / 2 + parts * sizeof(float));
+  }
+
+  kvrt_kv_info info() const {
+    kvrt_kv_info info{};
+    info.struct_size = sizeof(info);
+    info.k_dtype = info.v_dtype = kQ4;
+    info.scale_mode = KVRT_SCALE_PER_TOKEN_HEAD;
+    info.bytes_per_page = memory_.size() / num_pages();
+    info.bytes_per_token = info.bytes_per_page / geometry().page_size;
+    info.num_pages = num_pages();
+    return info;
+  }
+
+  kvrt_kv_layout layout(uint32_t layer) const {
+    const kvrt_kv_geometry& g = geometry();
+    const bool shared = g.v_head_dim == 0;
+    kvrt_kv_layout l{};
+    l.struct_size = sizeof(l);
+    l.k_dtype = l.v_dtype = kQ4;
+    l.scale_mode = KVRT_SCALE_PER_TOKEN_HEAD;
+    l.num_kv_heads = g.num_kv_heads;
+    l.k_head_dim = g.k_head_dim;
+    l.v_head_dim = g.v_head_dim;
+    l.page_size = g.page_size;
+    l.num_pages = num_pages();
+    l.k_base = codes(layer, false);
+    l.k_head_stride = g.k_head_dim / 2;
+    l.k_token_stride = int64_t{g.num_kv_heads} * l.k_head_stride;
+    l.k_page_stride = l.k_token_stride * g.page_size;
+    l.v_base = shared ? l.k_base : codes(layer, true);
+    l.v_head_stride = shared ? l.k_head_stride : g.v_head_dim / 2;
+    l.v_token_stride = int64_t{g.num_kv_heads} * l.v_head_stride;
+    l.v_page_stride = l.v_token_stride * g.page_size;
+    l.k_scale = scales(layer, false);
+    l.v_scale = shared ? l.k_scale : scales(layer, true);
+    l.scale_head_stride = sizeof(float);
+    l.scale_token_stride = sizeof(float) * g.num_kv_heads;
+    l.scale_page_stride = l.scale_token_stride * g.page_size;
+    l.v_width = kvrt::sdk::v_width(g);
+    return l;
+  }
+
+  kvrt_kv_format format(uint32_t) const {
+    kvrt_kv_format f{};
+    f.struct_size = sizeof(f);
+    f.capabilities = KVRT_KV_GATHER_THREAD_SAFE;
+    f.k_bits = f.v_bits = 4;
+    f.pack_order = KVRT_PACK_LOW_FIRST;
+    // Rounding to the nearest code: half a step of the scale per element.
+    f.bound_flags = KVRT_BOUND_ELEMENT;
+    f.bound_element_scale_units = 0.5f;
+    return f;
+  }
+
+  void write(const kvrt_kv_write* w) {
+    check_write(w, KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16));
+    const kvrt_kv_geometry& g = geometry();
+    quantize(*w, w->k, w->k_token_stride, g.k_head_dim, w->layer, false);
+    if (g.v_head_dim) quantize(*w, w->v, w->v_token_stride, g.v_head_dim, w->layer, true);
+  }
+
+#ifndef PLANTED_NO_GATHER
+  void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {
+    const kvrt_kv_geometry& g = geometry();
+    dequantize(layer, false, g.k_head_dim, n, slots, k);
+    if (g.v_head_dim) dequantize(layer, true, g.v_head_dim, n, slots, v);
+  }
+#endif
+
+ private:
+  uint64_t slots() const { return num_pages() * geometry().page_size; }
+  uint64_t layer_bytes() const { return memory_.size() / geometry().num_layers; }
+  uint8_t* codes(uint32_t layer, bool v) const {
+    uint8_t* k = memory_.data() + layer * layer_bytes();
+    return v ? k + slots() * geometry().num_kv_heads * geometry().k_head_dim / 2 : k;
+  }
+  float* scales(uint32_t layer, bool v) const {
+    const kvrt_kv_geometry& g = geometry();
+    auto* k = reinterpret_cast<float*>(codes(layer, false) + slots() * g.num_kv_heads *
+                                                                 (g.k_head_dim + g.v_head_dim) / 2);
+    return v ? k + slots() * g.num_kv_heads : k;
+  }
+
+  void quantize(const kvrt_kv_write& w, const void* src, int64_t stride, uint32_t dim,
+                uint32_t layer, bool v) const {
+    const uint32_t heads = geometry().num_kv_heads;
+    if (stride == 0) stride = int64_t{heads} * dim;
+    for (uint32_t i = 0; i < w.num_tokens; ++i) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        const int64_t at = i * stride + int64_t{h} * dim;
+        float amax = 0;
+        for (uint32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(input(w, src, at + d)));
+        const float scale = amax > 0 ? amax / 7.0f : 1.0f;
+#ifdef PLANTED_ONE_ROW
+        const uint32_t row_head = 0;
+#else
+        const uint32_t row_head = h;
+#endif
+        uint8_t* out = codes(layer, v) + (w.slots[i] * heads + row_head) * (dim / 2);
+        for (uint32_t d = 0; d < dim; d += 2) {
+          int q[2];
+          for (int j = 0; j < 2; ++j) {
+            const float x = input(w, src, at + d + j) / scale;
+#ifdef PLANTED_TRUNCATE
+            q[j] = static_cast<int>(std::clamp(std::trunc(x), -7.0f, 7.0f));
+#else
+            q[j] = static_cast<int>(std::clamp(std::nearbyint(x), -7.0f, 7.0f));
+#endif
+          }
+          out[d / 2] = static_cast<uint8_t>((q[0] & 0xF) | ((q[1] & 0xF) << 4));
+        }
+        scales(layer, v)[w.slots[i] * heads + h] = scale;
+      }
+    }
+  }
+
+  void dequantize(uint32_t layer, bool v, uint32_t dim, uint32_t n, const int64_t* slots,
+                  float* out) const {
+    const uint32_t heads = geometry().num_kv_heads;
+    for (uint32_t i = 0; i < n; ++i) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        float scale = scales(layer, v)[slots[i] * heads + h];
+#ifdef PLANTED_SCALE_25
+        scale *= 1.25f;
+#endif
+        const uint8_t* in = codes(layer, v) + (slots[i] * heads + h) * (dim / 2);
+        for (uint32_t d = 0; d < dim; ++d) {
+#ifdef PLANTED_NIBBLE_TWICE
+          const int nibble = in[d / 2] & 0xF;
+#else
+          const int nibble = d % 2 == 0 ? in[d / 2] & 0xF : in[d / 2] >> 4;
+#endif
+          const int code = nibble >= 8 ? nibble - 16 : nibble;
+          out[(i * heads + h) * dim + d] = static_cast<float>(code) * scale;
+        }
+      }
+    }
+  }
+
+  kvrt::sdk::HostBuffer memory_;
+};
+
+const kvrt_plugin_desc& describe(const kvrt_host_api*) {
+  static const kvrt_plugin_desc desc = {
+      sizeof(kvrt_plugin_desc),
+      KVRT_ABI_MAJOR,
+      KVRT_ABI_MINOR,
+      KVRT_PLUGIN_KV_STORE,
+      PLANTED_NAME,
+      "0.1.0",
+      "test: a 4-bit vendor format, correct or with one planted value bug",
+      &kvrt::sdk::kv_store_table<Q4Store>(),
+      nullptr,
+      0,
+      KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16),
+      nullptr};
+  return desc;
+}
+
+}  // namespace
+
+KVRT_PLUGIN_ENTRY(describe)
