@@ -75,8 +75,10 @@ double memcpy_rate(size_t bytes) {
   return best;
 }
 
+// gathered: attn_cpu reads the store through its gather() (the path of a format it does not read
+// natively): the layouts it is given carry a vendor dtype instead of the store's own.
 void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_name, bool per_tensor,
-               bool paged) {
+               bool paged, bool gathered) {
   const auto context = static_cast<uint32_t>(state.range(0));
   const auto batch = static_cast<uint32_t>(state.range(1));
   // Query rows per sequence: 1 (decode), or the whole context (a causal prefill).
@@ -145,6 +147,7 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   for (uint32_t layer = 0; layer < shape.layers; ++layer) {
     layouts[layer].struct_size = sizeof(kvrt_kv_layout);
     kv.layout(store, layer, &layouts[layer]);
+    if (gathered) layouts[layer].k_dtype = layouts[layer].v_dtype = KVRT_DTYPE_VENDOR_FIRST | 1u;
   }
 
   // The batch: one decode row per sequence over `context` tokens.
@@ -248,24 +251,34 @@ void register_all() {
       const std::string name =
           std::string("decode/") + s.label + (paged ? "/paged" : "/contiguous");
       auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
-                                              std::string(s.name), s.per_tensor, paged);
+                                              std::string(s.name), s.per_tensor, paged, false);
       bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
       for (int64_t context : {1024, 4096, 16384}) {
         for (int64_t batch : {1, 32}) bm->Args({context, batch, 0});
       }
     }
   }
+  // A store read through gather() (kv_bf16_paged's, thread-safe by its format, so on every
+  // thread) against the same store read natively, in the case: batch 64, 2K context.
+  for (bool gathered : {false, true}) {
+    const std::string name =
+        std::string("decode_gather/bf16/") + (gathered ? "gathered" : "native");
+    auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
+                                            std::string("kv_bf16_paged"), false, true, gathered);
+    bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
+    bm->Args({2048, 64, 0});
+  }
   for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
     const std::string name = std::string("decode_synth76m/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kSynth76M, std::string(s.name),
-                                            s.per_tensor, true);
+                                            s.per_tensor, true, false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {1024, 4096}) bm->Args({context, 1, 0});
   }
   for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
     const std::string name = std::string("decode_mla/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kMla, std::string(s.name),
-                                            s.per_tensor, true);
+                                            s.per_tensor, true, false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {4096, 16384}) {
       for (int64_t batch : {1, 16}) bm->Args({context, batch, 0});
@@ -277,7 +290,7 @@ void register_all() {
   for (const auto& [label, shape] : {std::pair{"absorbed", kMla}, std::pair{"expanded", kMlaExpanded}}) {
     const std::string name = std::string("prefill_mla/") + label + "/bf16";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, shape,
-                                            std::string("kv_bf16_paged"), false, true);
+                                            std::string("kv_bf16_paged"), false, true, false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {256, 1024, 4096}) bm->Args({context, 1, 1});
   }

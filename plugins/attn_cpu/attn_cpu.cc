@@ -2,7 +2,8 @@
 //
 // Reads K/V natively through the store's layout when their dtypes are f32, bf16 or FP8 E4M3
 // with no scale, a per-tensor scale or per-token-head scales (the shipped stores' formats), and
-// through the store's gather() otherwise (a third-party format: slower, still correct).
+// through the store's gather() otherwise (a third-party format: slower, still correct; on all
+// of the rank's threads when the store's format says its gather() is thread-safe).
 // v_head_dim 0 in the layout (an MLA latent) means V is in the K row: its first v_width values
 // (the attention's v_head_dim; 0 there means all of K), and the output has that many per head.
 //
@@ -219,10 +220,12 @@ class CpuAttention : public sdk::AttentionBase {
     const auto* items = reinterpret_cast<const WorkItem*>(plan_ + header.items_offset);
     const auto* merges = reinterpret_cast<const Merge*>(plan_ + header.merges_offset);
     // Work items write disjoint rows or partials, so they run in parallel, each thread in its
-    // own scratch. The gather fallback stays serial: the ABI does not make a store's gather()
-    // safe to call from several threads. (The host runs its BLAS single-threaded inside its own
-    // OpenMP threads, so these share one pool with the matrix products.)
-    const int threads = layer.native ? static_cast<int>(header.threads) : 1;
+    // own scratch (the gathered rows included). Through gather() only when the store's format
+    // says KVRT_KV_GATHER_THREAD_SAFE (ABI 1.3); serial otherwise. (The host runs its BLAS
+    // single-threaded inside its own OpenMP threads, so these share one pool with the matrix
+    // products.)
+    const bool parallel = layer.native || layer.parallel_gather;
+    const int threads = parallel ? static_cast<int>(header.threads) : 1;
     bool failed = false;
     kvrt_status status = KVRT_OK;
     std::string message;
@@ -263,6 +266,7 @@ class CpuAttention : public sdk::AttentionBase {
     const kvrt_attention_run_args* args;
     const kvrt_kv_layout* layout;
     bool native;
+    bool parallel_gather;  // gather() may run on several threads (the store's format says so)
     KvElem k_type, v_type;
     float score_scale;  // softmax_scale times a per-tensor K scale
     float out_scale;    // a per-tensor V scale
@@ -486,6 +490,9 @@ class CpuAttention : public sdk::AttentionBase {
       }
     } else {  // gather() gives dequantized f32
       layer.k_type = layer.v_type = KvElem::kF32;
+      const std::optional<kvrt_kv_format> f =
+          sdk::kv_format(args.store_api, args.store, args.layer);
+      layer.parallel_gather = f && (f->capabilities & KVRT_KV_GATHER_THREAD_SAFE) != 0;
     }
     layer.scratch = plan_ + header.scratch_offset;
     return layer;
