@@ -160,6 +160,19 @@ class TieredStore : public sdk::StoreBase {
     return l;
   }
 
+  // (ABI 1.3) The inner store's format: the device pages are its. None (UNSUPPORTED) when the
+  // inner store gives none.
+  kvrt_kv_format format(uint32_t layer) const {
+    const kvrt_kv_store_api_1_3* t = kvrt_kv_store_api_1_3_of(inner_.api);
+    if (t == nullptr || t->format == nullptr) {
+      sdk::fail(KVRT_ERR_UNSUPPORTED, "the inner store gives no format");
+    }
+    kvrt_kv_format f{};
+    f.struct_size = sizeof(f);
+    inner_.check(t->format(store_, layer, &f));
+    return f;
+  }
+
   void write(const kvrt_kv_write* w) { inner_.check(inner_.api->write(store_, w)); }
 
   void gather(uint32_t layer, uint32_t n, const int64_t* slots, float* k, float* v) const {

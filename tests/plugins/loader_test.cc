@@ -173,7 +173,7 @@ TEST(Loader, LoadsShippedStoresByNameFromThePluginPath) {
   }
   unsetenv("KVRT_PLUGIN_PATH");
   const LoadedPlugin* tiered = *registry.load("kv_host_tiered");
-  EXPECT_EQ(tiered->capabilities(), "layout,gather,tier");
+  EXPECT_EQ(tiered->capabilities(), "layout,gather,tier,format");
   EXPECT_EQ((*registry.load("kv_bf16_paged"))->capabilities(), "layout,gather,format");
   EXPECT_EQ(tiered->input_dtype_names(), "f32,bf16");
 }
