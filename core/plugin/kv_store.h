@@ -64,14 +64,6 @@ class KvStore {
   // The layout of each layer as it was checked at create (layer < geometry().num_layers).
   const kvrt_kv_layout& checked_layout(uint32_t layer) const { return checked_[layer]; }
   Status write(const kvrt_kv_write& write);
-  // The format of one layer (ABI 1.3), as checked at create; nullptr for a store without one.
-  const kvrt_kv_format* format(uint32_t layer) const {
-    return formats_.empty() ? nullptr : &formats_[layer];
-  }
-  // Whether gather() may run on several threads at once (the format's capability).
-  bool gather_thread_safe() const {
-    return !formats_.empty() && (formats_[0].capabilities & KVRT_KV_GATHER_THREAD_SAFE) != 0;
-  }
   bool has_gather() const { return plugin_->kv.gather != nullptr; }
   Status gather(uint32_t layer, std::span<const int64_t> slots, float* k_out, float* v_out) const;
 
@@ -97,7 +89,7 @@ class KvStore {
   kvrt_kv_store* store_;
   kvrt_kv_info info_{};
   std::vector<kvrt_kv_layout> checked_;  // per layer, from check_created
-  std::vector<kvrt_kv_format> formats_;  // per layer (ABI 1.3); empty without format()
+  std::vector<kvrt_kv_format> formats_;  // per layer (ABI 1.3), for check_reach; empty without
   std::unique_ptr<StoreTier> tier_;
 };
 

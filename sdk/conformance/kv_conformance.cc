@@ -216,41 +216,6 @@ ScaleAt scale_at(const kvrt_kv_layout& l, bool v_part, int64_t page, int64_t tok
   return at;
 }
 
-HeadRow read_head(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& f, bool v_part,
-                  int64_t slot, uint32_t head) {
-  const int64_t page = slot / l.page_size, token = slot % l.page_size;
-  const bool shared = l.v_head_dim == 0;
-  const kvrt_dtype dtype = v_part ? l.v_dtype : l.k_dtype;
-  const uint32_t dim = (v_part && !shared) ? l.v_head_dim : l.k_head_dim;
-  const uint8_t* base = static_cast<const uint8_t*>(v_part ? l.v_base : l.k_base);
-  const int64_t ps = v_part ? l.v_page_stride : l.k_page_stride;
-  const int64_t ts = v_part ? l.v_token_stride : l.k_token_stride;
-  const int64_t hs = v_part ? l.v_head_stride : l.k_head_stride;
-  HeadRow row;
-  row.stored.resize(dim);
-  row.scales.assign(dim, 1.0f);
-  row.zeros.assign(dim, 0.0f);
-  const uint8_t* p = base + page * ps + token * ts + head * hs;
-  const kvrt_pack_order order = f ? f->pack_order : KVRT_PACK_LOW_FIRST;
-  for (uint32_t d = 0; d < dim; ++d) {
-    row.stored[d] = four_bit(dtype) ? decode_nibble(dtype, p, d, order)
-                                    : decode_element(dtype, p + d * dtype_bytes(dtype));
-  }
-  const ScaleAt at = scale_at(l, v_part, page, token, head);
-  if (at.first == nullptr) return row;
-  const uint32_t group = f && f->group_size != 0 ? f->group_size : dim;
-  const float* zero_base = f ? (v_part ? f->v_zero_point : f->k_zero_point) : nullptr;
-  for (uint32_t d = 0; d < dim; ++d) {
-    const int64_t step = f ? int64_t{d / group} * f->scale_group_bytes : 0;
-    std::memcpy(&row.scales[d], at.first + step, 4);
-    if (zero_base != nullptr) {
-      std::memcpy(&row.zeros[d], reinterpret_cast<const uint8_t*>(zero_base) + at.offset + step,
-                  4);
-    }
-  }
-  return row;
-}
-
 // The scale of each element of a head row as the bound counts it (1 without scales), for
 // layouts the suite cannot decode too: scales are the layout's whatever the dtype.
 std::vector<float> row_scales(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& f,
@@ -264,6 +229,40 @@ std::vector<float> row_scales(const kvrt_kv_layout& l, const std::optional<kvrt_
   }
   return scales;
 }
+
+HeadRow read_head(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& f, bool v_part,
+                  int64_t slot, uint32_t head) {
+  const int64_t page = slot / l.page_size, token = slot % l.page_size;
+  const bool shared = l.v_head_dim == 0;
+  const kvrt_dtype dtype = v_part ? l.v_dtype : l.k_dtype;
+  const uint32_t dim = (v_part && !shared) ? l.v_head_dim : l.k_head_dim;
+  const uint8_t* base = static_cast<const uint8_t*>(v_part ? l.v_base : l.k_base);
+  const int64_t ps = v_part ? l.v_page_stride : l.k_page_stride;
+  const int64_t ts = v_part ? l.v_token_stride : l.k_token_stride;
+  const int64_t hs = v_part ? l.v_head_stride : l.k_head_stride;
+  HeadRow row;
+  row.stored.resize(dim);
+  row.zeros.assign(dim, 0.0f);
+  const uint8_t* p = base + page * ps + token * ts + head * hs;
+  const kvrt_pack_order order = f ? f->pack_order : KVRT_PACK_LOW_FIRST;
+  for (uint32_t d = 0; d < dim; ++d) {
+    row.stored[d] = four_bit(dtype) ? decode_nibble(dtype, p, d, order)
+                                    : decode_element(dtype, p + d * dtype_bytes(dtype));
+  }
+  row.scales = row_scales(l, f, v_part, slot, head, dim);
+  const float* zero_base = f ? (v_part ? f->v_zero_point : f->k_zero_point) : nullptr;
+  const ScaleAt at = scale_at(l, v_part, page, token, head);
+  if (at.first == nullptr || zero_base == nullptr) return row;
+  const uint32_t group = f->group_size != 0 ? f->group_size : dim;  // zero points: as the scales
+  for (uint32_t d = 0; d < dim; ++d) {
+    std::memcpy(&row.zeros[d],
+                reinterpret_cast<const uint8_t*>(zero_base) + at.offset +
+                    int64_t{d / group} * f->scale_group_bytes,
+                4);
+  }
+  return row;
+}
+
 
 uint16_t to_bf16(float f) {  // round to nearest even; inputs here are finite
   uint32_t bits;
