@@ -47,32 +47,14 @@ class Int8Store : public kvrt::sdk::StoreBase {
     return info;
   }
 
+  // Per layer: K codes [slot][head][k_head_dim], V codes likewise, then the K and V scales
+  // [slot][head] (kvrt::sdk::slot_major_layout gives the strides).
   kvrt_kv_layout layout(uint32_t layer) const {
     const kvrt_kv_geometry& g = geometry();
-    const bool shared = g.v_head_dim == 0;
-    kvrt_kv_layout l{};
-    l.struct_size = sizeof(l);
-    l.k_dtype = l.v_dtype = KVRT_DTYPE_INT8;
-    l.scale_mode = KVRT_SCALE_PER_TOKEN_HEAD;
-    l.num_kv_heads = g.num_kv_heads;
-    l.k_head_dim = g.k_head_dim;
-    l.v_head_dim = g.v_head_dim;
-    l.page_size = g.page_size;
-    l.num_pages = num_pages();
-    l.k_base = k_codes(layer);
-    l.k_head_stride = g.k_head_dim;
-    l.k_token_stride = int64_t{g.num_kv_heads} * g.k_head_dim;
-    l.k_page_stride = l.k_token_stride * g.page_size;
-    l.v_base = shared ? l.k_base : v_codes(layer);
-    l.v_head_stride = shared ? l.k_head_stride : g.v_head_dim;
-    l.v_token_stride = shared ? l.k_token_stride : int64_t{g.num_kv_heads} * g.v_head_dim;
-    l.v_page_stride = l.v_token_stride * g.page_size;
-    l.k_scale = k_scales(layer);
-    l.v_scale = shared ? l.k_scale : v_scales(layer);
-    l.scale_head_stride = sizeof(float);
-    l.scale_token_stride = sizeof(float) * g.num_kv_heads;
-    l.scale_page_stride = l.scale_token_stride * g.page_size;
-    return l;
+    return kvrt::sdk::slot_major_layout(
+        g, num_pages(),
+        {KVRT_DTYPE_INT8, KVRT_SCALE_PER_TOKEN_HEAD, k_codes(layer), g.k_head_dim, v_codes(layer),
+         g.v_head_dim, k_scales(layer), v_scales(layer)});
   }
 
   void write(const kvrt_kv_write* w) {

@@ -103,6 +103,54 @@ inline uint32_t v_width(const kvrt_kv_geometry& g) {
   return g.v_width != 0 ? g.v_width : (g.v_head_dim != 0 ? g.v_head_dim : g.k_head_dim);
 }
 
+// Where one layer of a slot-major store lies: K rows of k_row_bytes per head, [slot][head],
+// from k; V likewise from v (ignored when V shares K's rows, v_head_dim 0); with
+// KVRT_SCALE_PER_TOKEN_HEAD, one float per (slot, head) from k_scale and v_scale.
+struct SlotRows {
+  kvrt_dtype dtype;
+  kvrt_scale_mode scale_mode;
+  void* k;
+  int64_t k_row_bytes;
+  void* v;
+  int64_t v_row_bytes;
+  float* k_scale;
+  float* v_scale;
+};
+
+// The layout of such a layer (slot s is token s % page_size of page s / page_size, so pages are
+// page_size slots apart).
+inline kvrt_kv_layout slot_major_layout(const kvrt_kv_geometry& g, uint64_t num_pages,
+                                        const SlotRows& rows) {
+  const bool shared = g.v_head_dim == 0;
+  kvrt_kv_layout l{};
+  l.struct_size = sizeof(l);
+  l.k_dtype = l.v_dtype = rows.dtype;
+  l.scale_mode = rows.scale_mode;
+  l.num_kv_heads = g.num_kv_heads;
+  l.k_head_dim = g.k_head_dim;
+  l.v_head_dim = g.v_head_dim;
+  l.page_size = g.page_size;
+  l.num_pages = num_pages;
+  l.k_base = rows.k;
+  l.k_head_stride = rows.k_row_bytes;
+  l.k_token_stride = int64_t{g.num_kv_heads} * l.k_head_stride;
+  l.k_page_stride = l.k_token_stride * g.page_size;
+  l.v_base = shared ? rows.k : rows.v;
+  l.v_head_stride = shared ? rows.k_row_bytes : rows.v_row_bytes;
+  l.v_token_stride = int64_t{g.num_kv_heads} * l.v_head_stride;
+  l.v_page_stride = l.v_token_stride * g.page_size;
+  if (rows.scale_mode == KVRT_SCALE_PER_TOKEN_HEAD) {
+    l.k_scale = rows.k_scale;
+    l.v_scale = shared ? rows.k_scale : rows.v_scale;
+    l.scale_head_stride = sizeof(float);
+    l.scale_token_stride = int64_t{sizeof(float)} * g.num_kv_heads;
+    l.scale_page_stride = l.scale_token_stride * g.page_size;
+  }
+  l.v_width = v_width(g);
+  l.v_offset = g.v_offset;
+  return l;
+}
+
 // Copies a host's input struct over a zeroed one of this plugin's size.
 template <class T>
 T read_input(const T* in, uint32_t minimum_size, const char* name) {
