@@ -105,10 +105,10 @@ test-tsan: deps
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
 	  engine_test stories260k_test stories260k_scheduler_test tiny_deepseek_v3_test kv_bf16_paged \
-	  kv_fp8_e4m3 kv_f32_paged kv_host_tiered attn_cpu file_test server_test hf_tokenizer_test
+	  kv_fp8_e4m3 kv_f32_paged kv_int4 kv_host_tiered attn_cpu file_test server_test hf_tokenizer_test
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|f32|fp8|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest|HfTokenizerReference)'
+	  -R '^(conformance\.kv_(bf16|f32|fp8|int4|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest|HfTokenizerReference)'
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan, each run for FUZZ_SECONDS.
 fuzz-build:
@@ -126,6 +126,7 @@ fuzz-long: fuzz-build
 
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true
+	./$(BUILD)/bin/attention_bench --benchmark_filter=decode_gather --benchmark_counters_tabular=true
 	KVRT_SOURCE_DIR=. ./$(BUILD)/bin/tokenizer_bench --benchmark_counters_tabular=true
 
 install: build

@@ -75,10 +75,11 @@ double memcpy_rate(size_t bytes) {
   return best;
 }
 
-// gathered: attn_cpu reads the store through its gather() (the path of a format it does not read
-// natively): the layouts it is given carry a vendor dtype instead of the store's own.
-void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_name, bool per_tensor,
-               bool paged, bool gathered) {
+// option: "" or one "key=value" of the store's (a string). gathered: attn_cpu reads the store
+// through its gather() (the path of a format it does not read natively): the layouts it is given
+// carry a vendor dtype instead of the store's own.
+void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_name,
+               const std::string& option, bool paged, bool gathered) {
   const auto context = static_cast<uint32_t>(state.range(0));
   const auto batch = static_cast<uint32_t>(state.range(1));
   // Query rows per sequence: 1 (decode), or the whole context (a causal prefill).
@@ -92,7 +93,9 @@ void BM_Decode(benchmark::State& state, Shape shape, const std::string& store_na
   const kvrt_kv_store_api& kv = (*store_plugin)->kv;
   const kvrt_attention_api& api = (*attn_plugin)->attention;
   toml::table config;
-  if (per_tensor) config.insert("scale_mode", "per_tensor");
+  if (const size_t eq = option.find('='); eq != std::string::npos) {
+    config.insert(option.substr(0, eq), option.substr(eq + 1));
+  }
 
   // The store: exactly the batch's pages.
   const uint32_t pages_per_seq = context / kPageSize;
@@ -243,15 +246,16 @@ void register_all() {
   struct Store {
     const char* label;
     const char* name;
-    bool per_tensor;
+    const char* option;
   };
-  for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false},
-                  Store{"fp8_per_tensor", "kv_fp8_e4m3", true}}) {
+  for (Store s : {Store{"bf16", "kv_bf16_paged", ""}, Store{"fp8", "kv_fp8_e4m3", ""},
+                  Store{"fp8_per_tensor", "kv_fp8_e4m3", "scale_mode=per_tensor"}}) {
     for (bool paged : {true, false}) {
       const std::string name =
           std::string("decode/") + s.label + (paged ? "/paged" : "/contiguous");
       auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
-                                              std::string(s.name), s.per_tensor, paged, false);
+                                              std::string(s.name), std::string(s.option), paged,
+                                              false);
       bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
       for (int64_t context : {1024, 4096, 16384}) {
         for (int64_t batch : {1, 32}) bm->Args({context, batch, 0});
@@ -259,26 +263,35 @@ void register_all() {
     }
   }
   // A store read through gather() (kv_bf16_paged's, thread-safe by its format, so on every
-  // thread) against the same store read natively, in the case: batch 64, 2K context.
-  for (bool gathered : {false, true}) {
-    const std::string name =
-        std::string("decode_gather/bf16/") + (gathered ? "gathered" : "native");
-    auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kLlama8B,
-                                            std::string("kv_bf16_paged"), false, true, gathered);
+  // thread) against the same store read natively, in the case: batch 64, 2K context;
+  // and kv_int4, which attn_cpu reads only through gather(), plain and rotated.
+  struct Gathered {
+    const char* name;
+    const char* store;
+    const char* option;
+    bool gathered;
+  };
+  for (Gathered c : {Gathered{"decode_gather/bf16/native", "kv_bf16_paged", "", false},
+                     Gathered{"decode_gather/bf16/gathered", "kv_bf16_paged", "", true},
+                     Gathered{"decode_gather/int4/gathered", "kv_int4", "", false},
+                     Gathered{"decode_gather/int4_hadamard/gathered", "kv_int4",
+                              "rotation=hadamard", false}}) {
+    auto* bm = benchmark::RegisterBenchmark(c.name, BM_Decode, kLlama8B, std::string(c.store),
+                                            std::string(c.option), true, c.gathered);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     bm->Args({2048, 64, 0});
   }
-  for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
+  for (Store s : {Store{"bf16", "kv_bf16_paged", ""}, Store{"fp8", "kv_fp8_e4m3", ""}}) {
     const std::string name = std::string("decode_synth76m/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kSynth76M, std::string(s.name),
-                                            s.per_tensor, true, false);
+                                            std::string(s.option), true, false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {1024, 4096}) bm->Args({context, 1, 0});
   }
-  for (Store s : {Store{"bf16", "kv_bf16_paged", false}, Store{"fp8", "kv_fp8_e4m3", false}}) {
+  for (Store s : {Store{"bf16", "kv_bf16_paged", ""}, Store{"fp8", "kv_fp8_e4m3", ""}}) {
     const std::string name = std::string("decode_mla/") + s.label + "/paged";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, kMla, std::string(s.name),
-                                            s.per_tensor, true, false);
+                                            std::string(s.option), true, false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {4096, 16384}) {
       for (int64_t batch : {1, 16}) bm->Args({context, batch, 0});
@@ -290,7 +303,8 @@ void register_all() {
   for (const auto& [label, shape] : {std::pair{"absorbed", kMla}, std::pair{"expanded", kMlaExpanded}}) {
     const std::string name = std::string("prefill_mla/") + label + "/bf16";
     auto* bm = benchmark::RegisterBenchmark(name.c_str(), BM_Decode, shape,
-                                            std::string("kv_bf16_paged"), false, true, false);
+                                            std::string("kv_bf16_paged"), std::string(), true,
+                                            false);
     bm->ArgNames({"ctx", "batch", "prefill"})->UseRealTime()->Unit(benchmark::kMillisecond);
     for (int64_t context : {256, 1024, 4096}) bm->Args({context, 1, 1});
   }

@@ -154,7 +154,7 @@ void BM_Gather(benchmark::State& state, const std::string& name) {
 }
 
 void register_all() {
-  for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_host_tiered"}) {
+  for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_int4", "kv_host_tiered"}) {
     for (auto [dtype, dname] :
          {std::pair{KVRT_DTYPE_F32, "f32"}, std::pair{KVRT_DTYPE_BF16, "bf16"}}) {
       benchmark::RegisterBenchmark((std::string("write/") + store + "/" + dname).c_str(), BM_Write,

@@ -504,7 +504,7 @@ int run_eval(const std::string& path, const std::vector<std::string>& overrides,
   options.progress = isatty(STDERR_FILENO) != 0;
   const std::string stores = args.stores.empty()
                                  ? "kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
-                                   "kv_fp8_e4m3:scale_mode=per_tensor"
+                                   "kv_fp8_e4m3:scale_mode=per_tensor,kv_int4"
                                  : args.stores;
   for (size_t from = 0; from <= stores.size();) {
     size_t end = stores.find(',', from);
@@ -704,7 +704,7 @@ int run_command_line(int argc, char** argv) {
   eval_cmd->add_option("--stores", eval_args.stores,
                        "STORE[:key=value...],... to compare; the first is the reference "
                        "(default kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
-                       "kv_fp8_e4m3:scale_mode=per_tensor)");
+                       "kv_fp8_e4m3:scale_mode=per_tensor,kv_int4)");
   eval_cmd->add_option("--ctx", eval_args.ctx, "tokens per window (default: the model's context)");
   eval_cmd->add_option("--json-out", eval_args.json_out, "write every figure as JSON");
   eval_cmd->add_option("--calibrate", eval_args.calibrate,

@@ -53,8 +53,10 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
                                  " has no gather() to fall back on");
     }
     if (rank == 0) {
-      spdlog::warn("{}; attention reads {} through its gather() (slow path)", native.message(),
-                   store_->name());
+      spdlog::warn(
+          "{}; attention reads {} through its gather(), which decodes every cached token at every "
+          "layer (docs/writing-a-kv-store.md: what that costs)",
+          native.message(), store_->name());
     }
   }
   return Status::Ok();

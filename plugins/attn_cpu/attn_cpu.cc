@@ -421,7 +421,7 @@ class CpuAttention : public sdk::AttentionBase {
   static std::string not_native(const kvrt_kv_layout& l) {
     for (auto [part, dtype] : {std::pair{"K", l.k_dtype}, std::pair{"V", l.v_dtype}}) {
       if (!native_dtype(dtype)) {
-        return std::string(part) + " dtype " + dtype_name(dtype) +
+        return std::string(part) + " dtype " + sdk::dtype_text(dtype) +
                " is not read natively (f32, bf16 and fp8_e4m3 are); run() will use the "
                "store's gather()";
       }

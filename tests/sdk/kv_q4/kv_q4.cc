@@ -1,17 +1,22 @@
-// kv_q4_planted: a 4-bit KV store of its own format (a vendor dtype: the conformance suite can
-// read it only through gather()), built once correct and once per planted value bug, so the
-// suite's value checks are shown to catch each kind (tests/plugins/CMakeLists.txt):
-//   PLANTED_NONE          correct: symmetric codes -7..7, scale amax / 7 per token and head
+// kv_q4: a 4-bit KV store of its own format, as a user would write one out of tree: each head
+// row rotated by a block Walsh-Hadamard transform (blocks of 8), then symmetric codes -7..7 with
+// a scale amax / 7 per token and head. A vendor dtype: the conformance suite can read it only
+// through gather(). Built once correct and once per planted value bug, so the suite's value
+// checks are shown to catch each kind (tests/sdk/kv_q4/CMakeLists.txt against an installed SDK,
+// tests/plugins/CMakeLists.txt in tree, under the sanitizers):
+//   PLANTED_NONE          correct
 //   PLANTED_NIBBLE_TWICE  gather decodes the low nibble for both elements of a byte
 //   PLANTED_SCALE_25      gather multiplies by a scale 25% too large
 //   PLANTED_ONE_ROW       write puts every head's codes in head 0's row
 //   PLANTED_TRUNCATE      write truncates towards zero instead of rounding
+//   PLANTED_NO_INVERSE    gather does not undo the rotation
 //   PLANTED_NO_GATHER     no gather(): nothing can read the format, which must fail by name
 // Written against the SDK alone. Layout per layer: codes [slots][heads][dim / 2] for K then V,
 // then scales [slots][heads] for K then V.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "kvrt/plugin.hpp"
 
@@ -19,6 +24,23 @@ namespace {
 
 using kvrt::sdk::fail;
 constexpr kvrt_dtype kQ4 = KVRT_DTYPE_VENDOR_FIRST | 0x7134u;  // private code
+constexpr uint32_t kBlock = 8;                                 // the rotation's block
+
+// x <- H x / sqrt(8) over each block of 8 (the fast Walsh-Hadamard transform). H is symmetric
+// and orthonormal once scaled: the same call undoes it.
+void rotate(float* x, uint32_t dim) {
+  for (uint32_t b = 0; b < dim; b += kBlock) {
+    for (uint32_t half = 1; half < kBlock; half *= 2) {
+      for (uint32_t i = b; i < b + kBlock; i += 2 * half) {
+        for (uint32_t j = i; j < i + half; ++j) {
+          const float a = x[j], c = x[j + half];
+          x[j] = a + c, x[j + half] = a - c;
+        }
+      }
+    }
+    for (uint32_t j = b; j < b + kBlock; ++j) x[j] *= 0.35355339f;  // 1 / sqrt(8)
+  }
+}
 
 float input(const kvrt_kv_write& w, const void* src, int64_t at) {
   if (w.dtype == KVRT_DTYPE_F32) return static_cast<const float*>(src)[at];
@@ -40,8 +62,8 @@ class Q4Store : public kvrt::sdk::StoreBase {
     if (g.num_layers == 0 || g.num_kv_heads == 0 || g.k_head_dim == 0 || g.page_size == 0) {
       fail(KVRT_ERR_UNSUPPORTED, "geometry has a zero dimension");
     }
-    if (g.k_head_dim % 2 != 0 || g.v_head_dim % 2 != 0) {
-      fail(KVRT_ERR_UNSUPPORTED, "head dims must be even (two codes per byte)");
+    if (g.k_head_dim % kBlock != 0 || g.v_head_dim % kBlock != 0) {
+      fail(KVRT_ERR_UNSUPPORTED, "head dims must be multiples of 8 (the rotation's block)");
     }
     const uint64_t parts = g.v_head_dim ? 2 : 1;
     return uint64_t{g.num_layers} * g.page_size * g.num_kv_heads *
@@ -61,31 +83,10 @@ class Q4Store : public kvrt::sdk::StoreBase {
 
   kvrt_kv_layout layout(uint32_t layer) const {
     const kvrt_kv_geometry& g = geometry();
-    const bool shared = g.v_head_dim == 0;
-    kvrt_kv_layout l{};
-    l.struct_size = sizeof(l);
-    l.k_dtype = l.v_dtype = kQ4;
-    l.scale_mode = KVRT_SCALE_PER_TOKEN_HEAD;
-    l.num_kv_heads = g.num_kv_heads;
-    l.k_head_dim = g.k_head_dim;
-    l.v_head_dim = g.v_head_dim;
-    l.page_size = g.page_size;
-    l.num_pages = num_pages();
-    l.k_base = codes(layer, false);
-    l.k_head_stride = g.k_head_dim / 2;
-    l.k_token_stride = int64_t{g.num_kv_heads} * l.k_head_stride;
-    l.k_page_stride = l.k_token_stride * g.page_size;
-    l.v_base = shared ? l.k_base : codes(layer, true);
-    l.v_head_stride = shared ? l.k_head_stride : g.v_head_dim / 2;
-    l.v_token_stride = int64_t{g.num_kv_heads} * l.v_head_stride;
-    l.v_page_stride = l.v_token_stride * g.page_size;
-    l.k_scale = scales(layer, false);
-    l.v_scale = shared ? l.k_scale : scales(layer, true);
-    l.scale_head_stride = sizeof(float);
-    l.scale_token_stride = sizeof(float) * g.num_kv_heads;
-    l.scale_page_stride = l.scale_token_stride * g.page_size;
-    l.v_width = kvrt::sdk::v_width(g);
-    return l;
+    return kvrt::sdk::slot_major_layout(
+        g, num_pages(),
+        {kQ4, KVRT_SCALE_PER_TOKEN_HEAD, codes(layer, false), g.k_head_dim / 2, codes(layer, true),
+         g.v_head_dim / 2, scales(layer, false), scales(layer, true)});
   }
 
   kvrt_kv_format format(uint32_t) const {
@@ -94,9 +95,11 @@ class Q4Store : public kvrt::sdk::StoreBase {
     f.capabilities = KVRT_KV_GATHER_THREAD_SAFE;
     f.k_bits = f.v_bits = 4;
     f.pack_order = KVRT_PACK_LOW_FIRST;
-    // Rounding to the nearest code: half a step of the scale per element.
-    f.bound_flags = KVRT_BOUND_ELEMENT;
-    f.bound_element_scale_units = 0.5f;
+    // Rounding to the nearest code: half a step of the scale per element of the rotated row, so
+    // half a step of RMS over the row once rotated back (and a little for the f32 arithmetic).
+    f.bound_flags = KVRT_BOUND_ROW_RMS;
+    f.bound_row_rms_scale_units = 0.5f;
+    f.bound_row_rms_relative = 1e-6f;
     return f;
   }
 
@@ -133,11 +136,14 @@ class Q4Store : public kvrt::sdk::StoreBase {
                 uint32_t layer, bool v) const {
     const uint32_t heads = geometry().num_kv_heads;
     if (stride == 0) stride = int64_t{heads} * dim;
+    std::vector<float> row(dim);
     for (uint32_t i = 0; i < w.num_tokens; ++i) {
       for (uint32_t h = 0; h < heads; ++h) {
         const int64_t at = i * stride + int64_t{h} * dim;
+        for (uint32_t d = 0; d < dim; ++d) row[d] = input(w, src, at + d);
+        rotate(row.data(), dim);
         float amax = 0;
-        for (uint32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(input(w, src, at + d)));
+        for (uint32_t d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(row[d]));
         const float scale = amax > 0 ? amax / 7.0f : 1.0f;
 #ifdef PLANTED_ONE_ROW
         const uint32_t row_head = 0;
@@ -148,7 +154,7 @@ class Q4Store : public kvrt::sdk::StoreBase {
         for (uint32_t d = 0; d < dim; d += 2) {
           int q[2];
           for (int j = 0; j < 2; ++j) {
-            const float x = input(w, src, at + d + j) / scale;
+            const float x = row[d + j] / scale;
 #ifdef PLANTED_TRUNCATE
             q[j] = static_cast<int>(std::clamp(std::trunc(x), -7.0f, 7.0f));
 #else
@@ -181,6 +187,9 @@ class Q4Store : public kvrt::sdk::StoreBase {
           const int code = nibble >= 8 ? nibble - 16 : nibble;
           out[(i * heads + h) * dim + d] = static_cast<float>(code) * scale;
         }
+#ifndef PLANTED_NO_INVERSE
+        rotate(out + (i * heads + h) * dim, dim);
+#endif
       }
     }
   }
