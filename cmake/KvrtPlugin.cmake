@@ -3,7 +3,8 @@
 function(kvrt_add_plugin name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBRARIES" ${ARGN})
   add_library(${name} MODULE ${ARG_SOURCES})
-  set_target_properties(${name} PROPERTIES PREFIX "" CXX_VISIBILITY_PRESET hidden
+  set_target_properties(${name} PROPERTIES PREFIX "" C_VISIBILITY_PRESET hidden
+                                           CXX_VISIBILITY_PRESET hidden
                                            VISIBILITY_INLINES_HIDDEN ON)
   if(TARGET kvrt::sdk)
     target_link_libraries(${name} PRIVATE kvrt::sdk ${ARG_LIBRARIES})
