@@ -37,12 +37,7 @@ class PagedPool {
   }
 
   static void check_geometry(const kvrt_kv_geometry& g) {
-    const char* zero = g.num_layers == 0     ? "num_layers"
-                       : g.num_kv_heads == 0 ? "num_kv_heads"
-                       : g.k_head_dim == 0   ? "k_head_dim"
-                       : g.page_size == 0    ? "page_size"
-                                             : nullptr;
-    if (zero != nullptr) sdk::fail(KVRT_ERR_UNSUPPORTED, std::string("geometry ") + zero + " is 0");
+    sdk::check_geometry(g);
     device::check_served(g);
   }
 

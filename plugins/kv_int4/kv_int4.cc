@@ -40,9 +40,7 @@ struct Int4Options {
   size_t block = 0;  // Hadamard block; 0: no rotation
 
   Int4Options(const sdk::ConfigView& config, const kvrt_kv_geometry& g) {
-    if (g.num_layers == 0 || g.num_kv_heads == 0 || g.k_head_dim == 0 || g.page_size == 0) {
-      sdk::fail(KVRT_ERR_UNSUPPORTED, "geometry has a zero dimension");
-    }
+    sdk::check_geometry(g);
     if (g.k_head_dim % 2 != 0 || g.v_head_dim % 2 != 0) {
       sdk::fail(KVRT_ERR_UNSUPPORTED,
                 "head dims must be even (two 4-bit codes per byte), found K " +

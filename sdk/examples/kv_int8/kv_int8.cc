@@ -28,9 +28,7 @@ class Int8Store : public kvrt::sdk::StoreBase {
 
   static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry& g,
                              kvrt::sdk::ConfigView) {
-    if (g.num_layers == 0 || g.num_kv_heads == 0 || g.k_head_dim == 0 || g.page_size == 0) {
-      fail(KVRT_ERR_UNSUPPORTED, "geometry has a zero dimension");
-    }
+    kvrt::sdk::check_geometry(g);
     const uint64_t parts = g.v_head_dim ? 2 : 1;
     return uint64_t{g.num_layers} * g.page_size * g.num_kv_heads *
            (g.k_head_dim + g.v_head_dim + parts * sizeof(float));

@@ -103,6 +103,17 @@ inline uint32_t v_width(const kvrt_kv_geometry& g) {
   return g.v_width != 0 ? g.v_width : (g.v_head_dim != 0 ? g.v_head_dim : g.k_head_dim);
 }
 
+// What page_bytes() owes the core for a geometry no store can hold: KVRT_ERR_UNSUPPORTED, naming
+// the field, when a dimension is 0 (V's may be: V shares K's rows).
+inline void check_geometry(const kvrt_kv_geometry& g) {
+  const char* zero = g.num_layers == 0     ? "num_layers"
+                     : g.num_kv_heads == 0 ? "num_kv_heads"
+                     : g.k_head_dim == 0   ? "k_head_dim"
+                     : g.page_size == 0    ? "page_size"
+                                           : nullptr;
+  if (zero != nullptr) fail(KVRT_ERR_UNSUPPORTED, std::string("geometry ") + zero + " is 0");
+}
+
 // Where one layer of a slot-major store lies: K rows of k_row_bytes per head, [slot][head],
 // from k; V likewise from v (ignored when V shares K's rows, v_head_dim 0); with
 // KVRT_SCALE_PER_TOKEN_HEAD, one float per (slot, head) from k_scale and v_scale.

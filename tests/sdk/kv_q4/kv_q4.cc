@@ -59,9 +59,7 @@ class Q4Store : public kvrt::sdk::StoreBase {
 
   static uint64_t page_bytes(const kvrt_host_api*, const kvrt_kv_geometry& g,
                              kvrt::sdk::ConfigView) {
-    if (g.num_layers == 0 || g.num_kv_heads == 0 || g.k_head_dim == 0 || g.page_size == 0) {
-      fail(KVRT_ERR_UNSUPPORTED, "geometry has a zero dimension");
-    }
+    kvrt::sdk::check_geometry(g);
     if (g.k_head_dim % kBlock != 0 || g.v_head_dim % kBlock != 0) {
       fail(KVRT_ERR_UNSUPPORTED, "head dims must be multiples of 8 (the rotation's block)");
     }
