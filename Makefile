@@ -127,6 +127,7 @@ fuzz-long: fuzz-build
 bench: build
 	./$(BUILD)/bin/kv_store_bench --benchmark_counters_tabular=true
 	./$(BUILD)/bin/attention_bench --benchmark_filter=decode_gather --benchmark_counters_tabular=true
+	./$(BUILD)/bin/gemm_bench --benchmark_counters_tabular=true
 	KVRT_SOURCE_DIR=. ./$(BUILD)/bin/tokenizer_bench --benchmark_counters_tabular=true
 
 install: build

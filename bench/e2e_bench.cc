@@ -7,10 +7,14 @@
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store, with the
 //                     ceiling a streaming read sets when each token reads every weight and the
 //                     KV of the whole context once
-// Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks.
+// Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks. The
+// batch cases also give their roofline (bench/roofline.h, measured in the same run) and the
+// fraction of it they reach.
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
 #include <benchmark/benchmark.h>
 #include <omp.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/roofline.h"
 #include "core/capacity/stores.h"
 #include "core/exec/engine.h"
 #include "core/exec/generate.h"
@@ -72,25 +77,12 @@ double decode_tok_per_s(benchmark::State& state, exec::Engine& engine,
   return static_cast<double>(tokens) / seconds;
 }
 
-// GB/s of a streaming read over `bytes` on every core: what batch-1 decode, which
-// reads every weight once per token, can at best turn into tokens per second.
-double read_bandwidth_GBps(size_t bytes) {
-  std::vector<uint64_t> buffer(bytes / sizeof(uint64_t), 1);
-  uint64_t sink = 0;
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto start = Clock::now();
-    uint64_t sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static) num_threads(omp_get_num_procs())
-    for (size_t i = 0; i < buffer.size(); i += 4) {
-      sum += buffer[i] + buffer[i + 1] + buffer[i + 2] + buffer[i + 3];
-    }
-    const double s = std::chrono::duration<double>(Clock::now() - start).count();
-    sink += sum;
-    best = std::max(best, static_cast<double>(buffer.size() * sizeof(uint64_t)) / s / 1e9);
-  }
-  benchmark::DoNotOptimize(sink);
-  return best;
+using bench::read_bandwidth_GBps;
+
+// The machine's arithmetic peak for bf16 weights, measured once (bench/roofline.h).
+const bench::Peak& peak() {
+  static const bench::Peak p = bench::arithmetic_peak();
+  return p;
 }
 
 void BM_DecodeBatch1(benchmark::State& state) {
@@ -103,7 +95,7 @@ void BM_DecodeBatch1(benchmark::State& state) {
   // Every weight is read once per token; the streaming read of as many bytes, measured now, is
   // the ceiling that memory bandwidth sets.
   const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
-  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes) & ~size_t{31});
+  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes));
   state.counters["weights_GBps"] = tok_per_s * weight_bytes / 1e9;
   state.counters["read_GBps"] = read_GBps;
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / weight_bytes;
@@ -140,9 +132,24 @@ void BM_Batch(benchmark::State& state, int seqs) {
     seconds += std::chrono::duration<double>(Clock::now() - start).count();
     generated += int64_t{seqs} * gen;
   }
-  state.counters["total_tok_per_s"] =
+  const double total_tok_per_s =
       static_cast<double>(generated + generated / gen * prompt_len) / seconds;
+  state.counters["total_tok_per_s"] = total_tok_per_s;
   state.counters["generated_tok_per_s"] = static_cast<double>(generated) / seconds;
+  // The roofline over `seqs` sequences: each decode step reads every weight once for all of
+  // them (bandwidth x seqs / weight bytes tokens per second) and does 2 flops per parameter
+  // per token (peak / that), whichever is lower, applied to every token as the issue defined
+  // it. The prompt's tokens are bound by the arithmetic alone, so for them it is low, and the
+  // fraction errs high.
+  const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
+  const double flops_per_token = 2.0 * static_cast<double>(weights().config.parameter_count());
+  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes));
+  const double roofline =
+      std::min(read_GBps * 1e9 * seqs / weight_bytes, peak().best() * 1e9 / flops_per_token);
+  state.counters["read_GBps"] = read_GBps;
+  state.counters["peak_GFLOPs"] = peak().best();
+  state.counters["roofline_tok_per_s"] = roofline;
+  state.counters["roofline_fraction"] = total_tok_per_s / roofline;
 }
 
 // KV bytes per token of synth-76m in `store` (TP 1, pages of 16): the store's own page bytes.
@@ -172,7 +179,7 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
   const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
   const double kv_bytes = static_cast<double>(kv_bytes_per_token(store)) *
                           (static_cast<double>(context) + static_cast<double>(new_tokens) / 2);
-  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes) & ~size_t{31});
+  const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes));
   state.counters["kv_MiB_per_step"] = kv_bytes / (1 << 20);
   state.counters["read_GBps"] = read_GBps;
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / (weight_bytes + kv_bytes);
@@ -181,6 +188,9 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Log lines (the OpenBLAS core-type warning, plugin notes) on stderr: stdout is the
+  // benchmark's, JSON alone with --benchmark_format=json.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("e2e_bench"));
   benchmark::Initialize(&argc, argv);
   benchmark::RegisterBenchmark("decode/batch1", BM_DecodeBatch1)
       ->Arg(1)

@@ -1,0 +1,118 @@
+// The CPU backend's matrix products with bf16 weights (y[m][n] = x[m][k] w[n][k]^T, x and y in
+// f32), the path every projection of a model takes (CpuBackend::matmul: the bf16 SIMD kernel up
+// to m = 16, the weights widened to f32 and the BLAS above), beside what this machine can do,
+// measured in the same run (bench/roofline.h): the arithmetic peak of its best instruction for
+// bf16 weights and the bandwidth of a streaming read. Each case reports
+//   GFLOPs              2 m n k per product over the time
+//   peak_fraction       of the arithmetic peak (AVX-512 BF16 dot where the CPU has it, else FMA)
+//   bandwidth_fraction  the weights' bytes per second over the read bandwidth
+//   roofline_fraction   over min(peak, bandwidth x m): a product does 2 m n k flops on 2 n k
+//                       bytes of weights, m flops per byte
+// The weights cycle through enough copies to be read from memory, not cache, as a decode
+// step reads them. Shapes: m = 1, 8, 16, 64, 256, 512 on synth-76m's MLP up-projection, then
+// every projection of synth-76m and of synth-mla at m = 8 and 64.
+//   ./build/bin/gemm_bench --benchmark_counters_tabular=true
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/roofline.h"
+#include "core/exec/cpu_backend.h"
+
+namespace {
+
+using namespace kvrt;
+
+const bench::Peak& peak() {
+  static const bench::Peak p = bench::arithmetic_peak();
+  return p;
+}
+
+double read_GBps() {
+  static const double gbps = bench::read_bandwidth_GBps(size_t{256} << 20);
+  return gbps;
+}
+
+struct Shape {
+  const char* name;
+  int64_t n, k;
+};
+
+// synth-76m (hidden 768, 12 heads of 64, 4 KV heads, MLP 2048, vocabulary 512, tied).
+constexpr Shape kSynth76m[] = {{"synth76m_q_o", 768, 768},
+                               {"synth76m_kv", 256, 768},
+                               {"synth76m_gate_up", 2048, 768},
+                               {"synth76m_down", 768, 2048},
+                               {"synth76m_lm_head", 512, 768}};
+// synth-mla (hidden 1024, 16 heads, q_lora 384, kv_lora 512 + rope 64, nope 128, v 128,
+// dense MLP 2816, experts of 256).
+constexpr Shape kSynthMla[] = {
+    {"synthmla_q_a", 384, 1024},        {"synthmla_q_b", 3072, 384},
+    {"synthmla_kv_a", 576, 1024},       {"synthmla_o", 1024, 2048},
+    {"synthmla_mlp_up", 2816, 1024},    {"synthmla_expert_up", 256, 1024},
+    {"synthmla_expert_down", 1024, 256}};
+
+void BM_Matmul(benchmark::State& state, Shape shape) {
+  const int64_t m = state.range(0), n = shape.n, k = shape.k;
+  const int threads = omp_get_num_procs();
+  openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
+  exec::CpuBackend backend(/*bf16_weights=*/true, threads);
+  // Enough copies of the weights that cycling through them reads memory (64 MiB of bf16).
+  const int64_t copies = std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0, 0.02f);
+  std::vector<std::unique_ptr<exec::Matrix>> w;
+  for (int64_t c = 0; c < copies; ++c) {
+    std::vector<float> data(static_cast<size_t>(n * k));
+    for (float& v : data) v = normal(rng);
+    w.push_back(backend.upload_matrix(std::move(data), n, k));
+  }
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  for (float& v : x) v = normal(rng);
+  backend.begin_step();
+  int64_t products = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    backend.matmul(x.data(), m, *w[products % copies], y.data());
+    benchmark::DoNotOptimize(y.data());
+    ++products;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double gflops = 2.0 * static_cast<double>(m * n * k) * products / seconds / 1e9;
+  const double weights_gbps = 2.0 * static_cast<double>(n * k) * products / seconds / 1e9;
+  const double roof = std::min(peak().best(), read_GBps() * static_cast<double>(m));
+  state.counters["GFLOPs"] = gflops;
+  state.counters["peak_fraction"] = gflops / peak().best();
+  state.counters["bandwidth_fraction"] = weights_gbps / read_GBps();
+  state.counters["roofline_fraction"] = gflops / roof;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  auto add = [](const Shape& s, std::initializer_list<int64_t> ms) {
+    auto* b =
+        benchmark::RegisterBenchmark((std::string("matmul_bf16/") + s.name).c_str(), BM_Matmul, s);
+    for (int64_t m : ms) b->Arg(m);
+    b->ArgName("m")->UseRealTime()->Unit(benchmark::kMicrosecond);
+  };
+  add(kSynth76m[2], {1, 8, 16, 64, 256, 512});
+  for (const Shape& s : kSynth76m) add(s, {8, 64});
+  for (const Shape& s : kSynthMla) add(s, {8, 64});
+  // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
+  std::fprintf(stderr, "peak: f32 FMA (%s) %.1f GFLOP/s, bf16 dot %.1f GFLOP/s; read %.1f GB/s\n",
+               peak().f32_isa, peak().f32_gflops, peak().bf16_gflops, read_GBps());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
