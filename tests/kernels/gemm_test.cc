@@ -16,9 +16,9 @@ namespace {
 TEST(GemmBf16, MatchesReference) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
-  for (size_t m : {1u, 2u, 3u, 4u, 5u, 16u}) {
+  for (size_t m : {1u, 2u, 3u, 4u, 5u, 8u, 13u, 16u}) {
     for (size_t k : {8u, 13u, 64u, 768u}) {
-      const size_t n = 70;
+      const size_t n = 71;
       std::vector<float> x(m * k), wf(n * k), got(m * n), want(m * n);
       for (float& v : x) v = normal(rng);
       for (float& v : wf) v = normal(rng) * 0.05f;
