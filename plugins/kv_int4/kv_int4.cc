@@ -10,15 +10,15 @@
 // output once instead (q.k = Hq.Hk); none does yet.
 //
 // The dtype it publishes says how its rows read:
-//  - rotation = "none" (the default): KVRT_DTYPE_INT4 with per-token-head scales, decodable from
-//  the layout by
-//    anyone (stored value = code * scale);
+//  - rotation = "none" (the default): KVRT_DTYPE_INT4 with per-token-head scales, decodable
+//    from the layout by anyone (stored value = code * scale);
 //  - rotation = "hadamard": a private code (kKvInt4Hadamard, in the vendor range), because the
 //    codes are of H x, not x: a reader must decode and then apply H again (H is its own
 //    inverse). attn_cpu reads both through gather(), on all of the rank's threads.
 // The error bound it declares (kvrt_kv_format): half a step of the scale per element without the
 // rotation; with it, half a step per element of the rotated row, so half a step of RMS over the
-// row (the rotation keeps L2 norms). CPU memory only: on a CUDA device it refuses to be created.
+// row (the rotation keeps L2 norms). CPU memory only: for a CUDA device, page_bytes and create
+// refuse, saying so.
 #include <algorithm>
 #include <string>
 #include <vector>
