@@ -179,16 +179,20 @@ class Int4Store : public sdk::StoreBase {
       const int64_t slot = w.slots[i];
       for (uint32_t h = 0; h < heads; ++h) {
         const int64_t at = i * stride + int64_t{h} * dim;
-        if (w.dtype == KVRT_DTYPE_F32) {
+        // f32 rows are quantised where they lie, unless they are to be rotated first.
+        const float* values = row.data();
+        if (w.dtype == KVRT_DTYPE_F32 && options_.block == 0) {
+          values = static_cast<const float*>(src) + at;
+        } else if (w.dtype == KVRT_DTYPE_F32) {
           const float* in = static_cast<const float*>(src) + at;
           row.assign(in, in + dim);
         } else {
           kernels::bf16_to_f32(static_cast<const uint16_t*>(src) + at, row.data(), dim);
         }
-        kernels::hadamard_blocks(row.data(), dim, options_.block);
+        kernels::hadamard_blocks(row.data(), dim, options_.block);  // block 0: nothing to do
         const uint64_t r = uint64_t(slot) * heads + h;
         scales(layer, v)[r] =
-            kernels::quantize_row_int4(row.data(), dim, codes(layer, v) + r * (dim / 2));
+            kernels::quantize_row_int4(values, dim, codes(layer, v) + r * (dim / 2));
       }
     }
   }

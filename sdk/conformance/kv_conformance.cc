@@ -40,6 +40,13 @@ bool known_dtype(kvrt_dtype d) {
 
 bool four_bit(kvrt_dtype d) { return d == KVRT_DTYPE_INT4 || d == KVRT_DTYPE_UINT4; }
 
+// Slots 0 .. n - 1: every slot of a store of n slots.
+std::vector<int64_t> every_slot(uint64_t n) {
+  std::vector<int64_t> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
 size_t dtype_bytes(kvrt_dtype d) {
   return d == KVRT_DTYPE_F32 ? 4 : (d == KVRT_DTYPE_BF16 || d == KVRT_DTYPE_F16) ? 2 : 1;
 }
@@ -216,18 +223,25 @@ ScaleAt scale_at(const kvrt_kv_layout& l, bool v_part, int64_t page, int64_t tok
   return at;
 }
 
+// The float of each element of a head row whose first group's float is at `first`: one per
+// group of the format's group_size (the whole row without groups), scale_group_bytes apart.
+// Scales and zero points are laid out alike.
+std::vector<float> per_element(const uint8_t* first, const std::optional<kvrt_kv_format>& f,
+                               uint32_t dim) {
+  std::vector<float> out(dim);
+  const uint32_t group = f && f->group_size != 0 ? f->group_size : dim;
+  for (uint32_t d = 0; d < dim; ++d) {
+    std::memcpy(&out[d], first + (f ? int64_t{d / group} * f->scale_group_bytes : 0), 4);
+  }
+  return out;
+}
+
 // The scale of each element of a head row as the bound counts it (1 without scales), for
 // layouts the suite cannot decode too: scales are the layout's whatever the dtype.
 std::vector<float> row_scales(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& f,
                               bool v_part, int64_t slot, uint32_t head, uint32_t dim) {
-  std::vector<float> scales(dim, 1.0f);
   const ScaleAt at = scale_at(l, v_part, slot / l.page_size, slot % l.page_size, head);
-  if (at.first == nullptr) return scales;
-  const uint32_t group = f && f->group_size != 0 ? f->group_size : dim;
-  for (uint32_t d = 0; d < dim; ++d) {
-    std::memcpy(&scales[d], at.first + (f ? int64_t{d / group} * f->scale_group_bytes : 0), 4);
-  }
-  return scales;
+  return at.first == nullptr ? std::vector<float>(dim, 1.0f) : per_element(at.first, f, dim);
 }
 
 HeadRow read_head(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& f, bool v_part,
@@ -253,16 +267,9 @@ HeadRow read_head(const kvrt_kv_layout& l, const std::optional<kvrt_kv_format>& 
   const float* zero_base = f ? (v_part ? f->v_zero_point : f->k_zero_point) : nullptr;
   const ScaleAt at = scale_at(l, v_part, page, token, head);
   if (at.first == nullptr || zero_base == nullptr) return row;
-  const uint32_t group = f->group_size != 0 ? f->group_size : dim;  // zero points: as the scales
-  for (uint32_t d = 0; d < dim; ++d) {
-    std::memcpy(&row.zeros[d],
-                reinterpret_cast<const uint8_t*>(zero_base) + at.offset +
-                    int64_t{d / group} * f->scale_group_bytes,
-                4);
-  }
+  row.zeros = per_element(reinterpret_cast<const uint8_t*>(zero_base) + at.offset, f, dim);
   return row;
 }
-
 
 uint16_t to_bf16(float f) {  // round to nearest even; inputs here are finite
   uint32_t bits;
@@ -356,11 +363,8 @@ class Suite {
   // The layer's format (ABI 1.3), nullopt for a store without one (or one that says it has
   // none: KVRT_ERR_UNSUPPORTED).
   std::optional<kvrt_kv_format> format(const kvrt_kv_store* s, uint32_t layer) const {
-    const kvrt_kv_store_api_1_3* t = kvrt_kv_store_api_1_3_of(&api_);
-    if (t == nullptr || t->format == nullptr) return std::nullopt;
-    kvrt_kv_format f{};
-    f.struct_size = sizeof(f);
-    const kvrt_status st = t->format(s, layer, &f);
+    kvrt_kv_format f;
+    const kvrt_status st = sdk::store_format(&api_, s, layer, &f);
     if (st == KVRT_ERR_UNSUPPORTED) {
       take_last_error();
       return std::nullopt;
@@ -598,8 +602,7 @@ class Suite {
   }
 
   std::vector<int64_t> shuffled_slots(uint64_t total, size_t n) {
-    std::vector<int64_t> all(total);
-    std::iota(all.begin(), all.end(), 0);
+    std::vector<int64_t> all = every_slot(total);
     std::shuffle(all.begin(), all.end(), rng_);
     all.resize(std::min<size_t>(n, total));
     return all;
@@ -826,12 +829,12 @@ void Suite::layout_agrees_with_gather() {
   for (const kvrt_kv_geometry& g : many_geometries()) {
     const uint64_t pages = 4;
     StorePtr s = create(g, pages);
-    if (!layout_decodable(layout(s.get(), 0), format(s.get(), 0))) {
-      throw NotApplicable("the layout's dtype " + sdk::dtype_text(layout(s.get(), 0).k_dtype) +
+    const kvrt_kv_layout first = layout(s.get(), 0);
+    if (!layout_decodable(first, format(s.get(), 0))) {
+      throw NotApplicable("the layout's dtype " + sdk::dtype_text(first.k_dtype) +
                           " is the store's own: gather() is the only reading of it");
     }
-    std::vector<int64_t> all(pages * g.page_size);
-    std::iota(all.begin(), all.end(), 0);
+    const std::vector<int64_t> all = every_slot(pages * g.page_size);
     for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
       write(s.get(), g, layer, random_batch(g, all), KVRT_DTYPE_F32);
     }
@@ -863,8 +866,7 @@ void Suite::overwrite() {
   const uint64_t pages = 6;
   StorePtr s = create(g, pages);
   const bool via_gather = gather_reference(s.get());
-  std::vector<int64_t> all(pages * g.page_size);
-  std::iota(all.begin(), all.end(), 0);
+  const std::vector<int64_t> all = every_slot(pages * g.page_size);
   for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
     write(s.get(), g, layer, random_batch(g, all), KVRT_DTYPE_F32);
   }
@@ -888,8 +890,7 @@ void Suite::head_isolation() {
   const uint64_t pages = 4;
   StorePtr s = create(g, pages);
   const bool via_gather = gather_reference(s.get());
-  std::vector<int64_t> all(pages * g.page_size);
-  std::iota(all.begin(), all.end(), 0);
+  const std::vector<int64_t> all = every_slot(pages * g.page_size);
   Batch b = random_batch(g, all, false);
   for (size_t i = 0; i < all.size(); ++i) {
     for (uint32_t h = 0; h < g.num_kv_heads; ++h) {
@@ -934,8 +935,7 @@ void Suite::rounding() {
   const uint64_t pages = 16;
   StorePtr s = create(g, pages);
   const bool via_gather = gather_reference(s.get());
-  std::vector<int64_t> all(pages * g.page_size);
-  std::iota(all.begin(), all.end(), 0);
+  const std::vector<int64_t> all = every_slot(pages * g.page_size);
   std::vector<float> want_k, want_v, got_k, got_v;
   write(s.get(), g, 0, random_batch(g, all), KVRT_DTYPE_F32, &want_k, &want_v);
   read_back(s.get(), g, 0, all, &got_k, &got_v, via_gather);
@@ -1065,8 +1065,7 @@ void Suite::page_boundaries() {
     StorePtr s = create(g, pages);
     const bool decodable = layout_decodable(layout(s.get(), 0), format(s.get(), 0));
     if (!decodable && api_.gather == nullptr) gather_reference(s.get());  // fails by name
-    std::vector<int64_t> all(pages * page_size);
-    std::iota(all.begin(), all.end(), 0);
+    const std::vector<int64_t> all = every_slot(pages * page_size);
     for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
       Batch first = random_batch(g, all);
       std::vector<float> want_k, want_v;

@@ -513,15 +513,24 @@ const kvrt_kv_store_api& kv_store_table() {
   return table.base;
 }
 
+// A store's format() (ABI 1.3) for `layer` into *out (zeroed, its struct_size set): the call's
+// status, or KVRT_ERR_UNSUPPORTED -- recording no message -- when the table has no format()
+// (a store built against 1.2 or older).
+inline kvrt_status store_format(const kvrt_kv_store_api* api, const kvrt_kv_store* store,
+                                uint32_t layer, kvrt_kv_format* out) {
+  *out = kvrt_kv_format{};
+  out->struct_size = sizeof(*out);
+  const kvrt_kv_store_api_1_3* t = kvrt_kv_store_api_1_3_of(api);
+  if (t == nullptr || t->format == nullptr) return KVRT_ERR_UNSUPPORTED;
+  return t->format(store, layer, out);
+}
+
 // The format of a store's layer through its table (ABI 1.3), or nullopt when the table has no
 // format() (an older store) or it failed (its message is recorded with the host).
 inline std::optional<kvrt_kv_format> kv_format(const kvrt_kv_store_api* api,
                                                const kvrt_kv_store* store, uint32_t layer) {
-  const kvrt_kv_store_api_1_3* t = kvrt_kv_store_api_1_3_of(api);
-  if (t == nullptr || t->format == nullptr || store == nullptr) return std::nullopt;
-  kvrt_kv_format f{};
-  f.struct_size = sizeof(f);
-  if (t->format(store, layer, &f) != KVRT_OK) return std::nullopt;
+  kvrt_kv_format f;
+  if (store == nullptr || store_format(api, store, layer, &f) != KVRT_OK) return std::nullopt;
   return f;
 }
 
