@@ -24,24 +24,40 @@ extra_seeds() {
   esac
 }
 mkdir -p "$work/fuzz-artifacts"
+# Targets run FUZZ_JOBS at a time (default: one per core), each on one core for SECONDS, so a
+# 2-core machine spends half the wall time of running them one after another.
+jobs=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() {
+  local t=$1 corpus="$work/fuzz-corpus/$1"
+  rm -f "$work/fuzz-artifacts/$t.rc"
+  mkdir -p "$corpus"
+  # -rss_limit_mb: a parser that reads without a bound fails here, not on the machine.
+  # -timeout: one input taking over 10 s is a hang.
+  "$bin/fuzz_$t" "$corpus" "$here/corpus/$t" $(extra_seeds "$t") -max_total_time="$seconds" \
+    -rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=1 \
+    -artifact_prefix="$work/fuzz-artifacts/$t-" >"$work/fuzz-artifacts/$t.log" 2>&1
+  echo $? >"$work/fuzz-artifacts/$t.rc"
+}
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$jobs" ]; then
+    wait -n
+    running=$((running - 1))
+  fi
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait
 failed=0
 total=0
 printf '%-20s %12s %12s %10s\n' target executions "exec/s" result
 for t in "${targets[@]}"; do
-  exe="$bin/fuzz_$t"
-  corpus="$work/fuzz-corpus/$t"
-  mkdir -p "$corpus"
   log="$work/fuzz-artifacts/$t.log"
-  # -rss_limit_mb: a parser that reads without a bound fails here, not on the machine.
-  # -timeout: one input taking over 10 s is a hang.
-  "$exe" "$corpus" "$here/corpus/$t" $(extra_seeds "$t") -max_total_time="$seconds" \
-    -rss_limit_mb=2048 -timeout=10 -max_len=65536 -print_final_stats=1 \
-    -artifact_prefix="$work/fuzz-artifacts/$t-" >"$log" 2>&1
-  rc=$?
+  rc=$(cat "$work/fuzz-artifacts/$t.rc" 2>/dev/null || echo missing)
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
   result=ok
-  if [ $rc -ne 0 ]; then
+  if [ "$rc" != 0 ]; then
     result="FAILED (rc $rc, see $log)"
     failed=1
     grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
