@@ -1,6 +1,7 @@
 // The CPU backend's matrix products with bf16 weights (y[m][n] = x[m][k] w[n][k]^T, x and y in
-// f32), the path every projection of a model takes (CpuBackend::matmul: the bf16 SIMD kernel up
-// to m = 16, the weights widened to f32 and the BLAS above), beside what this machine can do,
+// f32), the path every projection of a model takes (CpuBackend::matmul: the packed kernel of
+// kernels/cpu/gemm.h at every m, on the instruction set it picks at run time, printed on stderr
+// with the machine's peak), beside what this machine can do,
 // measured in the same run (bench/roofline.h): the arithmetic peak of its best instruction for
 // bf16 weights and the bandwidth of a streaming read. Each case reports
 //   GFLOPs              2 m n k per product over the time
@@ -26,6 +27,7 @@
 
 #include "bench/roofline.h"
 #include "core/exec/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
 
 namespace {
 
@@ -110,8 +112,11 @@ int main(int argc, char** argv) {
   for (const Shape& s : kSynth76m) add(s, {8, 64});
   for (const Shape& s : kSynthMla) add(s, {8, 64});
   // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
-  std::fprintf(stderr, "peak: f32 FMA (%s) %.1f GFLOP/s, bf16 dot %.1f GFLOP/s; read %.1f GB/s\n",
-               peak().f32_isa, peak().f32_gflops, peak().bf16_gflops, read_GBps());
+  std::fprintf(stderr,
+               "peak: f32 FMA (%s) %.1f GFLOP/s, bf16 dot %.1f GFLOP/s; read %.1f GB/s; "
+               "products on %s\n",
+               peak().f32_isa, peak().f32_gflops, peak().bf16_gflops, read_GBps(),
+               kernels::gemm_isa_name(kernels::GemmIsa::kAuto));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -1,6 +1,6 @@
-// The CPU backend: buffers in host memory, products through the BLAS (large) or the bf16 SIMD
-// kernel (decode-sized), elementwise ops through kernels/cpu (Highway, run-time dispatch), and
-// each rank's share of the cores through OpenMP.
+// The CPU backend: buffers in host memory, products of bf16 weights through the packed kernel
+// (kernels/cpu/gemm.h) and of f32 weights through the BLAS, elementwise ops through kernels/cpu
+// (Highway, run-time dispatch), and each rank's share of the cores through OpenMP.
 #pragma once
 
 #include <memory>
@@ -34,8 +34,8 @@ class CpuBackend : public Backend {
   void matmul(const float* x, int64_t m, const Matrix& w, float* y) override;
   void matmul_strided(const float* x, int64_t m, int64_t x_stride, const Matrix& w, float* y,
                       int64_t y_stride) override;
-  void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride,
-                 int64_t rows, int64_t width) override;
+  void copy_rows(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t rows,
+                 int64_t width) override;
   void scatter_add_rows(const float* src, std::span<const int64_t> rows,
                         std::span<const float> weights, int64_t width, float* dst) override;
   void add_bias(float* x, int64_t rows, int64_t row_stride, const Buffer& bias) override;
@@ -57,9 +57,7 @@ class CpuBackend : public Backend {
  private:
   bool bf16_weights_;
   int threads_;
-  std::vector<float> scratch_;  // bf16 weights widened for large products
-  std::vector<float> rows_in_, rows_out_;  // strided products' rows, made dense
-  std::vector<float> rope_pair_;           // one head's values while interleaved RoPE rotates it
+  std::vector<float> rope_pair_;  // one head's values while interleaved RoPE rotates it
 };
 
 }  // namespace kvrt::exec
