@@ -11,7 +11,10 @@
 //                       bytes of weights, m flops per byte
 // The weights cycle through enough copies to be read from memory, not cache, as a decode
 // step reads them. Shapes: m = 1, 8, 16, 64, 256, 512 on synth-76m's MLP up-projection, then
-// every projection of synth-76m and of synth-mla at m = 8 and 64.
+// every projection of synth-76m and of synth-mla at m = 8 and 64. Two references on the
+// up-projection: matmul_bf16_in_cache (one copy of the weights, so the kernel's arithmetic
+// alone) and widened_sgemm (the weights widened to f32 per product, then OpenBLAS's sgemm:
+// the path products above 16 rows took before the packed kernel).
 //   ./build/bin/gemm_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -27,6 +30,7 @@
 
 #include "bench/roofline.h"
 #include "core/exec/cpu_backend.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/cpu/gemm.h"
 
 namespace {
@@ -62,28 +66,62 @@ constexpr Shape kSynthMla[] = {
     {"synthmla_mlp_up", 2816, 1024},    {"synthmla_expert_up", 256, 1024},
     {"synthmla_expert_down", 1024, 256}};
 
-void BM_Matmul(benchmark::State& state, Shape shape) {
+// Where the weights are read from, and by what.
+enum class Mode {
+  kMemory,       // CpuBackend::matmul, the weights cycling through 64 MiB: as a decode step reads
+  kCache,        // the same on one copy of the weights, which stays in cache: the kernel's own rate
+  kWidenedSgemm  // the baseline: what CpuBackend did before the packed kernel at m > 16, each
+                 // thread widening its band of bf16 weights to f32, then OpenBLAS's sgemm
+};
+
+void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   const int64_t m = state.range(0), n = shape.n, k = shape.k;
   const int threads = omp_get_num_procs();
   openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
   exec::CpuBackend backend(/*bf16_weights=*/true, threads);
   // Enough copies of the weights that cycling through them reads memory (64 MiB of bf16).
-  const int64_t copies = std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
+  const int64_t copies =
+      mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0, 0.02f);
   std::vector<std::unique_ptr<exec::Matrix>> w;
+  std::vector<std::vector<uint16_t>> rows;  // the baseline's row-major bf16 weights
   for (int64_t c = 0; c < copies; ++c) {
     std::vector<float> data(static_cast<size_t>(n * k));
     for (float& v : data) v = normal(rng);
-    w.push_back(backend.upload_matrix(std::move(data), n, k));
+    if (mode == Mode::kWidenedSgemm) {
+      rows.emplace_back(data.size());
+      kernels::f32_to_bf16(data.data(), rows.back().data(), data.size());
+    } else {
+      w.push_back(backend.upload_matrix(std::move(data), n, k));
+    }
   }
-  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+  std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n)), widened;
   for (float& v : x) v = normal(rng);
+  if (mode == Mode::kWidenedSgemm) widened.resize(static_cast<size_t>(n * k));
   backend.begin_step();
   int64_t products = 0;
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    backend.matmul(x.data(), m, *w[products % copies], y.data());
+    if (mode == Mode::kWidenedSgemm) {
+      const uint16_t* wb = rows[products % copies].data();
+#pragma omp parallel num_threads(threads)
+      {
+        const int64_t parts = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t band = (n + parts - 1) / parts;
+        const int64_t begin = std::min(n, t * band), end = std::min(n, begin + band);
+        if (begin < end) {
+          kernels::bf16_to_f32(wb + begin * k, widened.data() + begin * k,
+                               static_cast<size_t>((end - begin) * k));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                      static_cast<int>(end - begin), static_cast<int>(k), 1.0f, x.data(),
+                      static_cast<int>(k), widened.data() + begin * k, static_cast<int>(k), 0.0f,
+                      y.data() + begin, static_cast<int>(n));
+        }
+      }
+    } else {
+      backend.matmul(x.data(), m, *w[products % copies], y.data());
+    }
     benchmark::DoNotOptimize(y.data());
     ++products;
   }
@@ -102,15 +140,18 @@ void BM_Matmul(benchmark::State& state, Shape shape) {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  auto add = [](const Shape& s, std::initializer_list<int64_t> ms) {
+  auto add = [](const char* prefix, Mode mode, const Shape& s, std::initializer_list<int64_t> ms) {
     auto* b =
-        benchmark::RegisterBenchmark((std::string("matmul_bf16/") + s.name).c_str(), BM_Matmul, s);
+        benchmark::RegisterBenchmark((std::string(prefix) + s.name).c_str(), BM_Matmul, s, mode);
     for (int64_t m : ms) b->Arg(m);
     b->ArgName("m")->UseRealTime()->Unit(benchmark::kMicrosecond);
   };
-  add(kSynth76m[2], {1, 8, 16, 64, 256, 512});
-  for (const Shape& s : kSynth76m) add(s, {8, 64});
-  for (const Shape& s : kSynthMla) add(s, {8, 64});
+  const Shape& up = kSynth76m[2];
+  add("matmul_bf16/", Mode::kMemory, up, {1, 8, 16, 64, 256, 512});
+  add("matmul_bf16_in_cache/", Mode::kCache, up, {8, 64, 512});
+  add("widened_sgemm/", Mode::kWidenedSgemm, up, {16, 64, 256, 512});
+  for (const Shape& s : kSynth76m) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
+  for (const Shape& s : kSynthMla) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
   std::fprintf(stderr,
                "peak: f32 FMA (%s) %.1f GFLOP/s, bf16 dot %.1f GFLOP/s; read %.1f GB/s; "

@@ -18,7 +18,7 @@
 
 namespace kvrt::kernels {
 
-// What the packed product runs on. kAuto is the best this CPU has (cpuid, at run time).
+// What the packed product runs on. kAuto: gemm_best_isa(false), from cpuid at run time.
 enum class GemmIsa {
   kAuto,
   kScalar,     // plain C++ (any CPU)
@@ -29,8 +29,9 @@ enum class GemmIsa {
 
 // Whether this CPU (and its OS) can run `isa`; kAuto and kScalar always can.
 bool gemm_isa_supported(GemmIsa isa);
-// What kAuto resolves to here. The bf16 dot product rounds x to bf16, so kAuto takes it only
-// where allow_bf16_dot is true (CpuBackend's gemm option); otherwise AVX-512F or AVX2.
+// The best instruction set this CPU has: AVX-512F, then AVX2, then scalar, and before them the
+// bf16 dot product only if allow_bf16_dot. That one rounds x to bf16 per product, so kAuto
+// (what CpuBackend runs) does not take it until its accuracy cost has been measured.
 GemmIsa gemm_best_isa(bool allow_bf16_dot);
 // "avx512bf16", "avx512f", "avx2" or "scalar".
 const char* gemm_isa_name(GemmIsa isa);
