@@ -48,8 +48,8 @@ float bf16_value(uint16_t b) {
 }
 
 // One micro-kernel: `rows` (<= its MR) rows of x times one panel, into y's first `cols` (<= 16)
-// columns. x is f32 (ldx floats per row) except for the bf16 dot product, which reads pairs of
-// bf16 packed in uint32_t (ldx of them per row).
+// columns. x is f32 (ldx floats per row) except for the bf16 dot product, which reads x rounded
+// to bf16 (ldx per row, each row padded with a zero to whole pairs).
 using PanelFn = void (*)(const void* x, size_t ldx, size_t k, const uint16_t* panel, float* y,
                          size_t ldy, size_t cols);
 
@@ -74,7 +74,8 @@ void panel_scalar(const void* xv, size_t ldx, size_t k, const uint16_t* panel, f
 // AVX2: a group is two 256-bit halves (columns 0-7 and 8-15), MR x 2 sums. An FMA's result is
 // ready ~5 cycles after it issues and two issue per cycle, so ten independent sums keep both
 // FMA units busy: six rows (12 sums) take a pair's even k for every row, then its odd k, with
-// only one half-group of widened weights live at a time (12 + 2 + 1 of the 16 registers). With
+// only one half-group of widened weights live at a time (12 + 2 + 1 of the 16 registers: the
+// odd halves are cleared by a shift right and back, not an AND, whose mask would be a 17th). With
 // one to three rows the odd k go to sums of their own (three rows: 12 sums again; one or two:
 // fewer, where the weights' bytes, not the arithmetic, bound the product). In one run on the
 // AVX2 class (one thread, 2048 x 768 weights in cache): 0.8-0.84 of the FMA peak at m >= 6.
@@ -188,13 +189,20 @@ KVRT_AVX512 void panel_avx512(const void* xv, size_t ldx, size_t k, const uint16
   }
 }
 
+// A pair of bf16 x values, as the 32 bits vdpbf16ps takes broadcast to every lane.
+KVRT_AVX512BF16 inline __m512bh bf16_pair(const uint16_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  return (__m512bh)_mm512_set1_epi32(static_cast<int>(bits));
+}
+
 // AVX-512 BF16: vdpbf16ps multiplies a group by one row's pair of bf16 x values broadcast to
 // every lane and adds both products into the column's f32 sum. Even and odd pairs go to sums
 // of their own (the instruction's latency, as with the FMA above).
 template <int MR>
 KVRT_AVX512BF16 void panel_avx512bf16(const void* xv, size_t ldx, size_t k, const uint16_t* panel,
                                       float* y, size_t ldy, size_t cols) {
-  const auto* x = static_cast<const uint32_t*>(xv);
+  const auto* x = static_cast<const uint16_t*>(xv);
   __m512 acc[2][MR];
   KVRT_UNROLL
   for (int r = 0; r < MR; ++r) acc[0][r] = acc[1][r] = _mm512_setzero_ps();
@@ -207,20 +215,15 @@ KVRT_AVX512BF16 void panel_avx512bf16(const void* xv, size_t ldx, size_t k, cons
     const __m512bh w1 = (__m512bh)_mm512_loadu_si512(panel + (q + 1) * kGroup);
     KVRT_UNROLL
     for (int r = 0; r < MR; ++r) {
-      const uint32_t* xr = x + r * ldx + q;
-      const auto a = (__m512bh)_mm512_set1_epi32(static_cast<int>(xr[0]));
-      const auto b = (__m512bh)_mm512_set1_epi32(static_cast<int>(xr[1]));
-      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], a, w0);
-      acc[1][r] = _mm512_dpbf16_ps(acc[1][r], b, w1);
+      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], bf16_pair(x + r * ldx + 2 * q), w0);
+      acc[1][r] = _mm512_dpbf16_ps(acc[1][r], bf16_pair(x + r * ldx + 2 * (q + 1)), w1);
     }
   }
   if (q < pairs) {
     const __m512bh w0 = (__m512bh)_mm512_loadu_si512(panel + q * kGroup);
     KVRT_UNROLL
-    for (int r = 0; r < MR; ++r) {
-      const auto a = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * ldx + q]));
-      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], a, w0);
-    }
+    for (int r = 0; r < MR; ++r)
+      acc[0][r] = _mm512_dpbf16_ps(acc[0][r], bf16_pair(x + r * ldx + 2 * q), w0);
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << cols) - 1);
   KVRT_UNROLL
@@ -272,13 +275,10 @@ const Kernels& kernels_for(GemmIsa isa) {
   }
 }
 
-// x rounded to bf16 and packed in pairs for the dot product, each row padded to whole pairs.
-void x_to_bf16_pairs(const float* x, size_t ldx, size_t m, size_t k, std::vector<uint32_t>& out) {
-  const size_t pairs = even(k) / 2;
-  out.assign(m * pairs, 0);
-  for (size_t r = 0; r < m; ++r) {
-    f32_to_bf16(x + r * ldx, reinterpret_cast<uint16_t*>(out.data() + r * pairs), k);
-  }
+// x rounded to bf16 for the dot product, each row padded with a zero to whole pairs.
+void x_to_bf16(const float* x, size_t ldx, size_t m, size_t k, std::vector<uint16_t>& out) {
+  out.assign(m * even(k), 0);
+  for (size_t r = 0; r < m; ++r) f32_to_bf16(x + r * ldx, out.data() + r * even(k), k);
 }
 
 template <typename T, typename Convert>
@@ -358,11 +358,11 @@ void matmul_packed_bf16(const float* x, size_t ldx, size_t m, size_t k, const ui
   const Kernels& kern = kernels_for(isa);
   const void* xs = x;
   size_t xld = ldx;
-  thread_local std::vector<uint32_t> pairs;
+  thread_local std::vector<uint16_t> rounded;
   if (isa == GemmIsa::kAvx512Bf16) {
-    x_to_bf16_pairs(x, ldx, m, k, pairs);
-    xs = pairs.data();
-    xld = even(k) / 2;
+    x_to_bf16(x, ldx, m, k, rounded);
+    xs = rounded.data();
+    xld = even(k);
   }
   const size_t panels = panel_count(n), stride = kNr * even(k);
   // With more rows than one micro-kernel takes, blocks of panels (up to 256 KiB) stay in L2
@@ -373,7 +373,7 @@ void matmul_packed_bf16(const float* x, size_t ldx, size_t m, size_t k, const ui
   const size_t per_block =
       m <= kern.mr ? 1 : std::clamp<size_t>((size_t{256} << 10) / (2 * stride), 1, 8);
   const size_t blocks = (panels + per_block - 1) / per_block;
-  const size_t x_elem = isa == GemmIsa::kAvx512Bf16 ? sizeof(uint32_t) : sizeof(float);
+  const size_t x_elem = isa == GemmIsa::kAvx512Bf16 ? sizeof(uint16_t) : sizeof(float);
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && blocks > 1)
   for (size_t b = 0; b < blocks; ++b) {
     const size_t p0 = b * per_block, p1 = std::min(panels, p0 + per_block);
