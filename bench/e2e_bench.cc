@@ -2,8 +2,8 @@
 //   decode/batch1     one sequence, short context: decode tokens per second
 //   batch64           64 sequences of 128 prompt + 128 generated tokens, all in one batch:
 //                     total (prompt + generated) tokens per second and generated per second
-//   batch8            the same with 8 sequences (decode products of 8 rows: the SIMD kernel,
-//                     not the BLAS)
+//   batch8            the same with 8 sequences (decode products of 8 rows, which the weights'
+//                     bytes bound rather than the arithmetic)
 //   prefill/512       one sequence's 512-token prompt in one step: prompt tokens per second,
 //                     and the fraction of the arithmetic peak its products' flops reach
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store, with the

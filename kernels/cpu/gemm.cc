@@ -148,8 +148,10 @@ KVRT_AVX2 void panel_avx2(const void* xv, size_t ldx, size_t k, const uint16_t* 
 
 // GCC 12's AVX-512 intrinsics start some results from _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports as a use of an uninitialised value (a known false positive).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // AVX-512F: a group is one 512-bit register; the same arithmetic as AVX2 on 16 lanes, with the
 // even and odd k always in sums of their own (2 x 8 of the 32 registers).
@@ -231,7 +233,9 @@ KVRT_AVX512BF16 void panel_avx512bf16(const void* xv, size_t ldx, size_t k, cons
     _mm512_mask_storeu_ps(y + r * ldy, mask, _mm512_add_ps(acc[0][r], acc[1][r]));
   }
 }
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
+#endif
 #endif  // KVRT_GEMM_X86
 
 // An instruction set's micro-kernels, fn[rows - 1] for 1 .. mr rows.
