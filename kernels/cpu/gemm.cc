@@ -358,7 +358,10 @@ void matmul_packed_bf16(const float* x, size_t ldx, size_t m, size_t k, const ui
     for (size_t r = 0; r < m; ++r) std::fill(y + r * ldy, y + r * ldy + n, 0.0f);
     return;
   }
-  if (isa == GemmIsa::kAuto) isa = gemm_best_isa(false);
+  if (isa == GemmIsa::kAuto) {
+    static const GemmIsa best = gemm_best_isa(false);  // cpuid once, not per product
+    isa = best;
+  }
   const Kernels& kern = kernels_for(isa);
   const void* xs = x;
   size_t xld = ldx;
