@@ -107,7 +107,7 @@ void BM_Batch(benchmark::State& state, int seqs) {
   const int tp = static_cast<int>(state.range(0));
   const int prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
   auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq);
-  double seconds = 0;
+  double seconds = 0, prefill_seconds = 0;
   int64_t generated = 0;
   for (auto _ : state) {
     exec::Batch batch;
@@ -120,6 +120,7 @@ void BM_Batch(benchmark::State& state, int seqs) {
     }
     const auto start = Clock::now();
     auto logits = engine->step(batch);  // all prefills in one step
+    prefill_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     const int64_t vocab = engine->config().vocab_size;
     for (int t = 0; t < gen - 1; ++t) {
       for (int s = 0; s < seqs; ++s) {
@@ -152,6 +153,16 @@ void BM_Batch(benchmark::State& state, int seqs) {
   state.counters["peak_GFLOPs"] = peak().best();
   state.counters["roofline_tok_per_s"] = roofline;
   state.counters["roofline_fraction"] = total_tok_per_s / roofline;
+  // The two phases apart: the prompts' step against the arithmetic peak, the decode steps
+  // (gen - 1 of them, seqs tokens each) against the same roofline.
+  const double iterations = static_cast<double>(state.iterations());
+  const double decode_tok_per_s =
+      iterations * seqs * (gen - 1) / std::max(1e-9, seconds - prefill_seconds);
+  state.counters["prefill_s"] = prefill_seconds / iterations;
+  state.counters["prefill_peak_fraction"] =
+      iterations * seqs * prompt_len * flops_per_token / prefill_seconds / 1e9 / peak().best();
+  state.counters["decode_step_ms"] = 1e3 * seqs / decode_tok_per_s;
+  state.counters["decode_roofline_fraction"] = decode_tok_per_s / roofline;
 }
 
 void BM_Prefill(benchmark::State& state) {
