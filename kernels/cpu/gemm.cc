@@ -388,23 +388,30 @@ void pack_bf16_from_f32(const float* w, size_t n, size_t k, uint16_t* packed) {
 }
 
 void matmul_packed_bf16(const float* x, size_t ldx, size_t m, size_t k, const uint16_t* packed,
-                        size_t n, float* y, size_t ldy, int threads, GemmIsa isa) {
+                        size_t n, float* y, size_t ldy, int threads, GemmIsa isa, bool bf16_x) {
   if (m == 0 || n == 0) return;
   if (k == 0) {  // empty sums
     for (size_t r = 0; r < m; ++r) std::fill(y + r * ldy, y + r * ldy + n, 0.0f);
     return;
   }
-  if (isa == GemmIsa::kAuto) {
-    static const GemmIsa best = gemm_best_isa(false);  // cpuid once, not per product
-    isa = best;
+  if (isa == GemmIsa::kAuto) {  // cpuid once, not per product
+    static const GemmIsa best = gemm_best_isa(false), best_dot = gemm_best_isa(true);
+    isa = bf16_x ? best_dot : best;
   }
   const Kernels& kern = kernels_for(isa);
   const void* xs = x;
   size_t xld = ldx;
   thread_local std::vector<uint16_t> rounded;
+  thread_local std::vector<float> widened;
   if (isa == GemmIsa::kAvx512Bf16) {
     x_to_bf16(x, ldx, m, k, rounded);
     xs = rounded.data();
+    xld = even(k);
+  } else if (bf16_x) {  // the rounded values, back in f32 for the FMA kernels
+    x_to_bf16(x, ldx, m, k, rounded);
+    widened.resize(rounded.size());
+    bf16_to_f32(rounded.data(), widened.data(), rounded.size());
+    xs = widened.data();
     xld = even(k);
   }
   const size_t panels = panel_count(n), stride = kNr * even(k);

@@ -45,8 +45,13 @@ void pack_bf16_from_f32(const float* w, size_t n, size_t k, uint16_t* packed);
 
 // y[r * ldy + j] = sum_i x[r * ldx + i] * w[j][i] for r < m, j < n, from packed weights. The
 // n outputs are split over `threads` threads (OpenMP), in bands of whole panels.
+// With bf16_x, each x value is first rounded to bf16 (nearest even), as the bf16 dot product
+// does (kAvx512Bf16 always rounds): kAuto then takes gemm_best_isa(true), and the instruction
+// sets without the dot product multiply the rounded values in f32, which gives the dot
+// product's values up to the order of the sums, on any CPU.
 void matmul_packed_bf16(const float* x, size_t ldx, size_t m, size_t k, const uint16_t* packed,
-                        size_t n, float* y, size_t ldy, int threads, GemmIsa isa = GemmIsa::kAuto);
+                        size_t n, float* y, size_t ldy, int threads, GemmIsa isa = GemmIsa::kAuto,
+                        bool bf16_x = false);
 
 namespace reference {
 // Row-major bf16 weights, summed in double: what the packed product is tested against.

@@ -1,13 +1,15 @@
 // The packed bf16-weight product against its scalar reference (row-major weights, sums in
 // double), for every instruction set this CPU has (the others skip, saying so), at every m a
 // micro-kernel or its remainder takes, odd k and n, k on both sides of a slice's 256, strided
-// rows, with and without threads.
+// rows, with and without threads, and with x as it is and rounded to bf16 (bf16_x).
 #include "kernels/cpu/gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/convert.h"
@@ -48,12 +50,13 @@ TEST(GemmPack, LayoutIsPanelsOfSixteenColumnsByPairsOfK) {
   EXPECT_EQ(a, b);
 }
 
-class GemmIsaTest : public ::testing::TestWithParam<GemmIsa> {};
+// Each instruction set with x as it is and with x rounded to bf16 first (bf16_x).
+class GemmIsaTest : public ::testing::TestWithParam<std::tuple<GemmIsa, bool>> {};
 
 TEST_P(GemmIsaTest, MatchesReference) {
-  const GemmIsa isa = GetParam();
+  const auto [isa, bf16_x] = GetParam();
   if (!gemm_isa_supported(isa)) GTEST_SKIP() << gemm_isa_name(isa) << ": not on this CPU";
-  const bool bf16_dot = isa == GemmIsa::kAvx512Bf16;
+  const bool rounds = bf16_x || isa == GemmIsa::kAvx512Bf16;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal;
   for (size_t m : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 13u, 16u, 17u, 33u}) {
@@ -67,7 +70,7 @@ TEST_P(GemmIsaTest, MatchesReference) {
         for (size_t r = 0; r < m; ++r) {
           for (size_t i = 0; i < k; ++i) dense[r * k + i] = x[r * ldx + i];
         }
-        if (bf16_dot) {  // the dot product rounds x to bf16: the reference takes it so rounded
+        if (rounds) {  // x rounded to bf16 (the dot product always rounds): so is the reference's
           const auto xb = to_bf16(dense);
           bf16_to_f32(xb.data(), dense.data(), xb.size());
         }
@@ -78,7 +81,8 @@ TEST_P(GemmIsaTest, MatchesReference) {
         pack_bf16(w.data(), n, k, packed.data());
         for (int threads : {1, 2}) {
           std::vector<float> y(m * ldy, -7.0f);
-          matmul_packed_bf16(x.data(), ldx, m, k, packed.data(), n, y.data(), ldy, threads, isa);
+          matmul_packed_bf16(x.data(), ldx, m, k, packed.data(), n, y.data(), ldy, threads, isa,
+                             bf16_x);
           for (size_t r = 0; r < m; ++r) {
             for (size_t j = 0; j < ldy; ++j) {
               const float got = y[r * ldy + j];
@@ -88,8 +92,8 @@ TEST_P(GemmIsaTest, MatchesReference) {
               }
               // f32 accumulation of k products against a double sum.
               ASSERT_NEAR(got, want[r * n + j], 1e-5 * std::sqrt(static_cast<double>(k)) + 1e-6)
-                  << gemm_isa_name(isa) << " m " << m << " k " << k << " n " << n << " threads "
-                  << threads << " at " << r << "," << j;
+                  << gemm_isa_name(isa) << (bf16_x ? " bf16_x" : "") << " m " << m << " k " << k
+                  << " n " << n << " threads " << threads << " at " << r << "," << j;
             }
           }
         }
@@ -99,9 +103,14 @@ TEST_P(GemmIsaTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isa, GemmIsaTest,
-                         ::testing::Values(GemmIsa::kScalar, GemmIsa::kAvx2, GemmIsa::kAvx512,
-                                           GemmIsa::kAvx512Bf16),
-                         [](const auto& info) { return std::string(gemm_isa_name(info.param)); });
+                         ::testing::Combine(::testing::Values(GemmIsa::kScalar, GemmIsa::kAvx2,
+                                                              GemmIsa::kAvx512,
+                                                              GemmIsa::kAvx512Bf16),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(gemm_isa_name(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_bf16_x" : "");
+                         });
 
 TEST(GemmIsa, AutoIsTheBestSupported) {
   const GemmIsa best = gemm_best_isa(false);
