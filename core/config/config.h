@@ -26,6 +26,9 @@ struct Config {
     std::string preset = "synth-76m";  // built-in model shape
     std::string path;                  // weights; "" = use the preset
     std::string dtype = "auto";        // "bf16" | "f32" | "auto"
+    // Products of bf16 weights: "highest" keeps the activations in f32, "medium" rounds them to
+    // bf16 first (the AVX-512 BF16 dot product where the CPU has it). CPU only.
+    std::string matmul_precision = "highest";
   };
   struct Device {
     std::string kind = "cpu";  // "cpu" | "cuda"

@@ -26,8 +26,10 @@ void release(float* data, size_t) { std::free(data); }
 
 }  // namespace
 
-CpuBackend::CpuBackend(bool bf16_weights, int threads)
-    : bf16_weights_(bf16_weights), threads_(std::max(1, threads)) {}
+CpuBackend::CpuBackend(bool bf16_weights, int threads, bool bf16_activations)
+    : bf16_weights_(bf16_weights),
+      threads_(std::max(1, threads)),
+      bf16_activations_(bf16_activations) {}
 
 // This rank's share of the cores, for what runs on OpenMP in this thread (the products, and the
 // attention plugin's work items).
@@ -102,7 +104,8 @@ void CpuBackend::matmul_strided(const float* x, int64_t m, int64_t x_stride, con
   const auto& w = static_cast<const CpuMatrix&>(matrix);
   const int64_t n = w.rows, k = w.cols;
   if (w.bf16) {
-    kernels::matmul_packed_bf16(x, x_stride, m, k, w.packed.data(), n, y, y_stride, threads_);
+    kernels::matmul_packed_bf16(x, x_stride, m, k, w.packed.data(), n, y, y_stride, threads_,
+                                kernels::GemmIsa::kAuto, bf16_activations_);
     return;
   }
   if (m <= 0) return;

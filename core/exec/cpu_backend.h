@@ -13,8 +13,10 @@ namespace kvrt::exec {
 class CpuBackend : public Backend {
  public:
   // With bf16_weights matrices are held in bf16 (rounded to nearest even), halving the bytes a
-  // decode step streams; `threads` is how many threads this rank's ops may use.
-  CpuBackend(bool bf16_weights, int threads);
+  // decode step streams; `threads` is how many threads this rank's ops may use. With
+  // bf16_activations their products round x to bf16 first (kernels::matmul_packed_bf16's bf16_x:
+  // the bf16 dot product where the CPU has it).
+  CpuBackend(bool bf16_weights, int threads, bool bf16_activations = false);
 
   kvrt_device device() const override { return {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0}; }
   Stream stream() const override { return nullptr; }
@@ -57,6 +59,7 @@ class CpuBackend : public Backend {
  private:
   bool bf16_weights_;
   int threads_;
+  bool bf16_activations_;
   std::vector<float> rope_pair_;  // one head's values while interleaved RoPE rotates it
 };
 

@@ -336,7 +336,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
       if (!made.ok()) return made.status().WithContext("TP rank " + std::to_string(r));
       backend = std::move(*made);
     } else {
-      backend = std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank);
+      backend = std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank,
+                                             options.bf16_activations);
     }
     Result<std::unique_ptr<RankExecutor>> rank =
         RankExecutor::load(**family, weights, std::move(backend), group.communicator(r));

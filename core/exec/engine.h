@@ -28,6 +28,9 @@ struct EngineOptions {
   uint32_t page_size = 16;
   uint64_t num_pages = 0;
   bool bf16_weights = false;  // hold matrices in bf16 instead of f32
+  // Products of bf16 weights round the activations to bf16 first (model.matmul_precision =
+  // "medium"); the CPU backend's only.
+  bool bf16_activations = false;
   int threads = 0;  // threads for this process's ranks' products; 0 = OMP_NUM_THREADS or cores
   RankPlugins plugins;
   // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size

@@ -14,6 +14,7 @@
 #include "core/model/weights.h"
 #include "core/plugin/plugin_config.h"
 #include "core/sched/page_hash.h"
+#include "kernels/cpu/gemm.h"
 #include "sdk/conformance/verify.h"
 
 #ifdef KVRT_HAVE_CUDA
@@ -224,6 +225,21 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     bf16 = cfg.model.path.empty() || rt.model.torch_dtype == "bfloat16";
   }
   rt.bf16_weights = bf16;
+  // Activations rounded to bf16 in the products: only where there are bf16 products, on the CPU.
+  rt.bf16_activations = cfg.model.matmul_precision == "medium";
+  if (rt.bf16_activations && !bf16) {
+    return Status::ConfigError(cfg.source +
+                               ": model.matmul_precision = \"medium\" rounds the activations of "
+                               "products of bf16 weights, but the weights here are f32 "
+                               "(model.dtype = \"" +
+                               cfg.model.dtype + "\"); set model.dtype = \"bf16\"");
+  }
+  if (rt.bf16_activations && device.kind != KVRT_DEVICE_CPU) {
+    return Status::Unsupported(
+        cfg.source +
+        ": model.matmul_precision = \"medium\" is the CPU backend's only; "
+        "the CUDA backend multiplies f32-accurate activations (\"highest\")");
+  }
 
   // The architecture family, and whether it shards over this many ranks.
   const int tp = cfg.tp.size;
@@ -310,6 +326,14 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.page_size = g.page_size;
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
+  options.bf16_activations = rt.bf16_activations;
+  if (bf16 && g.device.kind == KVRT_DEVICE_CPU) {  // which kernel the products run, from cpuid
+    spdlog::info(
+        "products of bf16 weights: {} kernel, activations {} (model.matmul_precision "
+        "= \"{}\")",
+        kernels::gemm_isa_name(kernels::gemm_best_isa(rt.bf16_activations)),
+        rt.bf16_activations ? "rounded to bf16" : "in f32", cfg.model.matmul_precision);
+  }
   options.plugins = planned.plugins;
   options.group = group;
   if (g.device.kind == KVRT_DEVICE_CUDA) {
@@ -361,7 +385,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
 std::string kv_identity(const Runtime& rt) {
   const plugin::KvStore& store = rt.engine->store();
   const kvrt_kv_info& info = store.info();
-  return rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32") + "|" + store.name() + ":" +
+  return rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32") +
+         (rt.bf16_activations ? ":bf16x" : "") + "|" + store.name() + ":" +
          plugin::dtype_name(info.k_dtype) + "/" + plugin::dtype_name(info.v_dtype) + ":scales" +
          std::to_string(info.scale_mode) + ":" + std::to_string(info.bytes_per_page) + "B|tp" +
          std::to_string(rt.engine->tp());

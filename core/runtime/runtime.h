@@ -23,6 +23,7 @@ struct Runtime {
   std::string model_name;  // the directory or the preset
   model::ModelConfig model;
   bool bf16_weights = false;  // matrices held in bf16 rather than f32
+  bool bf16_activations = false;  // model.matmul_precision = "medium": x rounded to bf16
   std::unique_ptr<model::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;

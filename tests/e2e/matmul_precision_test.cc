@@ -1,0 +1,113 @@
+// What model.matmul_precision = "medium" (activations rounded to bf16 before every product of
+// bf16 weights, as the AVX-512 BF16 dot product takes them) costs on the real checkpoints,
+// against "highest" (f32 activations) on the same bf16 weights: the greedy ids are the same, and
+// the logits of every step, teacher-forced along them, move by the max |delta| printed. On a
+// CPU without the dot product the FMA kernel multiplies the rounded values, which are the dot
+// product's values up to the order of the sums (gemm_test checks both against one reference).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/e2e/greedy_reference.h"
+#include "tests/e2e/model_run.h"
+#include "tests/e2e/stories260k_reference.h"
+#include "tests/e2e/tiny_hf_reference.h"
+
+namespace kvrt {
+namespace {
+
+struct Case {
+  const char* name;  // under ../shared/models
+  std::vector<int32_t> prompt;
+  int steps;  // greedy steps compared
+};
+
+std::vector<Case> cases() {
+  std::vector<Case> out = {
+      {"stories260k", stories260k::kPrompt, static_cast<int>(stories260k::kExpected.size())},
+      {"tiny-deepseek-v3", stories260k::kPrompt, 12}};
+  for (const auto* refs : {&e2e::kTinyQwen3Reference, &e2e::kTinyLlama3Reference}) {
+    const char* name = refs == &e2e::kTinyQwen3Reference ? "tiny-qwen3" : "tiny-llama3";
+    for (const e2e::GreedyReference& r : *refs) {
+      out.push_back({name, r.prompt, static_cast<int>(r.ids.size())});
+    }
+  }
+  return out;
+}
+
+std::vector<float> next_logits(e2e::ModelRun& run, const std::vector<int32_t>& ids) {
+  Result<exec::GenerateResult> out = e2e::greedy(run, ids, 1);
+  EXPECT_TRUE(out.ok()) << out.status().message();
+  return out.ok() ? out->first_logits : std::vector<float>{};
+}
+
+TEST(MatmulPrecision, MediumKeepsEveryCheckpointsGreedyIds) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(std::string(c.name) + ", prompt of " + std::to_string(c.prompt.size()) + " ids");
+    const std::string dir = e2e::shared_model_dir(c.name);
+    if (!std::filesystem::exists(dir + "/model.safetensors")) {
+      std::printf("%s not found at %s: skipped\n", c.name, dir.c_str());
+      continue;
+    }
+    // stories260k is an f32 checkpoint: both runs hold its weights in bf16.
+    const std::vector<std::string> common = {"model.dtype=\"bf16\"", "device.memory=\"256MiB\""};
+    std::vector<std::string> highest = common, medium = common;
+    highest.push_back("model.matmul_precision=\"highest\"");
+    medium.push_back("model.matmul_precision=\"medium\"");
+    e2e::ModelRun h(dir, "kv_f32_paged", 1, 16, highest), m(dir, "kv_f32_paged", 1, 16, medium);
+    ASSERT_TRUE(h.runtime.ok()) << h.runtime.status().message();
+    ASSERT_TRUE(m.runtime.ok()) << m.runtime.status().message();
+    ASSERT_TRUE(m.runtime->bf16_activations);
+    ASSERT_FALSE(h.runtime->bf16_activations);
+
+    Result<exec::GenerateResult> gh = e2e::greedy(h, c.prompt, c.steps);
+    Result<exec::GenerateResult> gm = e2e::greedy(m, c.prompt, c.steps);
+    ASSERT_TRUE(gh.ok() && gm.ok());
+    EXPECT_EQ(gm->ids, gh->ids);
+
+    // Each step's logits along highest's ids, both ways.
+    double worst = 0, largest = 0, least_margin = 1e30;
+    std::vector<int32_t> seq = c.prompt;
+    for (size_t i = 0; i < gh->ids.size(); ++i) {
+      const std::vector<float> a = next_logits(h, seq), b = next_logits(m, seq);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_FALSE(a.empty());
+      std::vector<float> sorted = a;
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+      least_margin = std::min(least_margin, double{sorted[0]} - sorted[1]);
+      for (size_t j = 0; j < a.size(); ++j) {
+        worst = std::max(worst, std::abs(double{a[j]} - b[j]));
+        largest = std::max(largest, std::abs(double{a[j]}));
+      }
+      seq.push_back(gh->ids[i]);
+    }
+    std::printf(
+        "%s (prompt of %zu ids, %zu steps): max |delta logit| %.3g, max |logit| %.3g, "
+        "smallest top-1 margin %.3g\n",
+        c.name, c.prompt.size(), gh->ids.size(), worst, largest, least_margin);
+    // bf16 keeps 8 bits of each activation: what reaches the logits stays far below them (a
+    // kernel that dropped or garbled the rounded values would not).
+    EXPECT_LT(worst, 0.05 * largest);
+    EXPECT_GT(worst, 0.0);  // the rounding did happen
+  }
+}
+
+// "medium" rounds activations for products of bf16 weights; with f32 weights (stories260k's own
+// dtype) there are none, so the configuration is refused, naming both keys.
+TEST(MatmulPrecision, MediumOverF32WeightsIsRefused) {
+  const std::string dir = stories260k::model_dir();
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " not found";
+  e2e::ModelRun run(dir, "kv_f32_paged", 1, 16, {"model.matmul_precision=\"medium\""});
+  ASSERT_FALSE(run.runtime.ok());
+  EXPECT_NE(run.runtime.status().message().find("model.matmul_precision"), std::string::npos)
+      << run.runtime.status().message();
+  EXPECT_NE(run.runtime.status().message().find("model.dtype"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrt
