@@ -14,7 +14,9 @@
 // every projection of synth-76m and of synth-mla at m = 8 and 64. Two references on the
 // up-projection: matmul_bf16_in_cache (one copy of the weights, so the kernel's arithmetic
 // alone) and widened_sgemm (the weights widened to f32 per product, then OpenBLAS's sgemm:
-// the path products above 16 rows took before the packed kernel).
+// the path products above 16 rows took before the packed kernel). matmul_bf16_x is
+// model.matmul_precision = "medium" (x rounded to bf16: the AVX-512 BF16 dot product where the
+// CPU has it, else the rounding pass before the same FMA kernel) on the up-projection.
 //   ./build/bin/gemm_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -68,17 +70,19 @@ constexpr Shape kSynthMla[] = {
 
 // Where the weights are read from, and by what.
 enum class Mode {
-  kMemory,       // CpuBackend::matmul, the weights cycling through 64 MiB: as a decode step reads
-  kCache,        // the same on one copy of the weights, which stays in cache: the kernel's own rate
-  kWidenedSgemm  // the baseline: what CpuBackend did before the packed kernel at m > 16, each
-                 // thread widening its band of bf16 weights to f32, then OpenBLAS's sgemm
+  kMemory,  // CpuBackend::matmul, the weights cycling through 64 MiB: as a decode step reads
+  kCache,   // the same on one copy of the weights, which stays in cache: the kernel's own rate
+  kWidenedSgemm,  // the baseline: what CpuBackend did before the packed kernel at m > 16, each
+                  // thread widening its band of bf16 weights to f32, then OpenBLAS's sgemm
+  kMemoryBf16X    // kMemory with x rounded to bf16 (model.matmul_precision = "medium")
 };
 
 void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   const int64_t m = state.range(0), n = shape.n, k = shape.k;
   const int threads = omp_get_num_procs();
   openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
-  exec::CpuBackend backend(/*bf16_weights=*/true, threads);
+  exec::CpuBackend backend(/*bf16_weights=*/true, threads,
+                           /*bf16_activations=*/mode == Mode::kMemoryBf16X);
   // Enough copies of the weights that cycling through them reads memory (64 MiB of bf16).
   const int64_t copies =
       mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
@@ -150,14 +154,16 @@ int main(int argc, char** argv) {
   add("matmul_bf16/", Mode::kMemory, up, {1, 8, 16, 64, 256, 512});
   add("matmul_bf16_in_cache/", Mode::kCache, up, {8, 64, 512});
   add("widened_sgemm/", Mode::kWidenedSgemm, up, {16, 64, 256, 512});
+  add("matmul_bf16_x/", Mode::kMemoryBf16X, up, {1, 8, 64, 512});
   for (const Shape& s : kSynth76m) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   for (const Shape& s : kSynthMla) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
   std::fprintf(stderr,
                "peak: f32 FMA (%s) %.1f GFLOP/s, bf16 dot %.1f GFLOP/s; read %.1f GB/s; "
-               "products on %s\n",
+               "products on %s (with x rounded to bf16: %s)\n",
                peak().f32_isa, peak().f32_gflops, peak().bf16_gflops, read_GBps(),
-               kernels::gemm_isa_name(kernels::GemmIsa::kAuto));
+               kernels::gemm_isa_name(kernels::GemmIsa::kAuto),
+               kernels::gemm_isa_name(kernels::gemm_best_isa(true)));
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
