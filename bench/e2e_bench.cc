@@ -11,7 +11,9 @@
 //                     KV of the whole context once
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks. The
 // batch cases also give their roofline (bench/roofline.h, measured in the same run) and the
-// fraction of it they reach.
+// fraction of it they reach, and their two phases apart: prefill_s and prefill_peak_fraction
+// (the step of all prompts against the arithmetic peak), decode_step_ms and
+// decode_roofline_fraction (the decode steps against the same roofline).
 //   ./build/bin/e2e_bench --benchmark_filter=decode/batch1
 #include <benchmark/benchmark.h>
 #include <omp.h>
