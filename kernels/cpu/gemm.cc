@@ -79,6 +79,19 @@ KVRT_AVX2 KVRT_INLINE __m256 broadcast_x(const float* p) {
   return _mm256_broadcastss_ps(_mm_load_ss(p));
 }
 
+// One k's x values (x[r * ldx] for each row) times the widened halves w0 (columns 0-7) and w1
+// (8-15), into one set's MR x 2 sums.
+template <int MR>
+KVRT_AVX2 KVRT_INLINE void fma_rows(const float* x, size_t ldx, __m256 w0, __m256 w1,
+                                    __m256 (&acc)[MR][2]) {
+  KVRT_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    const __m256 a = broadcast_x(x + r * ldx);
+    acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+    acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+  }
+}
+
 // AVX2, one pair of k (q) into the sums of set E (its even k) and set O (its odd k): a group is
 // two 256-bit halves (columns 0-7 and 8-15); each row's x value for the even k meets the widened
 // even halves, then the odd k the odd halves, with only one half-group of widened weights live
@@ -93,12 +106,7 @@ KVRT_AVX2 KVRT_INLINE void pair_avx2(const float* x, size_t ldx, size_t q, const
   const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + kNr));
   const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
   const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    const __m256 a = broadcast_x(x + r * ldx + 2 * q);
-    acc[E][r][0] = _mm256_fmadd_ps(a, e0, acc[E][r][0]);
-    acc[E][r][1] = _mm256_fmadd_ps(a, e1, acc[E][r][1]);
-  }
+  fma_rows<MR>(x + 2 * q, ldx, e0, e1, acc[E]);
   __m256 o0, o1;
   if constexpr (MR <= 2) {  // registers to spare for the mask: one op, not two
     const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -108,12 +116,7 @@ KVRT_AVX2 KVRT_INLINE void pair_avx2(const float* x, size_t ldx, size_t q, const
     o0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v0, 16), 16));
     o1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v1, 16), 16));
   }
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    const __m256 b = broadcast_x(x + r * ldx + 2 * q + 1);
-    acc[O][r][0] = _mm256_fmadd_ps(b, o0, acc[O][r][0]);
-    acc[O][r][1] = _mm256_fmadd_ps(b, o1, acc[O][r][1]);
-  }
+  fma_rows<MR>(x + 2 * q + 1, ldx, o0, o1, acc[O]);
 }
 
 // AVX2: MR x 2 sums per set. An FMA's result is ready ~4-5 cycles after it issues and two issue
@@ -151,12 +154,7 @@ KVRT_AVX2 void panel_avx2(const void* xv, size_t ldx, size_t k, const uint16_t* 
     const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + kNr));
     const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
     const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
-    KVRT_UNROLL
-    for (int r = 0; r < MR; ++r) {
-      const __m256 a = broadcast_x(x + r * ldx + k - 1);
-      acc[0][r][0] = _mm256_fmadd_ps(a, e0, acc[0][r][0]);
-      acc[0][r][1] = _mm256_fmadd_ps(a, e1, acc[0][r][1]);
-    }
+    fma_rows<MR>(x + k - 1, ldx, e0, e1, acc[0]);
   }
   KVRT_UNROLL
   for (int s = 1; s < S; ++s) {
