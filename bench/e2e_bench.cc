@@ -6,6 +6,9 @@
 //                     bytes bound rather than the arithmetic)
 //   prefill/512       one sequence's 512-token prompt in one step: prompt tokens per second,
 //                     and the fraction of the arithmetic peak its products' flops reach
+//   .../medium        decode/batch1, batch64, batch8 and prefill/512 again with
+//                     model.matmul_precision = "medium" (activations rounded to bf16 in the
+//                     products: the AVX-512 BF16 dot product where the CPU has it)
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store, with the
 //                     ceiling a streaming read sets when each token reads every weight and the
 //                     KV of the whole context once
@@ -50,8 +53,12 @@ plugin::Registry& registry() {
   return *r;
 }
 
-std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint64_t pages) {
+// medium: model.matmul_precision = "medium" (activations rounded to bf16 in the products: the
+// AVX-512 BF16 dot product where the CPU has it).
+std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint64_t pages,
+                                          bool medium = false) {
   exec::EngineOptions o;
+  o.bf16_activations = medium;
   o.tp = tp;
   o.page_size = 16;
   o.num_pages = pages;
@@ -89,9 +96,9 @@ const bench::Peak& peak() {
   return p;
 }
 
-void BM_DecodeBatch1(benchmark::State& state) {
+void BM_DecodeBatch1(benchmark::State& state, bool medium) {
   const int tp = static_cast<int>(state.range(0));
-  auto engine = make_engine(tp, "kv_bf16_paged", 64);
+  auto engine = make_engine(tp, "kv_bf16_paged", 64, medium);
   exec::GenerateOptions o;
   o.max_new_tokens = 65;
   const double tok_per_s = decode_tok_per_s(state, *engine, prompt(16, 1), o);
@@ -105,10 +112,10 @@ void BM_DecodeBatch1(benchmark::State& state) {
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / weight_bytes;
 }
 
-void BM_Batch(benchmark::State& state, int seqs) {
+void BM_Batch(benchmark::State& state, int seqs, bool medium) {
   const int tp = static_cast<int>(state.range(0));
   const int prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
-  auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq);
+  auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq, medium);
   double seconds = 0, prefill_seconds = 0;
   int64_t generated = 0;
   for (auto _ : state) {
@@ -167,10 +174,10 @@ void BM_Batch(benchmark::State& state, int seqs) {
   state.counters["decode_roofline_fraction"] = decode_tok_per_s / roofline;
 }
 
-void BM_Prefill(benchmark::State& state) {
+void BM_Prefill(benchmark::State& state, bool medium) {
   const int tp = static_cast<int>(state.range(0));
   const int len = 512;
-  auto engine = make_engine(tp, "kv_bf16_paged", len / 16);
+  auto engine = make_engine(tp, "kv_bf16_paged", len / 16, medium);
   double seconds = 0;
   int64_t tokens = 0;
   for (auto _ : state) {
@@ -235,26 +242,31 @@ int main(int argc, char** argv) {
   // benchmark's, JSON alone with --benchmark_format=json.
   spdlog::set_default_logger(spdlog::stderr_color_mt("e2e_bench"));
   benchmark::Initialize(&argc, argv);
-  benchmark::RegisterBenchmark("decode/batch1", BM_DecodeBatch1)
-      ->Arg(1)
-      ->Arg(2)
-      ->ArgName("tp")
-      ->Iterations(3)
-      ->Unit(benchmark::kSecond);
-  for (int seqs : {64, 8}) {
-    benchmark::RegisterBenchmark(("batch" + std::to_string(seqs) + "/128+128").c_str(), BM_Batch,
-                                 seqs)
+  // Each case as it is (model.matmul_precision = "highest", the default), then with "medium"
+  // (the name's /medium), one after the other in the same process.
+  for (const bool medium : {false, true}) {
+    const std::string suffix = medium ? "/medium" : "";
+    benchmark::RegisterBenchmark(("decode/batch1" + suffix).c_str(), BM_DecodeBatch1, medium)
         ->Arg(1)
         ->Arg(2)
         ->ArgName("tp")
-        ->Iterations(1)
+        ->Iterations(3)
+        ->Unit(benchmark::kSecond);
+    for (int seqs : {64, 8}) {
+      benchmark::RegisterBenchmark(("batch" + std::to_string(seqs) + "/128+128" + suffix).c_str(),
+                                   BM_Batch, seqs, medium)
+          ->Arg(1)
+          ->Arg(2)
+          ->ArgName("tp")
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
+    }
+    benchmark::RegisterBenchmark(("prefill/512" + suffix).c_str(), BM_Prefill, medium)
+        ->Arg(1)
+        ->ArgName("tp")
+        ->Iterations(3)
         ->Unit(benchmark::kSecond);
   }
-  benchmark::RegisterBenchmark("prefill/512", BM_Prefill)
-      ->Arg(1)
-      ->ArgName("tp")
-      ->Iterations(3)
-      ->Unit(benchmark::kSecond);
   for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3"}) {
     benchmark::RegisterBenchmark((std::string("decode/ctx4096/") + store).c_str(),
                                  BM_DecodeLongContext, std::string(store))
