@@ -242,8 +242,9 @@ int main(int argc, char** argv) {
   // benchmark's, JSON alone with --benchmark_format=json.
   spdlog::set_default_logger(spdlog::stderr_color_mt("e2e_bench"));
   benchmark::Initialize(&argc, argv);
-  // Each case as it is (model.matmul_precision = "highest", the default), then with "medium"
-  // (the name's /medium), one after the other in the same process.
+  // Each case with the activations in f32 (model.matmul_precision = "highest"), then with
+  // "medium" (the name's /medium: what "auto" takes on a CPU with the AVX-512 BF16 dot product),
+  // one after the other in the same process.
   for (const bool medium : {false, true}) {
     const std::string suffix = medium ? "/medium" : "";
     benchmark::RegisterBenchmark(("decode/batch1" + suffix).c_str(), BM_DecodeBatch1, medium)

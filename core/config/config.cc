@@ -395,7 +395,7 @@ const std::vector<Field>& Schema() {
                   {"bf16", "f32", "auto"}, false),
       StringField("model", "matmul_precision",
                   [](auto& c) -> auto& { return c.model.matmul_precision; },
-                  {"highest", "medium"}, false),
+                  {"auto", "highest", "medium"}, false),
       StringField("device", "kind", [](auto& c) -> auto& { return c.device.kind; },
                   {"cpu", "cuda"}, false),
       IntField("device", "ordinal", [](auto& c) -> auto& { return c.device.ordinal; }, 0, kIntMax),

@@ -27,8 +27,9 @@ struct Config {
     std::string path;                  // weights; "" = use the preset
     std::string dtype = "auto";        // "bf16" | "f32" | "auto"
     // Products of bf16 weights: "highest" keeps the activations in f32, "medium" rounds them to
-    // bf16 first (the AVX-512 BF16 dot product where the CPU has it). CPU only.
-    std::string matmul_precision = "highest";
+    // bf16 first (the AVX-512 BF16 dot product where the CPU has it; CPU only), "auto" is
+    // "medium" for bf16 weights on a CPU with that dot product and "highest" elsewhere.
+    std::string matmul_precision = "auto";
   };
   struct Device {
     std::string kind = "cpu";  // "cpu" | "cuda"

@@ -23,7 +23,9 @@ struct Runtime {
   std::string model_name;  // the directory or the preset
   model::ModelConfig model;
   bool bf16_weights = false;  // matrices held in bf16 rather than f32
-  bool bf16_activations = false;  // model.matmul_precision = "medium": x rounded to bf16
+  // x rounded to bf16 in the products: model.matmul_precision = "medium", or "auto" where it
+  // resolved to medium
+  bool bf16_activations = false;
   std::unique_ptr<model::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;

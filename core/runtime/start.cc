@@ -44,7 +44,11 @@ std::string fingerprint(Session& s) {
       << m.hidden_size << ", " << m.num_attention_heads << " heads / " << m.num_key_value_heads
       << " KV heads, vocab " << m.vocab_size << "\n";
   out << "weights\t" << (rt.bf16_weights ? "bf16" : "f32") << "\n";
-  out << "model.matmul_precision\t" << cfg.model.matmul_precision << "\n";
+  out << "model.matmul_precision\t" << cfg.model.matmul_precision;
+  if (cfg.model.matmul_precision == "auto") {
+    out << " (" << (rt.bf16_activations ? "medium" : "highest") << ")";
+  }
+  out << "\n";
   out << "tp.size\t" << cfg.tp.size << "\n";
   Result<const plugin::LoadedPlugin*> store = s.registry.load(cfg.kv.store);
   Result<const plugin::LoadedPlugin*> attention = s.registry.load(cfg.attention.backend);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gemm.h"
 #include "tests/e2e/greedy_reference.h"
 #include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_reference.h"
@@ -114,6 +115,20 @@ TEST(MatmulPrecisionConfig, MediumOverF32WeightsIsRefused) {
   EXPECT_NE(run.runtime.status().message().find("model.matmul_precision"), std::string::npos)
       << run.runtime.status().message();
   EXPECT_NE(run.runtime.status().message().find("model.dtype"), std::string::npos);
+}
+
+// "auto" (the default) is "medium" where the dot product exists and the weights are bf16, and
+// "highest" elsewhere: f32 weights are not refused, they keep f32 activations.
+TEST(MatmulPrecisionConfig, AutoTakesTheDotProductWhereTheCpuHasIt) {
+  const std::string dir = stories260k::model_dir();
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " not found";
+  const bool dot = kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16);
+  e2e::ModelRun bf16(dir, "kv_f32_paged", 1, 16, {"model.dtype=\"bf16\""});
+  ASSERT_TRUE(bf16.runtime.ok()) << bf16.runtime.status().message();
+  EXPECT_EQ(bf16.runtime->bf16_activations, dot) << "AVX-512 BF16 on this CPU: " << dot;
+  e2e::ModelRun f32(dir, "kv_f32_paged", 1, 16, {"model.dtype=\"f32\""});
+  ASSERT_TRUE(f32.runtime.ok()) << f32.runtime.status().message();
+  EXPECT_FALSE(f32.runtime->bf16_activations);
 }
 
 }  // namespace
