@@ -336,12 +336,9 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   if (bf16 && g.device.kind == KVRT_DEVICE_CPU) {  // which kernel the products run, from cpuid
     spdlog::info(
         "products of bf16 weights: {} kernel, activations {} (model.matmul_precision "
-        "= \"{}\"{})",
+        "= \"{}\")",
         kernels::gemm_isa_name(kernels::gemm_best_isa(rt.bf16_activations)),
-        rt.bf16_activations ? "rounded to bf16" : "in f32", cfg.model.matmul_precision,
-        cfg.model.matmul_precision != "auto" ? ""
-        : rt.bf16_activations                ? ": medium, this CPU has the AVX-512 BF16 dot product"
-                                             : ": highest, this CPU has no bf16 dot product");
+        rt.bf16_activations ? "rounded to bf16" : "in f32", cfg.model.matmul_precision);
   }
   options.plugins = planned.plugins;
   options.group = group;
