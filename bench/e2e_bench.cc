@@ -12,6 +12,15 @@
 //   decode/ctx4096    one sequence decoding after a 4,096-token prompt, per KV store, with the
 //                     ceiling a streaming read sets when each token reads every weight and the
 //                     KV of the whole context once
+//   llama-3.2-1b-shape/decode/batch{1,16,64}/{greedy,sampled}
+//                     Llama-3.2-1B's shape and 128,256-token vocabulary (seeded bf16 weights,
+//                     model.matmul_precision as "auto" takes it): decode tokens per second of 1,
+//                     16 and 64 sequences (32-token prompts, 32 steps timed), each token chosen
+//                     by its sequence's own sampler as the serving core does (the step's rows
+//                     side by side on the engine's threads), greedy or at temperature 0.7 and
+//                     top_p 0.95; sample_ms_per_step is the sampling's share of a step. Greedy
+//                     and sampled run one after the other at each batch size, so their ratio is
+//                     taken in one process.
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks. The
 // batch cases also give their roofline (bench/roofline.h, measured in the same run) and the
 // fraction of it they reach, and their two phases apart: prefill_s and prefill_peak_fraction
@@ -35,8 +44,10 @@
 #include "core/capacity/stores.h"
 #include "core/exec/engine.h"
 #include "core/exec/generate.h"
+#include "core/exec/sampler.h"
 #include "core/model/weights.h"
 #include "core/plugin/registry.h"
+#include "kernels/cpu/gemm.h"
 
 namespace {
 
@@ -48,6 +59,13 @@ const model::Weights& weights() {
   return *w;
 }
 
+// Made on first use: 5 GB of f32 while its weights are generated.
+const model::Weights& weights_1b() {
+  static model::Weights* w =
+      new model::Weights(std::move(*model::make_preset("llama-3.2-1b-shape")));
+  return *w;
+}
+
 plugin::Registry& registry() {
   static plugin::Registry* r = new plugin::Registry();
   return *r;
@@ -56,7 +74,8 @@ plugin::Registry& registry() {
 // medium: model.matmul_precision = "medium" (activations rounded to bf16 in the products: the
 // AVX-512 BF16 dot product where the CPU has it).
 std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint64_t pages,
-                                          bool medium = false) {
+                                          bool medium = false,
+                                          const model::Weights& w = weights()) {
   exec::EngineOptions o;
   o.bf16_activations = medium;
   o.tp = tp;
@@ -65,7 +84,7 @@ std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint
   o.bf16_weights = true;
   o.plugins.store = *registry().load_kv_store(store);
   o.plugins.attention = *registry().load("attn_cpu");
-  return std::move(*exec::Engine::create(weights(), o));
+  return std::move(*exec::Engine::create(w, o));
 }
 
 std::vector<int32_t> prompt(size_t n, int32_t salt) {
@@ -235,6 +254,60 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / (weight_bytes + kv_bytes);
 }
 
+void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
+  const int prompt_len = 32, steps = 32, pages_per_seq = (prompt_len + steps + 16) / 16;
+  // What model.matmul_precision = "auto" takes for bf16 weights on this CPU.
+  const bool medium = kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16);
+  auto engine = make_engine(1, "kv_bf16_paged", seqs * pages_per_seq, medium, weights_1b());
+  const size_t vocab = static_cast<size_t>(engine->config().vocab_size);
+  const int threads = std::min(seqs, engine->threads());
+  double decode_seconds = 0, sample_seconds = 0;
+  int64_t tokens = 0;
+  for (auto _ : state) {
+    std::vector<exec::Sampler> samplers;
+    exec::Batch batch;
+    for (int s = 0; s < seqs; ++s) {
+      exec::SamplingParams p;
+      if (sampled) p.temperature = 0.7f, p.top_p = 0.95f;
+      p.seed = static_cast<uint64_t>(s);
+      samplers.emplace_back(p);
+      exec::SequenceStep step;
+      step.tokens = prompt(prompt_len, s);
+      step.pages.resize(pages_per_seq);
+      std::iota(step.pages.begin(), step.pages.end(), s * pages_per_seq);
+      batch.sequences.push_back(std::move(step));
+    }
+    std::vector<int32_t> next(static_cast<size_t>(seqs));
+    auto sample = [&](std::vector<float>& logits) {
+      const auto start = Clock::now();
+#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1)
+      for (int s = 0; s < seqs; ++s) {
+        next[static_cast<size_t>(s)] = samplers[static_cast<size_t>(s)].sample_in_place(
+            std::span<float>(logits.data() + static_cast<size_t>(s) * vocab, vocab));
+      }
+      sample_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    };
+    auto logits = engine->step(batch);  // the prompts, not timed
+    sample(*logits);
+    const auto start = Clock::now();
+    for (int t = 0; t < steps; ++t) {
+      for (int s = 0; s < seqs; ++s) {
+        exec::SequenceStep& step = batch.sequences[static_cast<size_t>(s)];
+        step.start += static_cast<int32_t>(step.tokens.size());
+        step.tokens.assign(1, next[static_cast<size_t>(s)]);
+      }
+      logits = engine->step(batch);
+      sample(*logits);
+    }
+    decode_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    tokens += int64_t{seqs} * steps;
+  }
+  const double iterations = static_cast<double>(state.iterations());
+  state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / decode_seconds;
+  state.counters["step_ms"] = 1e3 * decode_seconds / (iterations * steps);
+  state.counters["sample_ms_per_step"] = 1e3 * sample_seconds / (iterations * (steps + 1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -273,6 +346,16 @@ int main(int argc, char** argv) {
                                  BM_DecodeLongContext, std::string(store))
         ->Iterations(1)
         ->Unit(benchmark::kSecond);
+  }
+  for (int seqs : {1, 16, 64}) {
+    for (const bool sampled : {false, true}) {
+      benchmark::RegisterBenchmark(("llama-3.2-1b-shape/decode/batch" + std::to_string(seqs) +
+                                    (sampled ? "/sampled" : "/greedy"))
+                                       .c_str(),
+                                   BM_RealVocabulary, seqs, sampled)
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
+    }
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -328,6 +328,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   }
   TpGroup& group = *engine->group_;
   const int cores = options.threads > 0 ? options.threads : default_threads();
+  engine->threads_ = cores;
   const int threads_per_rank = group.threads_per_rank(cores);
   for (int r : group.local_ranks()) {
     std::unique_ptr<Backend> backend;

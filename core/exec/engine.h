@@ -99,6 +99,9 @@ class Engine {
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
   uint64_t num_pages() const { return options_.num_pages; }
+  // The threads this process's work may use (EngineOptions::threads, else OMP_NUM_THREADS or
+  // the cores): its ranks' products share them, and so does sampling a step's sequences.
+  int threads() const { return threads_; }
 
  private:
   Engine(const model::ModelConfig& config, const EngineOptions& options);
@@ -127,6 +130,7 @@ class Engine {
   std::vector<uint8_t> replies_;
   std::vector<int32_t> words_;
   Status broken_;  // why the TP group cannot step any more (OK while it can)
+  int threads_ = 1;
 };
 
 }  // namespace kvrt::exec

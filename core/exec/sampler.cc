@@ -3,20 +3,18 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
+
+#include "kernels/cpu/sampling.h"
 
 namespace kvrt::exec {
 
 SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k, float scale) {
   const auto n = static_cast<int32_t>(logits.size());
   // A positive scale keeps the order, so the maximum and the top entries are the logits' own.
-  float max = -std::numeric_limits<float>::infinity();
-  for (float x : logits) max = std::max(max, x);
+  const float max = kernels::max_value(logits.data(), logits.size());
   const double smax = static_cast<double>(max) * scale;
   double sum = 0;
-  if (std::isfinite(max)) {
-    for (float x : logits) sum += std::exp(static_cast<double>(x) * scale - smax);
-  }
+  if (std::isfinite(max)) sum = kernels::exp_sum(logits.data(), logits.size(), max, scale);
   const double lse = smax + std::log(sum);
   auto logprob = [&](int32_t i) {
     const double lp = static_cast<double>(logits[static_cast<size_t>(i)]) * scale - lse;
@@ -28,17 +26,23 @@ SampledLogprobs logprobs_of(std::span<const float> logits, int32_t id, int32_t k
   out.chosen = {id, logprob(id)};
   k = std::clamp(k, 0, n);
   if (k > 0) {
-    std::vector<int32_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    // The k largest by selection: every entry at least the k-th largest, then those few sorted
+    // (the likeliest first, ties by id) and cut to k.
+    std::vector<float> scratch;
+    const float kth =
+        kernels::kth_largest(logits.data(), logits.size(), static_cast<size_t>(k), &scratch);
+    std::vector<int32_t> top;
+    for (size_t i = kernels::find_at_least(logits.data(), logits.size(), 0, kth); i < logits.size();
+         i = kernels::find_at_least(logits.data(), logits.size(), i + 1, kth)) {
+      top.push_back(static_cast<int32_t>(i));
+    }
+    std::sort(top.begin(), top.end(), [&](int32_t a, int32_t b) {
       const float x = logits[static_cast<size_t>(a)], y = logits[static_cast<size_t>(b)];
       return x > y || (x == y && a < b);
     });
+    top.resize(static_cast<size_t>(k));
     out.top.reserve(static_cast<size_t>(k));
-    for (int32_t i = 0; i < k; ++i) {
-      const int32_t id_i = order[static_cast<size_t>(i)];
-      out.top.push_back({id_i, logprob(id_i)});
-    }
+    for (int32_t id_i : top) out.top.push_back({id_i, logprob(id_i)});
   }
   return out;
 }
@@ -134,52 +138,10 @@ SampledLogprobs Sampler::take_logprobs() {
 }
 
 int32_t Sampler::choose(std::span<const float> logits) {
-  const int32_t token = [&] {
-    const auto n = static_cast<int32_t>(logits.size());
-    // Greedy: the first maximum, as argmax does.
-    if (params_.temperature <= 0.0f) {
-      return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
-                                  logits.begin());
-    }
-    std::vector<int32_t> order(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), 0);
-    const int32_t k = params_.top_k > 0 ? std::min(params_.top_k, n) : n;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-    order.resize(static_cast<size_t>(k));
-    std::vector<double> probs(static_cast<size_t>(k));
-    double sum = 0;
-    for (int32_t i = 0; i < k; ++i) {
-      probs[i] = std::exp((logits[order[i]] - logits[order[0]]) / params_.temperature);
-      sum += probs[i];
-    }
-    // Nucleus: the smallest prefix (in probability order) whose mass reaches top_p.
-    int32_t keep = k;
-    if (params_.top_p < 1.0f) {
-      double mass = 0;
-      for (int32_t i = 0; i < k; ++i) {
-        mass += probs[i] / sum;
-        if (mass >= params_.top_p) {
-          keep = i + 1;
-          break;
-        }
-      }
-    }
-    // Min-p: only tokens at least min_p times as likely as the first (probs[0] is 1).
-    if (params_.min_p > 0.0f) {
-      int32_t likely = 1;
-      while (likely < keep && probs[likely] >= static_cast<double>(params_.min_p)) ++likely;
-      keep = likely;
-    }
-    double kept = 0;
-    for (int32_t i = 0; i < keep; ++i) kept += probs[i];
-    double u = uniform() * kept;
-    for (int32_t i = 0; i < keep; ++i) {
-      u -= probs[i];
-      if (u < 0) return order[i];
-    }
-    return order[keep - 1];
-  }();
+  const int32_t token = params_.temperature > 0.0f
+                            ? draw(logits)
+                            // Greedy: the first maximum, as argmax does.
+                            : static_cast<int32_t>(kernels::argmax(logits.data(), logits.size()));
   if (params_.logprobs >= 0) {
     const float scale = params_.temperature > 0.0f ? 1.0f / params_.temperature : 1.0f;
     logprobs_.push_back(logprobs_of(logits, token, params_.logprobs, scale));
@@ -187,6 +149,47 @@ int32_t Sampler::choose(std::span<const float> logits) {
   ++generated_;
   if (counts_output()) ++counts_[token];
   return token;
+}
+
+int32_t Sampler::draw(std::span<const float> logits) {
+  const float* x = logits.data();
+  const size_t n = logits.size();
+  const float max = kernels::max_value(x, n);
+  if (!std::isfinite(max)) return static_cast<int32_t>(kernels::argmax(x, n));
+  // Top-k: a floor on the logits at the k-th largest (ties with it stay in).
+  float floor = -std::numeric_limits<float>::infinity();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
+    floor = kernels::kth_largest(x, n, static_cast<size_t>(params_.top_k), &select_scratch_);
+  }
+  // Each kept token's weight relative to the likeliest (whose weight is 1), and their mass: the
+  // set top-p's fraction is of.
+  weights_.resize(n);
+  float* w = weights_.data();
+  const float mass = kernels::exp_weights(x, n, max, 1.0f / params_.temperature, floor, w);
+  // Min-p: the tokens weighing at least min_p. Draws are from the weights above `above`.
+  float above = 0.0f;
+  float drawn = mass;
+  if (params_.min_p > 0.0f) {
+    above = std::nextafter(params_.min_p, 0.0f);
+    drawn = kernels::sum_above(w, n, above);
+  }
+  while (true) {
+    // Inverse CDF in vocabulary order over the weights above `above`.
+    size_t j = kernels::prefix_search(w, n, above, static_cast<float>(uniform()) * drawn);
+    if (j >= n) {  // the target past a sum rounded otherwise: the last such token
+      j = n - 1;
+      while (j > 0 && !(w[j] > above)) --j;
+    }
+    if (params_.top_p >= 1.0f) return static_cast<int32_t>(j);
+    // Top-p without a sort (FlashInfer's rejection sampling): j is in the nucleus when the
+    // tokens likelier than it hold less than top_p of the mass. If not, no token as likely as j
+    // or less is, so draw again from the likelier ones: what is finally drawn is distributed
+    // as the nucleus, renormalised. The likeliest token (weight 1) always passes.
+    const float likelier = kernels::sum_above(w, n, w[j]);
+    if (likelier < params_.top_p * mass) return static_cast<int32_t>(j);
+    above = w[j];
+    drawn = likelier;
+  }
 }
 
 }  // namespace kvrt::exec

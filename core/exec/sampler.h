@@ -3,6 +3,14 @@
 // the logits, and when asked it reports the chosen token's log-probability and the likeliest
 // alternatives.
 //
+// Which tokens a sampled draw keeps: top-k those at least as likely as the k-th likeliest (ties
+// with it included), top-p among those the ones whose likelier tokens hold less than top_p of
+// their mass (the smallest nucleus that reaches top_p, ties included), min-p those at least
+// min_p times as likely as the likeliest; the token is drawn from what all three keep, in
+// proportion to exp(logit / temperature). Nothing is sorted: each draw makes a few vectorised
+// passes over the logits (kernels/cpu/sampling.h), a top-p draw by rejection. A seed gives the
+// same tokens for the same logits on the same CPU class (its sums are rounded in SIMD lanes).
+//
 // Which distribution the log-probabilities are of: the log-softmax, over the whole vocabulary,
 // of the logits the token is sampled from -- after the penalties, the logit bias and the
 // min_tokens mask, divided by the temperature when it is above 0 (greedy: the untempered
@@ -90,6 +98,7 @@ class Sampler {
   bool counts_output() const;  // a penalty reads the output's counts
   void reshape(std::span<float> logits) const;
   int32_t choose(std::span<const float> logits);
+  int32_t draw(std::span<const float> logits);  // temperature > 0
   double uniform();  // [0, 1), the same on every platform for a seed
 
   SamplingParams params_;
@@ -99,6 +108,8 @@ class Sampler {
   std::vector<int32_t> stop_ids_;                // min_tokens on
   int32_t generated_ = 0;
   std::vector<float> scratch_;  // the const form's copy
+  std::vector<float> weights_;  // draw()'s exp((logit - max) / temperature), kept tokens only
+  std::vector<float> select_scratch_;  // top-k's selection over a large k
   std::deque<SampledLogprobs> logprobs_;
   int32_t next_prompt_ = 0;
   std::vector<SampledLogprobs> prompt_logprobs_;

@@ -78,6 +78,9 @@ constexpr Preset kPresets[] = {
     // Llama-3-8B's shape (8.0B parameters with tied embeddings) for GPU benchmarks
     // (scripts/gpu_check.sh): 32 GB of f32 while it is generated, so not for this CPU's tests.
     {"synth-llama3-8b", 4096, 32, 32, 8, 128, 14336, 128256, 8192},
+    // Llama-3.2-1B's shape (1.24B parameters, tied embeddings): a real vocabulary's cost in the
+    // logits and the sampler, at a size a CPU benchmark can decode (e2e_bench).
+    {"llama-3.2-1b-shape", 2048, 16, 32, 8, 64, 8192, 128256, 8192},
 };
 
 ModelConfig ConfigOf(const Preset& p) {

@@ -26,6 +26,8 @@ class EngineExecutor : public sched::StepExecutor {
   exec::Engine* engine_;
   SamplerOf sampler_of_;
   exec::Batch exec_batch_;
+  std::vector<exec::Sampler*> samplers_;  // run()'s, per sequence
+  std::vector<size_t> first_rows_;
 };
 
 class EngineTier : public sched::KvTier {

@@ -930,12 +930,12 @@ TEST(WeightsTest, LoadErrorsNameTensorAndShapes) {
 TEST(PresetTest, NamesAndUnknown) {
   EXPECT_EQ(preset_names(),
             (std::vector<std::string>{"synth-76m", "synth-tiny", "synth-bench", "synth-llama3-8b",
-                                      "synth-mla", "synth-mla-tiny"}));
+                                      "llama-3.2-1b-shape", "synth-mla", "synth-mla-tiny"}));
   auto w = make_preset("synth-7b");
   ASSERT_FALSE(w.ok());
   EXPECT_EQ(w.status().message(),
             "unknown model preset 'synth-7b' (known: synth-76m, synth-tiny, synth-bench, "
-            "synth-llama3-8b, synth-mla, synth-mla-tiny)");
+            "synth-llama3-8b, llama-3.2-1b-shape, synth-mla, synth-mla-tiny)");
   EXPECT_FALSE(preset_config("").ok());
 }
 
