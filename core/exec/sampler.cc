@@ -156,16 +156,30 @@ int32_t Sampler::draw(std::span<const float> logits) {
   const size_t n = logits.size();
   const float max = kernels::max_value(x, n);
   if (!std::isfinite(max)) return static_cast<int32_t>(kernels::argmax(x, n));
-  // Top-k: a floor on the logits at the k-th largest (ties with it stay in).
-  float floor = -std::numeric_limits<float>::infinity();
-  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < n) {
-    floor = kernels::kth_largest(x, n, static_cast<size_t>(params_.top_k), &select_scratch_);
+  if (params_.top_k <= 0 || static_cast<size_t>(params_.top_k) >= n) {
+    return static_cast<int32_t>(draw_among(x, n, max));
   }
-  // Each kept token's weight relative to the likeliest (whose weight is 1), and their mass: the
-  // set top-p's fraction is of.
+  // Top-k: the tokens at least as likely as the k-th (ties with it stay in), gathered in
+  // vocabulary order; the draw runs over those few alone.
+  const float floor =
+      kernels::kth_largest(x, n, static_cast<size_t>(params_.top_k), &select_scratch_);
+  kept_ids_.clear();
+  kept_logits_.clear();
+  for (size_t i = kernels::find_at_least(x, n, 0, floor); i < n;
+       i = kernels::find_at_least(x, n, i + 1, floor)) {
+    kept_ids_.push_back(static_cast<int32_t>(i));
+    kept_logits_.push_back(x[i]);
+  }
+  return kept_ids_[draw_among(kept_logits_.data(), kept_logits_.size(), max)];
+}
+
+size_t Sampler::draw_among(const float* x, size_t n, float max) {
+  // Each token's weight relative to the likeliest (whose weight is 1), and their mass: the set
+  // top-p's fraction is of.
   weights_.resize(n);
   float* w = weights_.data();
-  const float mass = kernels::exp_weights(x, n, max, 1.0f / params_.temperature, floor, w);
+  const float mass = kernels::exp_weights(x, n, max, 1.0f / params_.temperature,
+                                          -std::numeric_limits<float>::infinity(), w);
   // Min-p: the tokens weighing at least min_p. Draws are from the weights above `above`.
   float above = 0.0f;
   float drawn = mass;
@@ -180,13 +194,13 @@ int32_t Sampler::draw(std::span<const float> logits) {
       j = n - 1;
       while (j > 0 && !(w[j] > above)) --j;
     }
-    if (params_.top_p >= 1.0f) return static_cast<int32_t>(j);
+    if (params_.top_p >= 1.0f) return j;
     // Top-p without a sort (FlashInfer's rejection sampling): j is in the nucleus when the
     // tokens likelier than it hold less than top_p of the mass. If not, no token as likely as j
     // or less is, so draw again from the likelier ones: what is finally drawn is distributed
     // as the nucleus, renormalised. The likeliest token (weight 1) always passes.
     const float likelier = kernels::sum_above(w, n, w[j]);
-    if (likelier < params_.top_p * mass) return static_cast<int32_t>(j);
+    if (likelier < params_.top_p * mass) return j;
     above = w[j];
     drawn = likelier;
   }

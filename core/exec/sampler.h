@@ -99,6 +99,8 @@ class Sampler {
   void reshape(std::span<float> logits) const;
   int32_t choose(std::span<const float> logits);
   int32_t draw(std::span<const float> logits);  // temperature > 0
+  // The index of the token drawn from x[0..n) (top-p, min-p), `max` the likeliest's logit.
+  size_t draw_among(const float* x, size_t n, float max);
   double uniform();  // [0, 1), the same on every platform for a seed
 
   SamplingParams params_;
@@ -107,9 +109,11 @@ class Sampler {
   std::vector<int32_t> prompt_ids_;              // distinct (repetition_penalty on)
   std::vector<int32_t> stop_ids_;                // min_tokens on
   int32_t generated_ = 0;
-  std::vector<float> scratch_;  // the const form's copy
-  std::vector<float> weights_;  // draw()'s exp((logit - max) / temperature), kept tokens only
+  std::vector<float> scratch_;         // the const form's copy
+  std::vector<float> weights_;         // draw_among()'s exp((logit - max) / temperature)
   std::vector<float> select_scratch_;  // top-k's selection over a large k
+  std::vector<int32_t> kept_ids_;      // top-k's tokens, in vocabulary order
+  std::vector<float> kept_logits_;
   std::deque<SampledLogprobs> logprobs_;
   int32_t next_prompt_ = 0;
   std::vector<SampledLogprobs> prompt_logprobs_;
