@@ -274,7 +274,9 @@ typedef struct kvrt_kv_format {
    *   |y_i - x_i| <= bound_element_relative * |x_i| + bound_element_scale_units * s_i.
    * Row bound, per head row x of K or V, with s the row's scale (the RMS of its groups' scales):
    *   rms(y - x) <= bound_row_rms_relative * rms(x) + bound_row_rms_scale_units * s.
-   * A store that declares neither is held to rms(y - x) <= 0.2 * rms(x) per row. */
+   * A store that declares neither (of a dtype the suite does not know) is held, with
+   * e = rms(y - x) / rms(x) per row, to e <= 0.3 per row and sqrt(mean(e^2)) <= 0.2 over the
+   * rows of each check (docs/writing-a-kv-store.md, section 3). */
   float bound_element_relative;
   float bound_element_scale_units;
   float bound_row_rms_relative;

@@ -11,6 +11,8 @@
 //   PLANTED_TRUNCATE      write truncates towards zero instead of rounding
 //   PLANTED_NO_INVERSE    gather does not undo the rotation
 //   PLANTED_NO_GATHER     no gather(): nothing can read the format, which must fail by name
+// Built with KV_Q4_NO_FORMAT, it has no format(), as a store written for ABI 1.2 has none: it
+// declares no error bound, and conformance holds it to its default bound (tests/sdk).
 // Written against the SDK alone. Layout per layer: codes [slots][heads][dim / 2] for K then V,
 // then scales [slots][heads] for K then V.
 #include <algorithm>
@@ -87,6 +89,7 @@ class Q4Store : public kvrt::sdk::StoreBase {
          g.v_head_dim / 2, scales(layer, false), scales(layer, true)});
   }
 
+#ifndef KV_Q4_NO_FORMAT
   kvrt_kv_format format(uint32_t) const {
     kvrt_kv_format f{};
     f.struct_size = sizeof(f);
@@ -100,6 +103,7 @@ class Q4Store : public kvrt::sdk::StoreBase {
     f.bound_row_rms_relative = 1e-6f;
     return f;
   }
+#endif
 
   void write(const kvrt_kv_write* w) {
     check_write(w, KVRT_DTYPE_BIT(KVRT_DTYPE_F32) | KVRT_DTYPE_BIT(KVRT_DTYPE_BF16));
