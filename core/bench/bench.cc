@@ -222,6 +222,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     spec.id = p.id;
     spec.input_ids = std::move(p.prompt);
     spec.max_new_tokens = p.max_new_tokens;
+    if (p.sampling) spec.sampling = *p.sampling;  // a trace's; else greedy
     InFlight& f = in_flight[p.id];
     f = InFlight{Clock::now(), {}, false, spec.input_ids};
     if (first_send == Clock::time_point{}) first_send = Clock::now();

@@ -162,35 +162,51 @@ const char* HttpDriver::path() const {
                                            : "/generate";
 }
 
+// A trace request's sampling as the API's fields (the names /generate's sampling_params and
+// OpenAI's completions share); greedy, temperature 0 alone, for every other request.
+json sampling_fields(const std::optional<exec::SamplingParams>& sampling) {
+  if (!sampling) return {{"temperature", 0}};
+  const exec::SamplingParams& p = *sampling;
+  json fields = {{"temperature", p.temperature},
+                 {"top_p", p.top_p},
+                 {"top_k", p.top_k},
+                 {"min_p", p.min_p},
+                 {"seed", p.seed}};
+  if (p.frequency_penalty != 0) fields["frequency_penalty"] = p.frequency_penalty;
+  if (p.presence_penalty != 0) fields["presence_penalty"] = p.presence_penalty;
+  if (p.repetition_penalty != 1) fields["repetition_penalty"] = p.repetition_penalty;
+  return fields;
+}
+
 std::string HttpDriver::body_of(const Flight& f) const {
-  // The in-process bench's requests: greedy, exactly max_new_tokens (no end-of-sequence stop).
+  // The in-process bench's requests: exactly max_new_tokens (no end-of-sequence stop), greedy
+  // unless a trace says how each sampled.
+  const json sampling = sampling_fields(f.plan.sampling);
   if (options_.backend == "responses") {
     // The prompt as text (the server's /detokenize gave it), through the chat template: the
-    // server's prompt is the template's tokens longer.
-    return json{{"model", model_},
-                {"input", texts_.at(f.plan.id)},
-                {"max_output_tokens", f.plan.max_new_tokens},
-                {"temperature", 0},
-                {"ignore_eos", true},
-                {"store", false},
-                {"stream", true}}
-        .dump();
+    // server's prompt is the template's tokens longer. The Responses API samples with
+    // temperature and top_p alone (it has no seed: a sampled trace replays as a new draw).
+    json body = {{"model", model_},
+                 {"input", texts_.at(f.plan.id)},
+                 {"max_output_tokens", f.plan.max_new_tokens},
+                 {"ignore_eos", true},
+                 {"store", false},
+                 {"stream", true}};
+    for (const char* key : {"temperature", "top_p"}) {
+      if (sampling.contains(key)) body[key] = sampling[key];
+    }
+    return body.dump();
   }
   if (options_.backend == "openai") {
-    return json{{"model", model_},
-                {"prompt", f.prompt},
-                {"max_tokens", f.plan.max_new_tokens},
-                {"temperature", 0},
-                {"ignore_eos", true},
-                {"stream", true},
-                {"stream_options", {{"include_usage", true}}}}
-        .dump();
+    json body = {
+        {"model", model_},    {"prompt", f.prompt}, {"max_tokens", f.plan.max_new_tokens},
+        {"ignore_eos", true}, {"stream", true},     {"stream_options", {{"include_usage", true}}}};
+    body.update(sampling);
+    return body.dump();
   }
-  return json{{"input_ids", f.prompt},
-              {"sampling_params",
-               {{"max_new_tokens", f.plan.max_new_tokens}, {"temperature", 0}, {"ignore_eos", true}}},
-              {"stream", true}}
-      .dump();
+  json params = {{"max_new_tokens", f.plan.max_new_tokens}, {"ignore_eos", true}};
+  params.update(sampling);
+  return json{{"input_ids", f.prompt}, {"sampling_params", params}, {"stream", true}}.dump();
 }
 
 void HttpDriver::send(PlannedRequest p) {

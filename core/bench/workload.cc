@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "core/config/config.h"
@@ -93,6 +96,67 @@ Status read_dist(const toml::table& parent, const char* key, const std::string& 
                                std::to_string(out->min) + ") is above max (" +
                                std::to_string(out->max) + ")");
   }
+  return Status::Ok();
+}
+
+// A trace line's sampling keys (`at` is "file:line: "), checked with the ranges the serving
+// core accepts so a replay is refused here, naming the line, rather than request by request.
+Status read_trace_sampling(const nlohmann::json& j, const std::string& at,
+                           std::optional<exec::SamplingParams>* out) {
+  static const char* const kKeys[] = {"temperature",
+                                      "top_p",
+                                      "top_k",
+                                      "min_p",
+                                      "seed",
+                                      "frequency_penalty",
+                                      "presence_penalty",
+                                      "repetition_penalty"};
+  if (std::none_of(std::begin(kKeys), std::end(kKeys),
+                   [&j](const char* k) { return j.contains(k); })) {
+    return Status::Ok();
+  }
+  exec::SamplingParams p;
+  struct Real {
+    const char* key;
+    float* field;
+    double lo, hi;
+    bool open_lo;  // lo itself excluded
+  };
+  const Real reals[] = {{"temperature", &p.temperature, 0, 1e6, false},
+                        {"top_p", &p.top_p, 0, 1, true},
+                        {"min_p", &p.min_p, 0, 1, false},
+                        {"frequency_penalty", &p.frequency_penalty, -2, 2, false},
+                        {"presence_penalty", &p.presence_penalty, -2, 2, false},
+                        {"repetition_penalty", &p.repetition_penalty, 0, 1e6, true}};
+  for (const Real& r : reals) {
+    if (!j.contains(r.key)) continue;
+    const nlohmann::json& v = j[r.key];
+    const bool ok = v.is_number() && v.get<double>() <= r.hi &&
+                    (r.open_lo ? v.get<double>() > r.lo : v.get<double>() >= r.lo);
+    if (!ok) {
+      std::ostringstream range;
+      range << (r.open_lo ? "(" : "[") << r.lo << ", " << r.hi << "]";
+      return Status::ConfigError(at + "\"" + r.key + "\": expected a number in " + range.str() +
+                                 ", found " + v.dump());
+    }
+    *r.field = v.get<float>();
+  }
+  if (j.contains("top_k")) {
+    const nlohmann::json& v = j["top_k"];
+    if (!v.is_number_integer() || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX) {
+      return Status::ConfigError(at + "\"top_k\": expected -1, 0 (every token) or more, found " +
+                                 v.dump());
+    }
+    p.top_k = v.get<int64_t>() < 0 ? 0 : static_cast<int32_t>(v.get<int64_t>());
+  }
+  if (j.contains("seed")) {
+    const nlohmann::json& v = j["seed"];
+    if (!v.is_number_integer()) {
+      return Status::ConfigError(at + "\"seed\": expected an integer, found " + v.dump());
+    }
+    p.seed = v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+  }
+  *out = p;
   return Status::Ok();
 }
 
@@ -283,6 +347,7 @@ Result<WorkloadSpec> parse_trace_jsonl(const std::string& text, const std::strin
     if (Status s = get_int("group", false, 0, 1'000'000, &group); !s.ok()) return s;
     e.group = static_cast<int>(group);
     if (Status s = get_int("prefix_len", false, 0, kMaxLength, &e.prefix_len); !s.ok()) return s;
+    if (Status s = read_trace_sampling(j, at, &e.sampling); !s.ok()) return s;
     if (j.contains("timestamp")) {
       const nlohmann::json& t = j["timestamp"];
       if (!t.is_number() || !(t.get<double>() >= 0 && t.get<double>() <= kMaxBenchSeconds)) {
@@ -304,9 +369,17 @@ Result<WorkloadSpec> parse_trace_jsonl(const std::string& text, const std::strin
                                " tokens, over the " + std::to_string(kMaxPlannedTokens) +
                                " a bench generates");
   }
-  std::stable_sort(
-      spec.trace.begin(), spec.trace.end(),
-      [](const TraceEntry& a, const TraceEntry& b) { return a.arrival_s < b.arrival_s; });
+  // In arrival order, lines of one time as written. (Through an index: GCC 12 takes swapping
+  // entries that hold an optional for reading uninitialized memory, -Wmaybe-uninitialized.)
+  std::vector<size_t> order(spec.trace.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&spec](size_t a, size_t b) {
+    return spec.trace[a].arrival_s < spec.trace[b].arrival_s;
+  });
+  std::vector<TraceEntry> sorted;
+  sorted.reserve(order.size());
+  for (size_t i : order) sorted.push_back(std::move(spec.trace[i]));
+  spec.trace = std::move(sorted);
   spec.num_requests = spec.trace.size();
   return spec;
 }
@@ -340,6 +413,7 @@ WorkloadPlan::WorkloadPlan(const WorkloadSpec& spec, int32_t vocab_size)
       std::vector<int32_t> mine = random_tokens(own);
       r.prompt.insert(r.prompt.end(), mine.begin(), mine.end());
       r.max_new_tokens = static_cast<int32_t>(e.output_len);
+      r.sampling = e.sampling;
       initial_.push_back(std::move(r));
     }
     total_ = initial_.size();

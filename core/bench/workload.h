@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/exec/sampler.h"
 #include "core/util/status.h"
 
 namespace kvrt::bench {
@@ -41,6 +43,10 @@ struct TraceEntry {
   int64_t output_len = 0;  // "output_len"
   int group = -1;          // "group": requests of one group share a prefix of prefix_len tokens
   int64_t prefix_len = 0;  // "prefix_len"
+  // How it sampled ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
+  // "presence_penalty", "repetition_penalty", each optional, kvrt serve's record_trace writing
+  // them); nullopt when the line has none of them: greedy, as traces recorded before them.
+  std::optional<exec::SamplingParams> sampling;
 };
 
 struct WorkloadSpec {
@@ -65,7 +71,9 @@ struct WorkloadSpec {
 Result<WorkloadSpec> load_workload_toml(const std::string& path);
 Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::string& source);
 // One JSON object per line: {"timestamp": 0.5, "input_len": 100, "output_len": 300,
-// "group": 2, "prefix_len": 64} ("group" and "prefix_len" optional). Errors name file:line.
+// "group": 2, "prefix_len": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0,
+// "seed": 42} (all but the lengths optional; the sampling keys as TraceEntry::sampling says).
+// Errors name file:line and the key.
 Result<WorkloadSpec> load_trace_jsonl(const std::string& path);
 Result<WorkloadSpec> parse_trace_jsonl(const std::string& text, const std::string& source);
 
@@ -77,6 +85,8 @@ struct PlannedRequest {
   double arrival_s = 0;
   std::vector<int32_t> prompt;  // for a later turn: only the new input
   int32_t max_new_tokens = 0;
+  // A trace's request's own sampling; nullopt: greedy (the drivers send temperature 0).
+  std::optional<exec::SamplingParams> sampling;
   int64_t conversation = -1;  // -1: a single request
   int turn = 0;
 };

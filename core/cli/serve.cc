@@ -21,6 +21,7 @@
 #include "core/serve/step_loop.h"
 #include "core/server/chat_prompt.h"
 #include "core/server/http_server.h"
+#include "core/server/server_info.h"
 
 namespace kvrt::cli {
 
@@ -91,6 +92,14 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   if (rt.tokenizer != nullptr) {
     limits.max_prompt_bytes = server::prompt_byte_bound(*rt.tokenizer, limits.context_length);
   }
+  limits.max_sequence_tokens =
+      std::min<int64_t>(limits.context_length, static_cast<int64_t>(core.max_total_num_tokens()));
+  // What a request leaves unset: the model's generation_config.json, else SGLang's and OpenAI's.
+  limits.defaults = server::request_defaults(rt.generation);
+  spdlog::info(
+      "sampling defaults: {} (from {})",
+      server::defaults_json(limits.defaults).dump(-1, ' ', false, json::error_handler_t::replace),
+      limits.defaults.source);
   // The chat template: the model directory's own unless [server] chat_template names another;
   // one kvrt cannot render stops the server here, never a silent fallback.
   Result<server::ChatFormat> chat =
@@ -115,27 +124,31 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"architectures", json::array({rt.model.architecture})},
                          {"model_type", model::model_type_of(rt.model)}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
-  loop.describe([&cfg, &rt, effective, store, attention,
-                 chat_template](const serve::ServingCore& c) {
+  const std::string served_model_name = rt.model_name;
+  const server::RequestDefaults defaults = limits.defaults;
+  loop.describe([&cfg, &rt, effective, store, attention, chat_template, served_model_name,
+                 defaults](const serve::ServingCore& c) {
     const metrics::Diagnosis d = c.diagnosis();
-    return json{{"config", effective},
-                {"model_path", rt.model_name},
-                {"version", KVRT_VERSION},
-                {"max_total_num_tokens", c.max_total_num_tokens()},
-                // The longest prompt a request may have (as SGLang's): within the context and
-                // the pool, less the one token it must be able to generate.
-                {"max_req_input_len",
-                 std::min<int64_t>(rt.model.max_position_embeddings,
-                                   static_cast<int64_t>(c.max_total_num_tokens())) - 1},
-                {"page_size", cfg.scheduler.page_size},
-                {"tp_size", cfg.tp.size},
-                {"kv_store", store},
-                {"attention_backend", attention},
-                {"chat_template", chat_template},
-                {"capacity_report", rt.capacity_report},
-                {"diagnosis", d.line},
-                {"num_running_reqs", c.scheduler().num_running()}}
-        .dump(-1, ' ', false, json::error_handler_t::replace);
+    // SGLang's keys first (what its tools and operators read), then kvrt's own.
+    json described = server::sglang_server_info(cfg, c, store["name"].get<std::string>(),
+                                                served_model_name, defaults);
+    // The longest prompt a request may have (as SGLang's): within the context and the pool,
+    // less the one token it must be able to generate.
+    const int64_t max_req_input_len =
+        std::min<int64_t>(rt.model.max_position_embeddings,
+                          static_cast<int64_t>(c.max_total_num_tokens())) -
+        1;
+    described.update(json{{"config", effective},
+                          {"model_path", rt.model_name},
+                          {"version", KVRT_VERSION},
+                          {"max_req_input_len", max_req_input_len},
+                          {"kv_store", store},
+                          {"attention_backend", attention},
+                          {"chat_template", chat_template},
+                          {"capacity_report", rt.capacity_report},
+                          {"diagnosis", d.line},
+                          {"num_running_reqs", c.scheduler().num_running()}});
+    return described.dump(-1, ' ', false, json::error_handler_t::replace);
   });
   server::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
   // A broken engine (its TP group failed) ends the server: the main thread hears it as SIGUSR1.

@@ -228,6 +228,11 @@ std::vector<double> inter_token_latency_bounds() {
           0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000};
 }
 
+std::vector<double> time_per_output_token_bounds() {
+  return {0.002, 0.005, 0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080,
+          0.090, 0.100, 0.150, 0.200, 0.300, 0.400, 0.600, 0.800, 1.000, 2.000};
+}
+
 std::vector<double> e2e_request_latency_bounds() {
   return {0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800};
 }
@@ -271,6 +276,9 @@ ServerMetrics::ServerMetrics(Registry& r)
       inter_token_latency_seconds(r.histogram("kvrt:inter_token_latency_seconds",
                                               "Histogram of inter-token latency in seconds.",
                                               inter_token_latency_bounds())),
+      time_per_output_token_seconds(r.histogram("kvrt:time_per_output_token_seconds",
+                                                "Histogram of time per output token in seconds.",
+                                                time_per_output_token_bounds())),
       e2e_request_latency_seconds(r.histogram("kvrt:e2e_request_latency_seconds",
                                               "Histogram of end-to-end request latency in seconds.",
                                               e2e_request_latency_bounds())),

@@ -131,6 +131,7 @@ std::string renamed_exposition(const std::string& exposition, const std::string&
 // Bucket bounds of SGLang's latency histograms, in seconds.
 std::vector<double> time_to_first_token_bounds();
 std::vector<double> inter_token_latency_bounds();
+std::vector<double> time_per_output_token_bounds();
 std::vector<double> e2e_request_latency_bounds();
 // 1, 2, 4, ... 65536 tokens: request lengths span five orders of magnitude.
 std::vector<double> token_count_bounds();
@@ -156,6 +157,9 @@ struct ServerMetrics {
   Gauge& cache_hit_rate;                // kvrt:cache_hit_rate: cached / prompt tokens, so far
   Histogram& time_to_first_token_seconds;
   Histogram& inter_token_latency_seconds;
+  // Per finished request of 2 tokens or more: (last token - first token) / (tokens - 1), as
+  // SGLang observes it (Grafana's SGLang dashboard plots its quantiles).
+  Histogram& time_per_output_token_seconds;
   Histogram& e2e_request_latency_seconds;
   Histogram& prompt_tokens;      // kvrt:prompt_tokens: per request
   Histogram& generation_tokens;  // kvrt:generation_tokens: per request

@@ -170,6 +170,11 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     rt.model_name = cfg.model.path;
     shape = model::parse_hf_config(cfg.model.path + "/config.json");
     if (!shape.ok()) return shape.status();
+    // The recommended sampling, read with the shape so a bad file stops the start (and
+    // `kvrt config check`) before any weights are read.
+    Result<model::GenerationConfig> generation = model::load_generation_config(cfg.model.path);
+    if (!generation.ok()) return generation.status();
+    rt.generation = std::move(*generation);
   } else {
     rt.model_name = cfg.model.preset;
     shape = model::preset_config(cfg.model.preset);

@@ -12,6 +12,7 @@
 #include "core/config/config.h"
 #include "core/exec/engine.h"
 #include "core/metrics/diagnosis.h"
+#include "core/model/generation_config.h"
 #include "core/model/tokenizer.h"
 #include "core/plugin/registry.h"
 #include "core/sched/scheduler.h"
@@ -22,6 +23,9 @@ namespace kvrt::runtime {
 struct Runtime {
   std::string model_name;  // the directory or the preset
   model::ModelConfig model;
+  // The model directory's generation_config.json (path "" when it has none, or for a preset):
+  // the sampling defaults kvrt serve applies.
+  model::GenerationConfig generation;
   bool bf16_weights = false;  // matrices held in bf16 rather than f32
   // x rounded to bf16 in the products: model.matmul_precision = "medium", or "auto" where it
   // resolved to medium

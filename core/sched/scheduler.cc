@@ -203,6 +203,11 @@ void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason)
           std::chrono::duration<double>(Clock::now() - r->arrival).count());
       metrics_->prompt_tokens.observe(r->prompt_len);
       metrics_->generation_tokens.observe(r->output_len());
+      if (r->output_len() >= 2) {
+        metrics_->time_per_output_token_seconds.observe(
+            std::chrono::duration<double>(r->last_token - r->first_token).count() /
+            static_cast<double>(r->output_len() - 1));
+      }
     }
   }
   if (on_finish_) on_finish_(*r, kind, reason);

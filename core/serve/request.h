@@ -24,6 +24,8 @@ namespace kvrt::serve {
 struct GenerateRequest {
   uint64_t id = 0;  // unique among the requests in flight
   std::vector<int32_t> input_ids;
+  // 0: no tokens (SGLang's answer to max_new_tokens 0): the prompt is prefilled, and the request
+  // ends with kLength and no ids.
   int32_t max_new_tokens = 128;
   exec::SamplingParams sampling;
   // Generation ends after one of these (the model's EOS ids are the caller's to add).

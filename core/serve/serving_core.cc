@@ -42,9 +42,14 @@ exec::Sampler& ServingCore::sampler_of(const sched::Request& r) {
 }
 
 Status ServingCore::check_request(const GenerateRequest& r) const {
+  if (r.max_new_tokens < 0) {
+    return Status::BadField("max_new_tokens",
+                            "expected 0 or more, found " + std::to_string(r.max_new_tokens));
+  }
   sched::RequestSpec spec;
   spec.prompt = r.input_ids;
-  spec.max_new_tokens = r.max_new_tokens;
+  // A request for no tokens runs as one for 1 whose token is dropped (submit): it must fit so.
+  spec.max_new_tokens = std::max(r.max_new_tokens, 1);
   if (Status s = sched::check_request(options_.scheduler, spec); !s.ok()) return s;
   const exec::SamplingParams& p = r.sampling;
   if (!(std::isfinite(p.temperature) && p.temperature >= 0)) {
@@ -127,12 +132,16 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
             OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
   live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
   live.stream = request.stream;
+  live.no_output = request.max_new_tokens == 0;
   const uint64_t id = request.id;
   live_.emplace(id, std::move(live));
   sched::RequestSpec spec;
   spec.id = id;
   spec.prompt = std::move(request.input_ids);
-  spec.max_new_tokens = request.max_new_tokens;
+  // No tokens asked for (SGLang's max_new_tokens 0, as bench_serving's random dataset sends):
+  // the prompt is still prefilled -- its log-probabilities computed when asked for, its pages
+  // cached, as in SGLang -- and the one token that prefill samples is dropped.
+  spec.max_new_tokens = std::max(request.max_new_tokens, 1);
   spec.stop_ids = std::move(request.stop_token_ids);
   // Positions whose prompt log-probabilities it wants are computed, not taken from the cache.
   if (request.sampling.prompt_logprobs_from >= 0) {
@@ -145,6 +154,15 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
 
 bool ServingCore::on_token(const sched::Request& r, int32_t token) {
   Live& live = live_.at(r.spec.id);
+  if (live.no_output) {
+    if (live.sampler.has_logprobs()) live.sampler.take_logprobs();
+    live.cached_tokens = r.cached_tokens;
+    if (!live.advanced) {
+      live.advanced = true;
+      step_outputs_.push_back(r.spec.id);
+    }
+    return false;
+  }
   live.output.push_back(token);
   // Each sampled token was the sampler's; an executor that samples elsewhere (a test's) has none.
   if (live.sampler.has_logprobs()) live.logprobs.push_back(live.sampler.take_logprobs());
@@ -165,7 +183,8 @@ void ServingCore::on_finish(const sched::Request& r, sched::FinishKind kind) {
   if (kind == sched::FinishKind::kAborted) {
     end.finish_reason = live.abort_reason;
     end.message = live.abort_message;
-  } else if (kind == sched::FinishKind::kLength) {
+  } else if (kind == sched::FinishKind::kLength || live.no_output) {
+    // (Its dropped token may have been a stop id: it asked for no tokens and got as many.)
     end.finish_reason = FinishReason::kLength;
   } else if (r.stopped) {
     end.finish_reason = FinishReason::kStopString;
@@ -195,7 +214,7 @@ void ServingCore::deliver(uint64_t id) {
     // Not ended: due when it streams and this is its first token or an interval's worth.
     const size_t unsent = live.output.size() - live.sent_ids;
     const auto interval = static_cast<size_t>(std::max(1, options_.stream_interval));
-    const bool due = live.stream && (live.sent_ids == 0 || unsent >= interval);
+    const bool due = live.stream && unsent > 0 && (live.sent_ids == 0 || unsent >= interval);
     if (!due) return;
   }
   RequestOutput out = live.end ? std::move(*live.end) : RequestOutput{};

@@ -86,6 +86,8 @@ class ServingCore {
   const sched::Scheduler& scheduler() const { return scheduler_; }
   const sched::SchedulerCounters& counters() const { return scheduler_.counters(); }
   uint64_t max_total_num_tokens() const;
+  // The generation throughput of the last log interval, tokens/s (SGLang's last_gen_throughput).
+  double last_gen_throughput() const { return server_metrics_.gen_throughput.value(); }
   // The diagnosis over every step so far.
   metrics::Diagnosis diagnosis() const;
   // The engine's host tier, as its store reports it (tier_info); nullopt without one, or when
@@ -111,6 +113,7 @@ class ServingCore {
     std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
     size_t sent_ids = 0;          // of output, in an earlier output
     bool stream = true;           // GenerateRequest::stream
+    bool no_output = false;       // max_new_tokens 0: the prefill's token is dropped
     int32_t prompt_tokens = 0;
     int64_t cached_tokens = 0;
     // How an abort ends it (set by abort() before the scheduler's finish).

@@ -102,7 +102,16 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
     const json& m = j["messages"][i];
     const std::string at = "messages[" + std::to_string(i) + "]";
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-      return bad(at + ".role", "expected a string (system, user or assistant)");
+      return bad(at + ".role", "expected a string (system, developer, user, assistant or tool)");
+    }
+    // OpenAI's roles; developer is its newer name for system, which the templates know. Any
+    // other is refused (as OpenAI and SGLang do) rather than rendered as nothing.
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
+      return bad(at + ".role", "'" + m["role"].get<std::string>() +
+                                   "' is not a role: expected system, developer, user, "
+                                   "assistant or tool");
     }
     if (!m.contains("content")) return bad(at + ".content", "missing");
     auto content = text_content(m["content"], at + ".content", {"text"},
@@ -117,18 +126,102 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& 
                                             : "unknown field");
       }
     }
-    messages.push_back({m["role"].get<std::string>(), std::get<std::string>(std::move(content))});
+    messages.push_back({std::move(role), std::get<std::string>(std::move(content))});
   }
   return messages;
 }
 
 namespace {
 
+// Where a body's JSON stops parsing: the path of the value being read ("sampling_params.top_p",
+// "messages[1].content") and why, so that a number nlohmann cannot hold (1e309: beyond a
+// double) is refused by its field's name rather than as text that is not JSON.
+class ParseErrorPath : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return value(); }
+  bool boolean(bool) override { return value(); }
+  bool number_integer(number_integer_t) override { return value(); }
+  bool number_unsigned(number_unsigned_t) override { return value(); }
+  bool number_float(number_float_t, const string_t&) override { return value(); }
+  bool string(string_t&) override { return value(); }
+  bool binary(binary_t&) override { return value(); }
+  bool start_object(std::size_t) override {
+    frames_.push_back({false, 0, ""});
+    return true;
+  }
+  bool key(string_t& k) override {
+    frames_.back().key = k;
+    return true;
+  }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override {
+    frames_.push_back({true, 0, ""});
+    return true;
+  }
+  bool end_array() override { return close(); }
+  bool parse_error(std::size_t position, const std::string& token,
+                   const nlohmann::detail::exception& e) override {
+    overflow_ = e.id == 406;  // out_of_range.406: "number overflow"
+    position_ = position;
+    token_ = token;
+    return false;
+  }
+
+  bool overflow() const { return overflow_; }
+  size_t position() const { return position_; }
+  const std::string& token() const { return token_; }
+  std::string path() const {
+    std::string p;
+    for (const Frame& f : frames_) {
+      if (f.array) {
+        p += "[" + std::to_string(f.index) + "]";
+      } else {
+        p += (p.empty() ? "" : ".") + f.key;
+      }
+    }
+    return p;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    size_t index;     // an array's: the values read so far
+    std::string key;  // an object's: the key being read
+  };
+  bool value() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().index;
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return value();
+  }
+  std::vector<Frame> frames_;
+  bool overflow_ = false;
+  size_t position_ = 0;
+  std::string token_;
+};
+
 // A JSON object body, valid UTF-8, or the error.
 std::variant<json, ApiError> read_object(std::string_view body) {
   if (!util::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  // nlohmann's lexer takes a NUL byte for the end of its input, so "{}\0anything" would read
+  // as {}; JSON has no place for a raw NUL (inside a string it must be escaped).
+  if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
+    return bad("",
+               "the request body is not valid JSON: a NUL byte at offset " + std::to_string(nul));
+  }
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return bad("", "the request body is not valid JSON");
+  if (j.is_discarded()) {
+    ParseErrorPath where;
+    json::sax_parse(body, &where, nlohmann::detail::input_format_t::json, /*strict=*/true,
+                    /*ignore_comments=*/false);
+    if (where.overflow() && !where.path().empty()) {
+      return bad(where.path(), where.token() + " is out of range (beyond a double's)");
+    }
+    return bad("", "the request body is not valid JSON (at byte " +
+                       std::to_string(where.position()) + ")");
+  }
   if (!j.is_object()) return bad("", "expected a JSON object, found " + type_name(j));
   return j;
 }
@@ -324,6 +417,8 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   if (auto e = no_op(j)) return *e;
   GenerateCall call;
   call.tokenizer = limits.tokenizer;
+  call.sampling = limits.defaults.sampling;
+  call.max_new_tokens = limits.defaults.generate_max_new_tokens;
   // SGLang's log-probabilities: return_logprob, top_logprobs_num, return_text_in_logprobs;
   // logprob_start_len -1 (its default) asks for the output's alone.
   bool return_logprob = false;
@@ -383,6 +478,11 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
     }
     for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> ids = limits.tokenizer->encode(texts[i], /*add_bos=*/true);
+      // Empty when it holds nothing but the special tokens the tokenizer adds (a BOS, for a
+      // model that has one): a one-token text of a model without BOS (Qwen3's "Hi") is a prompt.
+      if (ids.size() <= 2 && limits.tokenizer->encode(texts[i], /*add_bos=*/false).empty()) {
+        return bad(call.batch ? "text[" + std::to_string(i) + "]" : "text", "the prompt is empty");
+      }
       call.prompts.push_back(std::move(ids));
       call.prompt_texts.push_back(texts[i]);
     }
@@ -403,9 +503,7 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
   }
   if (call.prompts.empty()) return bad(has_text ? "text" : "input_ids", "the batch is empty");
   for (size_t i = 0; i < call.prompts.size(); ++i) {
-    // A text prompt holds at least its BOS; an empty one would have nothing to continue.
-    const bool only_bos = has_text && call.prompts[i].size() <= 1;
-    if (call.prompts[i].empty() || only_bos) {
+    if (call.prompts[i].empty()) {
       return bad(std::string(has_text ? "text" : "input_ids") +
                      (call.batch ? "[" + std::to_string(i) + "]" : ""),
                  "the prompt is empty");
@@ -452,7 +550,7 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
         if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT32_MAX}
                                    : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
-          return bad(param, "expected an integer >= 1, found " + v.dump());
+          return bad(param, "expected an integer >= 0, found " + v.dump());
         }
         call.max_new_tokens = static_cast<int32_t>(v.get<int64_t>());
       } else if (key == "temperature") {
@@ -470,10 +568,16 @@ std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
       } else if (key == "min_p") {
         if (auto e = number(&x)) return *e;
         call.sampling.min_p = static_cast<float>(x);
-      } else if (key == "seed") {
+      } else if (key == "seed" || key == "sampling_seed") {
+        // SGLang's name is sampling_seed; OpenAI's (and vLLM's) seed. Both: one seed, twice.
         if (!v.is_number_integer()) return bad(param, "expected an integer, found " + type_name(v));
-        call.sampling.seed = v.is_number_unsigned() ? v.get<uint64_t>()
-                                                    : static_cast<uint64_t>(v.get<int64_t>());
+        const uint64_t seed =
+            v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
+        if (call.seeded && seed != call.sampling.seed) {
+          return bad(param, "seed and sampling_seed differ: give one");
+        }
+        call.sampling.seed = seed;
+        call.seeded = true;
       } else if (key == "ignore_eos") {
         if (!v.is_boolean()) return bad(param, "expected true or false");
         call.ignore_eos = v.get<bool>();
@@ -620,6 +724,21 @@ const char* openai_finish(const GenerateResult& r) {
   return r.reason == serve::FinishReason::kLength ? "length" : "stop";
 }
 
+// A conversation's length when the client sets none: the rest of the context (or of the pool),
+// as OpenAI's, vLLM's and SGLang's chat do; at most defaults.chat_max_tokens when set. A prompt
+// that leaves no room asks for 1 token, which the serving core then refuses naming the context.
+int32_t conversation_length(const ModelLimits& limits, size_t prompt) {
+  const int64_t most =
+      limits.max_sequence_tokens > 0 ? limits.max_sequence_tokens : limits.context_length;
+  // Nothing known of the model (a test's limits): /generate's length.
+  int64_t rest = most > 0 ? std::max<int64_t>(most - static_cast<int64_t>(prompt), 1)
+                          : limits.defaults.generate_max_new_tokens;
+  if (limits.defaults.chat_max_tokens > 0) {
+    rest = std::min<int64_t>(rest, limits.defaults.chat_max_tokens);
+  }
+  return static_cast<int32_t>(std::min<int64_t>(rest, INT32_MAX));
+}
+
 // The fields OpenAI's completions and chat share, mapped onto /generate's sampling_params so
 // one checker serves both APIs.
 std::variant<json, ApiError> openai_sampling(const json& j) {
@@ -742,6 +861,13 @@ std::variant<GenerateCall, ApiError> parse_openai(std::string_view body, const M
   }
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
+  const bool length_given =
+      (j.contains("max_tokens") && !j["max_tokens"].is_null()) ||
+      (j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null());
+  if (!length_given) {
+    c.max_new_tokens = chat ? conversation_length(limits, c.prompts[0].size())
+                            : limits.defaults.completions_max_tokens;
+  }
   c.stream = stream;
   c.include_usage = include_usage;
   c.sampling.logprobs = logprobs;
@@ -871,6 +997,12 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
   } else {
     return bad("input", "expected a string or a non-empty list of messages");
   }
+  // The Responses API has no empty answer (OpenAI's floor is 16 tokens): 0 stays refused there.
+  if (j.contains("max_output_tokens") && j["max_output_tokens"].is_number_integer() &&
+      j["max_output_tokens"].get<int64_t>() < 1) {
+    return bad("max_output_tokens",
+               "expected an integer >= 1, found " + j["max_output_tokens"].dump());
+  }
   json sp = json::object();
   for (auto [from, to] : {std::pair{"max_output_tokens", "max_new_tokens"},
                           std::pair{"temperature", "temperature"}, std::pair{"top_p", "top_p"},
@@ -894,6 +1026,9 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
   }
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = Dialect::kResponses;
+  if (!j.contains("max_output_tokens") || j["max_output_tokens"].is_null()) {
+    c.max_new_tokens = conversation_length(limits, c.prompts[0].size());
+  }
   c.stream = stream;
   if (j.contains("model") && j["model"].is_string()) c.model = j["model"].get<std::string>();
   if (j.contains("instructions") && j["instructions"].is_string()) {
@@ -1224,6 +1359,56 @@ ApiError refusal(const Status& status, const GenerateCall& call, size_t prompt) 
     message = param + message.substr(field.size());
   }
   return ApiError{400, message, param};
+}
+
+RequestDefaults request_defaults(const model::GenerationConfig& g) {
+  RequestDefaults d;
+  if (g.path.empty()) return d;
+  d.source = g.path;
+  exec::SamplingParams& p = d.sampling;
+  if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
+  if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
+  if (g.top_k) p.top_k = *g.top_k < 0 ? 0 : static_cast<int32_t>(*g.top_k);
+  if (g.min_p) p.min_p = static_cast<float>(*g.min_p);
+  if (g.repetition_penalty) p.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+  // transformers samples only with do_sample true; false is greedy whatever the temperature.
+  if (g.do_sample == false) p.temperature = 0.0f;
+  if (g.max_new_tokens) {
+    const auto n = static_cast<int32_t>(*g.max_new_tokens);
+    d.generate_max_new_tokens = d.completions_max_tokens = d.chat_max_tokens = n;
+  }
+  return d;
+}
+
+json defaults_json(const RequestDefaults& d) {
+  const exec::SamplingParams& p = d.sampling;
+  // Each float as its shortest decimal (0.6, not 0.6000000238418579), as the file wrote it.
+  auto shortest = [](float x) {
+    char digits[32];
+    const auto end = std::to_chars(digits, digits + sizeof digits, x).ptr;
+    double value = 0;
+    std::from_chars(digits, end, value);
+    return value;
+  };
+  return {{"temperature", shortest(p.temperature)},
+          {"top_p", shortest(p.top_p)},
+          {"top_k", p.top_k == 0 ? -1 : p.top_k},
+          {"min_p", shortest(p.min_p)},
+          {"repetition_penalty", shortest(p.repetition_penalty)},
+          {"max_new_tokens", d.generate_max_new_tokens},
+          {"completions_max_tokens", d.completions_max_tokens},
+          {"chat_max_tokens", d.chat_max_tokens > 0 ? json(d.chat_max_tokens) : json(nullptr)},
+          {"source", d.source}};
+}
+
+uint64_t choice_seed(uint64_t seed, size_t choice) {
+  if (choice == 0) return seed;
+  // splitmix64 of (seed, choice): choices of nearby seeds share no stream, as seed + j would
+  // (seed 7's second choice would be seed 8's first).
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(choice) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
 }
 
 uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/exec/sampler.h"
+#include "core/model/generation_config.h"
 #include "core/model/tokenizer.h"
 #include "core/serve/request.h"
 #include "core/server/chat_prompt.h"
@@ -32,6 +33,29 @@ struct ApiError {
 };
 std::string error_body(const ApiError& error);
 
+// What a request that leaves a value unset gets, as SGLang's and vLLM's servers give it: the
+// model directory's generation_config.json where it says (request_defaults), else temperature 1
+// with no top-k, top-p or min-p cut (greedy only when asked for, with temperature 0).
+struct RequestDefaults {
+  exec::SamplingParams sampling{.temperature = 1.0f};
+  // The length: /generate's max_new_tokens (SGLang's 128), completions' max_tokens (OpenAI's and
+  // vLLM's 16); chat and the Responses API run to the end of the context (ModelLimits::
+  // max_sequence_tokens less the prompt) as OpenAI's, vLLM's and SGLang's do, or at most
+  // chat_max_tokens when it is above 0. generation_config.json's max_new_tokens sets all three.
+  int32_t generate_max_new_tokens = 128;
+  int32_t completions_max_tokens = 16;
+  int32_t chat_max_tokens = 0;
+  // Where they came from: "<path>/generation_config.json" or kvrt's own (SGLang's and OpenAI's).
+  std::string source = "SGLang's and OpenAI's defaults (no generation_config.json)";
+};
+// The defaults with generation_config.json's values over them (temperature, top_p, top_k, min_p,
+// repetition_penalty, max_new_tokens; do_sample false: greedy). `generation.path` "": none.
+RequestDefaults request_defaults(const model::GenerationConfig& generation);
+// {"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens",
+// "completions_max_tokens", "chat_max_tokens" (null: the rest of the context), "source"}: what
+// /get_server_info says of them.
+nlohmann::json defaults_json(const RequestDefaults& defaults);
+
 // What checking a request needs to know of the served model.
 struct ModelLimits {
   const model::Tokenizer* tokenizer = nullptr;
@@ -42,6 +66,10 @@ struct ModelLimits {
   uint64_t max_prompt_bytes = 0;
   // How chat is rendered (chat_prompt.h); nullptr: kvrt's default template.
   const ChatFormat* chat = nullptr;
+  // The most tokens, prompt and output, one request can ever hold: the context, or the KV pool
+  // when that is smaller (0: the context). A chat that leaves max_tokens unset runs to it.
+  int64_t max_sequence_tokens = 0;
+  RequestDefaults defaults;
 };
 
 // The most bytes of text whose tokens can fit `context_length` tokens: every token's piece is at
@@ -50,6 +78,10 @@ struct ModelLimits {
 // SentencePiece's whitespace folding, can make a refused text fit; such a prompt is refused
 // anyway, as far longer than any context.)
 uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length);
+
+// The seed of a prompt's choice (or best_of candidate) `choice`: the call's seed for the first,
+// and for the others seeds derived from it, the same ones for the same seed every time.
+uint64_t choice_seed(uint64_t seed, size_t choice);
 
 // The most choices (n) or candidates (best_of) one prompt may ask for.
 inline constexpr int32_t kMaxChoices = 64;
@@ -68,6 +100,9 @@ struct GenerateCall {
   bool stream = false;            // server-sent events
   int32_t max_new_tokens = 128;
   exec::SamplingParams sampling;
+  // The client gave a seed (seed, or /generate's sampling_seed): without one, the server draws
+  // a fresh seed for the call, so that unseeded requests are not all the same draw.
+  bool seeded = false;
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings, matched in the decoded output
   bool ignore_eos = false;
@@ -95,9 +130,11 @@ struct GenerateCall {
 };
 
 // The body parsed and its shape checked: types, a prompt given exactly once, valid UTF-8, a text
-// prompt within max_prompt_bytes. The values (ids inside the vocabulary, max_new_tokens and the
-// sampling parameters in range, the prompt inside the context and the pool) are the serving
-// core's to check (ServingCore::check_request), once.
+// prompt within max_prompt_bytes, nothing after the JSON (a NUL byte included), numbers a double
+// holds (1e309 is refused naming its field). What the body leaves unset is limits.defaults'. The
+// values (ids inside the vocabulary, max_new_tokens and the sampling parameters in range, the
+// prompt inside the context and the pool) are the serving core's to check
+// (ServingCore::check_request), once.
 std::variant<GenerateCall, ApiError> parse_generate(std::string_view body,
                                                     const ModelLimits& limits);
 

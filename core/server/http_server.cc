@@ -16,6 +16,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -62,14 +63,41 @@ struct HttpServer::Impl {
   std::mutex trace_mutex;
   std::ofstream trace;
   Clock::time_point started = Clock::now();
-  void record(Clock::time_point arrival, const GenerateResult& r) {
+  // One finished request, with the sampling it ran with (its seed drawn or given), so that a
+  // replay samples as it did.
+  void record(Clock::time_point arrival, const GenerateResult& r,
+              const exec::SamplingParams& sampling) {
     if (!trace.is_open() || r.output_ids.empty()) return;
     const double at = std::chrono::duration<double>(arrival - started).count();
-    const json line = {{"timestamp", std::round(at * 1e6) / 1e6},
-                       {"input_len", r.prompt_tokens},
-                       {"output_len", r.output_ids.size()}};
+    json line = json::object();
+    line["timestamp"] = std::round(at * 1e6) / 1e6;
+    line["input_len"] = r.prompt_tokens;
+    line["output_len"] = r.output_ids.size();
+    line["temperature"] = shortest(sampling.temperature);
+    line["top_p"] = shortest(sampling.top_p);
+    line["top_k"] = sampling.top_k;
+    line["min_p"] = shortest(sampling.min_p);
+    line["seed"] = sampling.seed;
+    if (sampling.frequency_penalty != 0) {
+      line["frequency_penalty"] = shortest(sampling.frequency_penalty);
+    }
+    if (sampling.presence_penalty != 0) {
+      line["presence_penalty"] = shortest(sampling.presence_penalty);
+    }
+    if (sampling.repetition_penalty != 1) {
+      line["repetition_penalty"] = shortest(sampling.repetition_penalty);
+    }
     std::lock_guard lock(trace_mutex);
     trace << line.dump() << '\n' << std::flush;
+  }
+  // The float as its shortest decimal: 0.7f is written 0.7 (not 0.699999988079071) and reads
+  // back as the same float.
+  static double shortest(float x) {
+    char digits[32];
+    const auto end = std::to_chars(digits, digits + sizeof digits, x).ptr;
+    double d = 0;
+    std::from_chars(digits, end, d);
+    return d;
   }
   // /metrics' text from the snapshot's (kvrt: names): metric_names says which names go out.
   std::string metrics_text(const std::string& kvrt) const {
@@ -87,8 +115,10 @@ struct HttpServer::Impl {
       : options(o), loop(l), limits(m), info(std::move(i)), eos_ids(std::move(eos)),
         acceptor(net::make_strand(ioc)) {}
   void accept();
-  // Past max_connections: closes an idle connection to make room; false when none is idle.
-  bool close_an_idle_connection();
+  // Past max_connections: closes an idle connection to make room, else the one that has spent
+  // longest reading its header (a slow client's, or a slowloris'); false when every connection
+  // has a whole request header (a request in progress).
+  bool make_room();
 };
 
 // One connection: read a request, answer it (at once, or as its generation proceeds), then the
@@ -110,6 +140,17 @@ class Session : public std::enable_shared_from_this<Session> {
   // accept picks it); false when it is not.
   bool close_if_idle() {
     if (!idle_.exchange(false)) return false;
+    header_since_ = 0;  // (a fresh connection is both): no second accept picks it
+    net::post(stream_.get_executor(), [self = shared_from_this()] { self->close_now(); });
+    return true;
+  }
+  // Since when it has been reading a request header (steady clock ticks), 0 when it is not.
+  Clock::rep header_since() const { return header_since_.load(); }
+  // Closes the connection if it is still reading the header it began at `since`; false when it
+  // has finished it meanwhile (its request then goes on).
+  bool close_if_reading_header(Clock::rep since) {
+    if (since == 0 || !header_since_.compare_exchange_strong(since, 0)) return false;
+    idle_ = false;
     net::post(stream_.get_executor(), [self = shared_from_this()] { self->close_now(); });
     return true;
   }
@@ -180,6 +221,9 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool fresh = fresh_;
     fresh_ = false;
     idle_ = true;
+    // A fresh connection is reading its first header from the accept on (and a slowloris that
+    // never sends a byte is as much in the way as one that sends a byte a second).
+    if (fresh) begin_header();
     arm_read_timer(fresh ? Phase::kHeader : Phase::kIdle);
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this(), fresh](
                                                        beast::error_code ec, size_t n) {
@@ -189,15 +233,27 @@ class Session : public std::enable_shared_from_this<Session> {
       self->read_header(/*arm=*/!fresh);
     });
   }
+  // `arm`: the header begins now (else it began at the accept, and its clock runs already).
   void read_header(bool arm) {
-    if (arm) arm_read_timer(Phase::kHeader);
+    if (arm) {
+      arm_read_timer(Phase::kHeader);
+      begin_header();
+    }
     // The header first: a client that sends "Expect: 100-continue" waits for the interim answer
     // before its body (curl does for bodies over 1 MiB).
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              // Claimed by make_room meanwhile: its close is on the way.
+                              if (self->header_since_.exchange(0) == 0 && !self->closing_) {
+                                return;
+                              }
                               if (ec) return self->on_read(ec, n);
                               self->read_body();
                             });
+  }
+  void begin_header() {
+    // 0 means "not reading a header": a clock at its epoch reads as 1 tick later.
+    header_since_ = std::max<Clock::rep>(Clock::now().time_since_epoch().count(), 1);
   }
   void read_body() {
     arm_read_timer(Phase::kBody);
@@ -403,6 +459,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void generate(GenerateCall call) {
     call_ = std::move(call);
+    // Unseeded: a fresh seed per call (recorded in the trace), so that two unseeded requests
+    // are two draws, as in SGLang and vLLM, yet each can be replayed exactly.
+    if (!call_.seeded) call_.sampling.seed = fresh_seed();
     created_ = unix_time();
     pending_.clear();
     const size_t per = candidates();
@@ -519,6 +578,18 @@ class Session : public std::enable_shared_from_this<Session> {
         sequence_++, {{"response", response}})));
   }
 
+  static uint64_t fresh_seed() {
+    thread_local std::random_device entropy;
+    return (static_cast<uint64_t>(entropy()) << 32) ^ entropy();
+  }
+
+  // The sampling of pending_[k]'s request: the call's, its seed its choice's own.
+  exec::SamplingParams sampling_of(const Pending& p) const {
+    exec::SamplingParams sampling = call_.sampling;
+    sampling.seed = choice_seed(call_.sampling.seed, p.candidate);
+    return sampling;
+  }
+
   // Requests per prompt: n, or best_of when it asks for more (the n best are answered).
   size_t candidates() const {
     return static_cast<size_t>(std::max({call_.n, call_.best_of, int32_t{1}}));
@@ -531,9 +602,8 @@ class Session : public std::enable_shared_from_this<Session> {
     r.id = p.id;
     r.input_ids = call_.prompts[p.prompt];
     r.max_new_tokens = call_.max_new_tokens;
-    r.sampling = call_.sampling;
     // Each candidate its own seed stream; best_of ranks by the candidates' log-probabilities.
-    r.sampling.seed += p.candidate;
+    r.sampling = sampling_of(p);
     if (call_.best_of > call_.n) r.sampling.logprobs = std::max(r.sampling.logprobs, 0);
     r.stop_token_ids = stop_ids_;
     r.stop = call_.stop;
@@ -648,7 +718,7 @@ class Session : public std::enable_shared_from_this<Session> {
     p.result.add(out);
     if (out.finished) {
       p.result.e2e_latency = std::chrono::duration<double>(Clock::now() - started_).count();
-      server_.record(started_, p.result);
+      server_.record(started_, p.result, sampling_of(p));
       --unfinished_;
     }
     if (call_.stream && unfinished_ > 0) stream_chunk(p);
@@ -807,7 +877,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Writes in order: bytes queued while a write is in flight go out together in the next one.
+  // After a failed write nothing more is written: the client is gone, and Asio, having found the
+  // socket's error once, would wait for a readiness that never comes (the connection then held
+  // open until shutdown).
   void send_raw(std::string bytes) {
+    if (write_failed_) return;
     if (writing_.empty()) {
       writing_ = std::move(bytes);
       write_next();
@@ -819,6 +893,7 @@ class Session : public std::enable_shared_from_this<Session> {
     net::async_write(stream_, net::buffer(writing_),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec) {
+                         self->write_failed_ = true;
                          self->abort_generation("the client disconnected");
                          self->client_gone_ = true;
                          self->writing_.clear();
@@ -853,6 +928,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void finish_response(http::response<http::string_body> res) {
+    if (write_failed_) return shutdown_write();
     res.set(http::field::server, "kvrt");
     res.keep_alive(keep_alive_);
     res.prepare_payload();
@@ -888,6 +964,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::request<http::string_body> request_;
   std::atomic<bool> idle_{false};
+  std::atomic<Clock::rep> header_since_{0};  // header_since()
   bool fresh_ = true;  // no request read yet
   Phase phase_ = Phase::kHeader;
   uint64_t read_timer_ = 0;  // counts armings, so a stale expiry is ignored
@@ -896,6 +973,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool chunked_ = true;  // a stream's events in chunked encoding (HTTP/1.1)
   bool closing_ = false;
   bool client_gone_ = false;
+  bool write_failed_ = false;  // a write on this connection failed: nothing more is sent
   bool health_ = false;
   bool read_after_writes_ = false;
   GenerateCall call_;
@@ -916,7 +994,7 @@ void HttpServer::Impl::accept() {
     if (!accepting.load()) return;
     if (!ec) {
       beast::error_code ignored;
-      if (connections.fetch_add(1) >= options.max_connections && !close_an_idle_connection()) {
+      if (connections.fetch_add(1) >= options.max_connections && !make_room()) {
         connections.fetch_sub(1);
         // Every connection is busy: 503 and a close. What the client sent is drained first so
         // that the close is not a reset that loses the answer.
@@ -953,13 +1031,30 @@ void HttpServer::Impl::accept() {
   });
 }
 
-bool HttpServer::Impl::close_an_idle_connection() {
+bool HttpServer::Impl::make_room() {
   std::lock_guard lock(session_mutex);
   for (const std::weak_ptr<Session>& w : sessions) {
     std::shared_ptr<Session> s = w.lock();
     if (s && s->close_if_idle()) return true;
   }
-  return false;
+  // No idle one: the longest in its header. A client that sends whole requests gets its turn
+  // however many connections trickle their headers; a slow client loses only a header it had
+  // header_timeout_s to finish anyway. (One that finishes between the look and the close keeps
+  // its request, and the next oldest is tried.)
+  for (;;) {
+    std::shared_ptr<Session> oldest;
+    Clock::rep oldest_since = 0;
+    for (const std::weak_ptr<Session>& w : sessions) {
+      std::shared_ptr<Session> s = w.lock();
+      const Clock::rep since = s ? s->header_since() : 0;
+      if (since != 0 && (oldest == nullptr || since < oldest_since)) {
+        oldest = std::move(s);
+        oldest_since = since;
+      }
+    }
+    if (oldest == nullptr) return false;
+    if (oldest->close_if_reading_header(oldest_since)) return true;
+  }
 }
 
 ServerOptions server_options(const config::Config& cfg) {

@@ -12,8 +12,13 @@
 // Slow and idle clients: a connection has header_timeout_s from its accept, or from the first
 // byte of its next request, to a complete header, and body_timeout_s from there to the whole
 // body (else 408 and a close); a keep-alive connection idle for idle_timeout_s between requests
-// is closed. Past max_connections, an idle connection is closed to make room; when none is
-// idle, the new one gets 503 and a close.
+// is closed. Past max_connections, an idle connection is closed to make room, else the one that
+// has spent longest reading its header (so connections that trickle their headers cannot lock
+// out a client that sends whole requests); when every connection has a request in progress, the
+// new one gets 503 and a close.
+//
+// Sampling: what a request leaves unset is ModelLimits::defaults' (api.h); an unseeded call gets
+// a fresh seed from std::random_device, which the trace records.
 #pragma once
 
 #include <atomic>
@@ -41,7 +46,9 @@ struct ServerOptions {
   double idle_timeout_s = 60;
   std::string api_key;  // "": none
   // "": none; else each finished request is appended as one JSONL line in the format
-  // `kvrt bench --trace` replays: {"timestamp", "input_len", "output_len"}.
+  // `kvrt bench --trace` replays: {"timestamp", "input_len", "output_len", "temperature",
+  // "top_p", "top_k", "min_p", "seed"}, and frequency_penalty, presence_penalty and
+  // repetition_penalty when they are set (the seed the request ran with, drawn when unseeded).
   std::string record_trace;
   // /generate streams: false (SGLang's default), each event has the text and output_ids so
   // far; true (SGLang's --incremental-streaming-output), the new ones only.

@@ -26,6 +26,7 @@ inline constexpr FileKind kConfigFile{"configuration file", 4 * kMiB};
 inline constexpr FileKind kWorkloadFile{"workload file", 4 * kMiB};
 inline constexpr FileKind kTraceFile{"trace", 256 * kMiB};
 inline constexpr FileKind kModelConfigFile{"model config.json", 16 * kMiB};
+inline constexpr FileKind kGenerationConfigFile{"generation_config.json", 16 * kMiB};
 inline constexpr FileKind kSafetensorsIndexFile{"safetensors index", 64 * kMiB};
 inline constexpr FileKind kTokenizerFile{"tokenizer model", 64 * kMiB};
 inline constexpr FileKind kPromptFile{"prompt file", 64 * kMiB};

@@ -1,4 +1,5 @@
-// Real clients against a running kvrt serve (stories260k, greedy by default): the npm openai
+// Real clients against a running kvrt serve (stories260k; every compared call asks for greedy
+// decoding, temperature 0, since a request that leaves it unset samples at 1): the npm openai
 // package, the Vercel AI SDK (ai + @ai-sdk/openai's default provider, which speaks the Responses
 // API, and its chat provider) and LangChain (@langchain/openai's ChatOpenAI, with and without
 // the Responses API, and its completions LLM). Each call's answer is checked against what
@@ -35,20 +36,23 @@ const client = new OpenAI({ baseURL: base + "/v1", apiKey: "none", maxRetries: 0
 const prompt = "Once upon a time";
 const messages = [{ role: "user", content: prompt }];
 // What kvrt answers the same requests with, over plain HTTP.
-const completion = (await post("/v1/completions", { prompt, max_tokens: 12 })).choices[0].text;
-const chatText = (await post("/v1/chat/completions", { messages, max_tokens: 12 })).choices[0]
-  .message.content;
-const respText = (await post("/v1/responses", { input: prompt, max_output_tokens: 12 }))
+const temperature = 0;
+const completion = (await post("/v1/completions", { prompt, max_tokens: 12, temperature }))
+  .choices[0].text;
+const chatText = (await post("/v1/chat/completions", { messages, max_tokens: 12, temperature }))
+  .choices[0].message.content;
+const respText = (await post("/v1/responses", { input: prompt, max_output_tokens: 12, temperature }))
   .output[0].content[0].text;
 
 await check("openai: completions", async () => {
-  const r = await client.completions.create({ model, prompt, max_tokens: 12 });
+  const r = await client.completions.create({ model, prompt, max_tokens: 12, temperature });
   expect(r.choices[0].text === completion, JSON.stringify(r));
   expect(r.usage.completion_tokens === 12, JSON.stringify(r.usage));
 });
 await check("openai: chat, streamed, with usage", async () => {
   const stream = await client.chat.completions.create({
-    model, messages, max_tokens: 12, stream: true, stream_options: { include_usage: true },
+    model, messages, max_tokens: 12, temperature, stream: true,
+    stream_options: { include_usage: true },
   });
   let text = "", usage = null;
   for await (const chunk of stream) {
@@ -79,10 +83,12 @@ await check("openai: n = 2", async () => {
   expect(r.choices.length === 2 && r.choices[1].index === 1, JSON.stringify(r.choices));
 });
 await check("openai: responses, and streamed", async () => {
-  const r = await client.responses.create({ model, input: prompt, max_output_tokens: 12 });
+  const r = await client.responses.create({
+    model, input: prompt, max_output_tokens: 12, temperature,
+  });
   expect(r.output_text === respText, `${JSON.stringify(r.output_text)} != ${respText}`);
   const stream = await client.responses.create({
-    model, input: prompt, max_output_tokens: 12, stream: true,
+    model, input: prompt, max_output_tokens: 12, temperature, stream: true,
   });
   let text = "", done = null;
   for await (const event of stream) {
@@ -95,24 +101,32 @@ await check("openai: responses, and streamed", async () => {
 
 const provider = createOpenAI({ baseURL: base + "/v1", apiKey: "none" });
 await check("ai sdk: generateText (default provider: the Responses API)", async () => {
-  const r = await generateText({ model: provider(model), prompt, maxOutputTokens: 12, maxRetries: 0 });
+  const r = await generateText({
+    model: provider(model), prompt, maxOutputTokens: 12, temperature, maxRetries: 0,
+  });
   expect(r.text === respText, `${JSON.stringify(r.text)} != ${JSON.stringify(respText)}`);
   expect(r.usage.outputTokens === 12, JSON.stringify(r.usage));
 });
 await check("ai sdk: streamText", async () => {
-  const r = streamText({ model: provider(model), prompt, maxOutputTokens: 12, maxRetries: 0 });
+  const r = streamText({
+    model: provider(model), prompt, maxOutputTokens: 12, temperature, maxRetries: 0,
+  });
   let text = "";
   for await (const part of r.textStream) text += part;
   expect(text === respText, `${JSON.stringify(text)} != ${JSON.stringify(respText)}`);
 });
 await check("ai sdk: chat provider", async () => {
-  const r = await generateText({ model: provider.chat(model), prompt, maxOutputTokens: 12, maxRetries: 0 });
+  const r = await generateText({
+    model: provider.chat(model), prompt, maxOutputTokens: 12, temperature, maxRetries: 0,
+  });
   expect(r.text === chatText, `${JSON.stringify(r.text)} != ${JSON.stringify(chatText)}`);
 });
 
 const configuration = { baseURL: base + "/v1" };
 await check("langchain: ChatOpenAI invoke and stream", async () => {
-  const chat = new ChatOpenAI({ model, apiKey: "none", configuration, maxTokens: 12, maxRetries: 0 });
+  const chat = new ChatOpenAI({
+    model, apiKey: "none", configuration, maxTokens: 12, temperature, maxRetries: 0,
+  });
   const r = await chat.invoke(prompt);
   expect(r.content === chatText, `${JSON.stringify(r.content)} != ${JSON.stringify(chatText)}`);
   let text = "";
@@ -135,13 +149,16 @@ await check("langchain: ChatOpenAI with n = 2", async () => {
 });
 await check("langchain: ChatOpenAI on the Responses API", async () => {
   const chat = new ChatOpenAI({
-    model, apiKey: "none", configuration, maxTokens: 12, useResponsesApi: true, maxRetries: 0,
+    model, apiKey: "none", configuration, maxTokens: 12, temperature, useResponsesApi: true,
+    maxRetries: 0,
   });
   const r = await chat.invoke(prompt);
   expect(r.text === respText, `${JSON.stringify(r.text)} != ${JSON.stringify(respText)}`);
 });
 await check("langchain: completions with a list of prompts", async () => {
-  const llm = new LangChainOpenAI({ model, apiKey: "none", configuration, maxTokens: 12, maxRetries: 0 });
+  const llm = new LangChainOpenAI({
+    model, apiKey: "none", configuration, maxTokens: 12, temperature, maxRetries: 0,
+  });
   const r = await llm.generate([prompt, prompt]);
   expect(r.generations.length === 2, JSON.stringify(r));
   expect(r.generations.every((g) => g[0].text === completion), JSON.stringify(r.generations));

@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/bench/bench.h"
 #include "core/sched/page_hash.h"
@@ -153,6 +157,53 @@ TEST(Workload, ReadsAJsonlTrace) {
       << e.status().message();
   std::filesystem::remove(path);
   std::filesystem::remove(bad);
+}
+
+// A trace line's sampling (kvrt serve's record_trace writes it) reaches its planned request; a
+// line without it is greedy, as traces were before; a value out of range names file:line, key.
+TEST(Workload, ATraceCarriesEachRequestsSampling) {
+  Result<WorkloadSpec> w = parse_trace_jsonl(
+      "{\"timestamp\": 0, \"input_len\": 4, \"output_len\": 2}\n"
+      "{\"timestamp\": 1, \"input_len\": 4, \"output_len\": 2, \"temperature\": 0.7, "
+      "\"top_p\": 0.9, \"top_k\": -1, \"min_p\": 0.05, \"seed\": 18446744073709551615, "
+      "\"frequency_penalty\": 0.5, \"repetition_penalty\": 1.1}\n"
+      "{\"timestamp\": 2, \"input_len\": 4, \"output_len\": 2, \"seed\": 3}\n",
+      "t.jsonl");
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ASSERT_EQ(w->trace.size(), 3u);
+  EXPECT_FALSE(w->trace[0].sampling.has_value());
+  ASSERT_TRUE(w->trace[1].sampling.has_value());
+  const exec::SamplingParams& p = *w->trace[1].sampling;
+  EXPECT_EQ(p.temperature, 0.7f);
+  EXPECT_EQ(p.top_p, 0.9f);
+  EXPECT_EQ(p.top_k, 0);  // -1: every token
+  EXPECT_EQ(p.min_p, 0.05f);
+  EXPECT_EQ(p.seed, UINT64_MAX);
+  EXPECT_EQ(p.frequency_penalty, 0.5f);
+  EXPECT_EQ(p.presence_penalty, 0.0f);
+  EXPECT_EQ(p.repetition_penalty, 1.1f);
+  // A seed alone: greedy (temperature 0), seeded.
+  ASSERT_TRUE(w->trace[2].sampling.has_value());
+  EXPECT_EQ(w->trace[2].sampling->temperature, 0.0f);
+  EXPECT_EQ(w->trace[2].sampling->seed, 3u);
+  WorkloadPlan plan(*w, 512);
+  ASSERT_EQ(plan.initial().size(), 3u);
+  EXPECT_FALSE(plan.initial()[0].sampling.has_value());
+  ASSERT_TRUE(plan.initial()[1].sampling.has_value());
+  EXPECT_EQ(plan.initial()[1].sampling->seed, UINT64_MAX);
+
+  for (const auto& [line, key] : std::vector<std::pair<std::string, std::string>>{
+           {"\"top_p\": 0", "top_p"},
+           {"\"temperature\": -1", "temperature"},
+           {"\"top_k\": 1.5", "top_k"},
+           {"\"seed\": \"x\"", "seed"},
+           {"\"presence_penalty\": 3", "presence_penalty"}}) {
+    Result<WorkloadSpec> bad =
+        parse_trace_jsonl("{\"input_len\": 4, \"output_len\": 2, " + line + "}\n", "b.jsonl");
+    ASSERT_FALSE(bad.ok()) << line;
+    EXPECT_EQ(bad.status().message().rfind("b.jsonl:1: \"" + key + "\": expected", 0), 0u)
+        << bad.status().message();
+  }
 }
 
 // The driver over an executor that answers at once: a multi-turn workload's later turns resend

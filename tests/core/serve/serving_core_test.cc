@@ -204,6 +204,35 @@ TEST(ServingCore, AStopTokenEndsItNamingTheId) {
   EXPECT_EQ(heard.ids, std::vector<int32_t>({40, 41, 99}));
 }
 
+// max_new_tokens 0 (SGLang's, as bench_serving's random dataset sends it): the prompt is
+// prefilled and its pages cached, and the request ends with no ids, as a length, even when the
+// token the prefill sampled is a stop id.
+TEST(ServingCore, ZeroMaxNewTokensEndsWithNoIdsAsALengthAfterItsPrefill) {
+  Scripted executor({99});
+  ServingCore core(options(), &executor, nullptr);
+  Heard heard;
+  GenerateRequest r = request(1);
+  r.input_ids = {1, 5, 9, 13, 17, 21, 25, 29};  // two whole pages
+  r.max_new_tokens = 0;
+  r.stop_token_ids = {99};
+  ASSERT_TRUE(core.submit(r, heard.sink()).ok());
+  run(core);
+  ASSERT_EQ(heard.outputs.size(), 1u);
+  EXPECT_TRUE(heard.outputs[0].finished);
+  EXPECT_EQ(heard.outputs[0].finish_reason, FinishReason::kLength);
+  EXPECT_TRUE(heard.ids.empty());
+  EXPECT_EQ(heard.outputs[0].prompt_tokens, 8);
+  EXPECT_EQ(core.counters().finished, 1u);
+  // The same prompt again finds its pages in the prefix cache: the prefill ran.
+  Heard again;
+  GenerateRequest next = request(2);
+  next.input_ids = r.input_ids;
+  ASSERT_TRUE(core.submit(next, again.sink()).ok());
+  run(core);
+  ASSERT_EQ(again.ends(), 1);
+  EXPECT_GT(again.outputs.back().cached_tokens, 0);
+}
+
 TEST(ServingCore, AnAbortBetweenStepsIsHeardAtOnceWithItsMessage) {
   Scripted executor;
   ServingCore core(options(), &executor, nullptr);

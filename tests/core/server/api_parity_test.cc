@@ -126,8 +126,9 @@ TEST_F(ApiParityTest, NoOpFieldsAreAcceptedAndWhatCannotBeHonouredIsRefusedByNam
 TEST_F(ApiParityTest, CompletionsTakeEveryPromptShapeWithOneChoicePerPrompt) {
   serve({"model.preset=synth-tiny"});
   auto complete = [&](const json& prompt) {
-    Reply r = post(port_, "/v1/completions",
-                   {{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}});
+    Reply r =
+        post(port_, "/v1/completions",
+             {{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}, {"temperature", 0}});
     EXPECT_EQ(r.status, 200) << r.body;
     return r.json_body();
   };
@@ -151,7 +152,8 @@ TEST_F(ApiParityTest, CompletionsTakeEveryPromptShapeWithOneChoicePerPrompt) {
                  {{"prompt", {"Once upon", "The dog"}},
                   {"max_tokens", 6},
                   {"stream", true},
-                  {"ignore_eos", true}});
+                  {"ignore_eos", true},
+                  {"temperature", 0}});
   ASSERT_EQ(s.status, 200) << s.body;
   bool done = false;
   std::string streamed[2];
@@ -182,7 +184,8 @@ TEST_F(ApiParityTest, ChatContentPartsAreTheirTextJoined) {
     Reply r = post(port_, "/v1/chat/completions",
                    {{"messages", {{{"role", "user"}, {"content", content}}}},
                     {"max_tokens", 6},
-                    {"ignore_eos", true}});
+                    {"ignore_eos", true},
+                    {"temperature", 0}});
     EXPECT_EQ(r.status, 200) << r.body;
     return r.json_body()["choices"][0]["message"]["content"].get<std::string>();
   };
@@ -196,7 +199,12 @@ TEST_F(ApiParityTest, ChatContentPartsAreTheirTextJoined) {
 TEST_F(ApiParityTest, StreamOptionsIncludeUsageIsHonoured) {
   serve({"model.preset=synth-tiny"});
   for (bool include : {true, false}) {
-    json body = {{"prompt", "Once"}, {"max_tokens", 5}, {"stream", true}, {"ignore_eos", true}};
+    // Greedy: its tokens are whole characters here, so each is a chunk of its own.
+    json body = {{"prompt", "Once"},
+                 {"max_tokens", 5},
+                 {"stream", true},
+                 {"ignore_eos", true},
+                 {"temperature", 0}};
     if (include) body["stream_options"] = {{"include_usage", true}};
     Reply r = post(port_, "/v1/completions", body);
     ASSERT_EQ(r.status, 200) << r.body;
@@ -226,7 +234,8 @@ TEST_F(ApiParityTest, StreamOptionsIncludeUsageIsHonoured) {
 TEST_F(ApiParityTest, NoStopTrimKeepsTheStopString) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  const json sp = {{"max_new_tokens", 27}, {"stop", {" girl"}}, {"no_stop_trim", true}};
+  const json sp = {
+      {"max_new_tokens", 27}, {"stop", {" girl"}}, {"no_stop_trim", true}, {"temperature", 0}};
   Reply r = post(port_, "/generate", {{"text", "Once upon a time"}, {"sampling_params", sp}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json_body()["text"], ", there was a little girl");
@@ -242,7 +251,7 @@ TEST_F(ApiParityTest, NoStopTrimKeepsTheStopString) {
 // [server] incremental_streaming_output: each /generate event has only the new ids and text.
 TEST_F(ApiParityTest, IncrementalStreamingOutputSendsOnlyTheNewIdsAndText) {
   serve({"model.preset=synth-tiny", "server.incremental_streaming_output=true"});
-  const json sp = {{"max_new_tokens", 6}, {"ignore_eos", true}};
+  const json sp = {{"max_new_tokens", 6}, {"ignore_eos", true}, {"temperature", 0}};
   const json whole =
       post(port_, "/generate", {{"text", "Once"}, {"sampling_params", sp}}).json_body();
   Reply s = post(port_, "/generate", {{"text", "Once"}, {"sampling_params", sp}, {"stream", true}});
@@ -288,12 +297,13 @@ TEST_F(ApiParityTest, SglangEndpointNamesAndShapes) {
 TEST_F(ApiParityTest, LogprobsInEachApisShape) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  const Reply g = post(port_, "/generate",
-                       {{"text", "Once upon a time"},
-                        {"sampling_params", {{"max_new_tokens", 8}, {"ignore_eos", true}}},
-                        {"return_logprob", true},
-                        {"top_logprobs_num", 3},
-                        {"return_text_in_logprobs", true}});
+  const Reply g =
+      post(port_, "/generate",
+           {{"text", "Once upon a time"},
+            {"sampling_params", {{"max_new_tokens", 8}, {"ignore_eos", true}, {"temperature", 0}}},
+            {"return_logprob", true},
+            {"top_logprobs_num", 3},
+            {"return_text_in_logprobs", true}});
   ASSERT_EQ(g.status, 200) << g.body;
   const json gj = g.json_body();
   const json& chosen = gj["meta_info"]["output_token_logprobs"];
@@ -316,8 +326,11 @@ TEST_F(ApiParityTest, LogprobsInEachApisShape) {
   }
   EXPECT_EQ(joined, gj["text"]);
 
-  const json body = {
-      {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"logprobs", 2}, {"ignore_eos", true}};
+  const json body = {{"prompt", "Once upon a time"},
+                     {"max_tokens", 8},
+                     {"logprobs", 2},
+                     {"ignore_eos", true},
+                     {"temperature", 0}};
   const Reply c = post(port_, "/v1/completions", body);
   ASSERT_EQ(c.status, 200) << c.body;
   const json cj = c.json_body();
@@ -401,11 +414,12 @@ TEST_P(PromptLogprobsTest, PromptLogprobsAreTheDecodeStepsOnes) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\"", GetParam()});
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};  // "Once upon a time"
-  const json decoded = post(port_, "/generate",
-                            {{"input_ids", prompt},
-                             {"sampling_params", {{"max_new_tokens", 6}, {"ignore_eos", true}}},
-                             {"return_logprob", true}})
-                           .json_body();
+  const json decoded =
+      post(port_, "/generate",
+           {{"input_ids", prompt},
+            {"sampling_params", {{"max_new_tokens", 6}, {"ignore_eos", true}, {"temperature", 0}}},
+            {"return_logprob", true}})
+          .json_body();
   std::vector<int32_t> longer = prompt;
   for (const json& id : decoded["output_ids"]) longer.push_back(id);
   // Twice: the second finds the first's pages in the cache and must not use them past position 4.
@@ -465,7 +479,8 @@ INSTANTIATE_TEST_SUITE_P(Prefill, PromptLogprobsTest,
 // out-of-range values are refused naming the API's own field.
 TEST_F(ApiParityTest, PenaltiesLogitBiasAndMinTokensReachTheSampler) {
   serve({"model.preset=synth-tiny"});
-  auto ids = [&](const json& sp) {
+  auto ids = [&](json sp) {
+    sp["temperature"] = 0;  // greedy: the biases and penalties decide
     const Reply r = post(port_, "/generate", {{"input_ids", {1, 2, 3}}, {"sampling_params", sp}});
     EXPECT_EQ(r.status, 200) << r.body;
     return r.json_body();
@@ -609,7 +624,8 @@ TEST_F(ApiParityTest, ResponsesApiTextSubset) {
                            {{{"role", "system"}, {"content", "Be brief"}},
                             {{"role", "user"}, {"content", "Once"}}}},
                           {"max_tokens", 6},
-                          {"ignore_eos", true}})
+                          {"ignore_eos", true},
+                          {"temperature", 0}})
                         .json_body();
   const std::string want = chat["choices"][0]["message"]["content"];
   const json body = {
@@ -617,6 +633,7 @@ TEST_F(ApiParityTest, ResponsesApiTextSubset) {
       {"instructions", "Be brief"},
       {"input", {{{"role", "user"}, {"content", {{{"type", "input_text"}, {"text", "Once"}}}}}}},
       {"max_output_tokens", 6},
+      {"temperature", 0},
       {"store", false}};
   const Reply r = post(port_, "/v1/responses", body);
   ASSERT_EQ(r.status, 200) << r.body;

@@ -10,6 +10,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "core/runtime/runtime.h"
 #include "core/serve/engine_step.h"
 #include "core/server/http_server.h"
+#include "core/server/server_info.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::server::test {
@@ -127,8 +129,10 @@ class ServerTest : public ::testing::Test {
         std::min(max_unfinished, static_cast<size_t>(cfg_->scheduler.max_running_requests));
     loop_options.max_queued_requests = max_unfinished - loop_options.max_running_requests;
     loop_ = std::make_unique<serve::StepLoop>(*core_, loop_options);
-    loop_->describe([](const serve::ServingCore& c) {
-      return json{{"max_total_num_tokens", c.max_total_num_tokens()}}.dump();
+    // SGLang's keys as kvrt serve gives them (serve.cc adds kvrt's own beside them).
+    const RequestDefaults defaults = request_defaults(rt_->generation);
+    loop_->describe([this, defaults](const serve::ServingCore& c) {
+      return sglang_server_info(*cfg_, c, cfg_->kv.store, "test-model", defaults).dump();
     });
     ServerOptions options = server_options(*cfg_);
     ModelLimits limits;
@@ -136,6 +140,9 @@ class ServerTest : public ::testing::Test {
     limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
     limits.context_length = rt_->model.max_position_embeddings;
     limits.max_prompt_bytes = prompt_byte_bound(*rt_->tokenizer, limits.context_length);
+    limits.max_sequence_tokens = std::min<int64_t>(
+        limits.context_length, static_cast<int64_t>(core_->max_total_num_tokens()));
+    limits.defaults = defaults;
     // As kvrt serve does: [server] chat_template, else the model directory's own.
     Result<ChatFormat> chat =
         resolve_chat_format(cfg_->server.chat_template, cfg_->model.path, rt_->tokenizer.get());

@@ -22,11 +22,13 @@
 #include <thread>
 #include <tuple>
 
+#include "core/bench/bench_http.h"
 #include "core/bench/workload.h"
 #include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
 #include "core/serve/engine_step.h"
+#include "core/server/server_info.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::server {
@@ -37,9 +39,10 @@ using namespace test;  // NOLINT: the fixture's names, as if written here
 TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  Reply r = post(port_, "/generate",
-                 {{"text", "Once upon a time"},
-                  {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  Reply r = post(
+      port_, "/generate",
+      {{"text", "Once upon a time"},
+       {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}, {"temperature", 0}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = r.json_body();
   EXPECT_EQ(ids_of(j), stories260k::kExpected);
@@ -48,9 +51,10 @@ TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
   EXPECT_EQ(j["meta_info"]["finish_reason"]["type"], "length");
   EXPECT_EQ(j["text"].get<std::string>().rfind(", there was a little girl", 0), 0u);
   // The same through input_ids, as a batch of two answered in order.
-  Reply batch = post(port_, "/generate",
-                     {{"input_ids", {{1, 403, 407, 261, 378}, {1, 403, 407, 261, 378}}},
-                      {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  Reply batch = post(
+      port_, "/generate",
+      {{"input_ids", {{1, 403, 407, 261, 378}, {1, 403, 407, 261, 378}}},
+       {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}, {"temperature", 0}}}});
   ASSERT_EQ(batch.status, 200) << batch.body;
   ASSERT_TRUE(batch.json_body().is_array());
   for (const json& one : batch.json_body()) EXPECT_EQ(ids_of(one), stories260k::kExpected);
@@ -59,10 +63,11 @@ TEST_F(ServerTest, GenerateGivesTheReferenceIds) {
 TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  Reply r = post(port_, "/generate",
-                 {{"text", "Once upon a time"},
-                  {"stream", true},
-                  {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}}}});
+  Reply r = post(
+      port_, "/generate",
+      {{"text", "Once upon a time"},
+       {"stream", true},
+       {"sampling_params", {{"max_new_tokens", 27}, {"ignore_eos", true}, {"temperature", 0}}}});
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.headers[http::field::content_type], "text/event-stream");
   bool done = false;
@@ -86,9 +91,10 @@ TEST_F(ServerTest, StreamingSendsEveryTokenOnceThenDone) {
 TEST_F(ServerTest, StopStringEndsTheTextBeforeIt) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  Reply r = post(port_, "/generate",
-                 {{"text", "Once upon a time"},
-                  {"sampling_params", {{"max_new_tokens", 27}, {"stop", {"girl"}}}}});
+  Reply r =
+      post(port_, "/generate",
+           {{"text", "Once upon a time"},
+            {"sampling_params", {{"max_new_tokens", 27}, {"stop", {"girl"}}, {"temperature", 0}}}});
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = r.json_body();
   EXPECT_EQ(j["text"], ", there was a little ");
@@ -101,7 +107,7 @@ TEST_F(ServerTest, StopStringEndsTheTextBeforeIt) {
 TEST_F(ServerTest, StreamedTextHoldsBackWhatMayBeAStopString) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  const json sp = {{"max_new_tokens", 27}, {"stop", {" girl"}}};
+  const json sp = {{"max_new_tokens", 27}, {"stop", {" girl"}}, {"temperature", 0}};
   Reply plain = post(port_, "/generate", {{"text", "Once upon a time"}, {"sampling_params", sp}});
   ASSERT_EQ(plain.status, 200) << plain.body;
   const std::string want = plain.json_body()["text"];
@@ -117,8 +123,12 @@ TEST_F(ServerTest, StreamedTextHoldsBackWhatMayBeAStopString) {
     EXPECT_EQ(want.compare(0, text.size(), text), 0) << "sent " << text;
   }
   EXPECT_EQ(events.back()["text"], want);
-  Reply c = post(port_, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 27},
-                                            {"stop", {" girl"}}, {"stream", true}});
+  Reply c = post(port_, "/v1/completions",
+                 {{"prompt", "Once upon a time"},
+                  {"max_tokens", 27},
+                  {"stop", {" girl"}},
+                  {"stream", true},
+                  {"temperature", 0}});
   ASSERT_EQ(c.status, 200);
   std::string deltas;
   for (const json& e : events_of(c.body, &done)) {
@@ -162,8 +172,9 @@ TEST_F(ServerTest, ExpectContinueIsAnswered) {
   net::io_context ioc;
   tcp::socket socket(ioc);
   socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
-  const std::string body =
-      json{{"input_ids", {1, 2, 3}}, {"sampling_params", {{"max_new_tokens", 2}}}}.dump();
+  const std::string body = json{{"input_ids", {1, 2, 3}},
+                                {"sampling_params", {{"max_new_tokens", 2}, {"ignore_eos", true}}}}
+                               .dump();
   net::write(socket, net::buffer("POST /generate HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
                                  "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n"));
   std::string interim;
@@ -247,20 +258,24 @@ TEST_F(ServerTest, UnknownPathWrongMethodLargeBodyAndKey) {
 TEST_F(ServerTest, OverloadIsA503WithRetryAfter) {
   serve({"model.preset=synth-tiny"}, /*max_unfinished=*/1);
   std::thread busy([&] {
-    // Long enough to be running when the second request arrives, short under TSan too.
+    // Running until aborted below, however slowly the second request arrives (a request of a
+    // few hundred tokens can end first on a loaded machine).
     Reply r = post(port_, "/generate",
                    {{"input_ids", {1, 2, 3}},
-                    {"sampling_params", {{"max_new_tokens", 300}, {"ignore_eos", true}}}});
+                    {"rid", "busy"},
+                    {"sampling_params", {{"max_new_tokens", 2000}, {"ignore_eos", true}}}});
     EXPECT_EQ(r.status, 200);
   });
   while (loop_->unfinished() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   Reply r = post(port_, "/generate", {{"input_ids", {1, 2}}});
   EXPECT_EQ(r.status, 503) << r.body;
   EXPECT_EQ(r.headers[http::field::retry_after], "1");
+  post(port_, "/abort_request", {{"rid", "busy"}});
   busy.join();
 }
 
-// A client that goes away mid-stream aborts its request; its pages go back.
+// A client that goes away mid-stream aborts its request; its pages go back, and its connection
+// closes (a reset found by one write is not waited on by the next).
 TEST_F(ServerTest, DisconnectAbortsTheRequest) {
   serve({"model.preset=synth-tiny"});
   {
@@ -372,36 +387,63 @@ TEST_F(ServerTest, SlowHeaderOrBodyIs408AndAnIdleConnectionIsClosed) {
   EXPECT_TRUE(closed);
 }
 
-// Past max_connections an idle connection makes room for a new one; when every connection is
-// busy, the new one gets 503 and a close.
-TEST_F(ServerTest, PastMaxConnectionsAnIdleOneIsClosedFirstElseA503) {
+// Past max_connections an idle connection makes room for a new one, else the one that has spent
+// longest reading its header (so connections trickling their headers, a slowloris, cannot lock
+// out a client that sends whole requests); when every connection has a request in progress,
+// the new one gets 503 and a close.
+TEST_F(ServerTest, PastMaxConnectionsIdleThenSlowestHeaderMakeRoomElseA503) {
   serve({"model.preset=synth-tiny", "server.max_connections=3", "server.header_timeout_s=30",
-         "server.idle_timeout_s=30"});
+         "server.body_timeout_s=30", "server.idle_timeout_s=30"});
   net::io_context ioc;
+  auto settle = [&](int open) {
+    for (int i = 0; i < 400 && http_->open_connections() != open; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
   std::vector<tcp::socket> idle;
   for (int i = 0; i < 3; ++i) {
     idle.emplace_back(ioc);
     idle.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
   }
-  for (int i = 0; i < 200 && http_->open_connections() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  settle(3);
   Reply health = call(port_, http::verb::get, "/health", "");
   EXPECT_EQ(health.status, 200);
-  // Three connections in the middle of a header: none is idle.
+  // Three connections in the middle of a header take the idle ones' places.
+  std::vector<tcp::socket> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.emplace_back(ioc);
+    slow.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    net::write(slow.back(), net::buffer(std::string("GET /health HTTP/1.1\r\n")));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  settle(3);
+  // A whole request gets its answer; the first slow header is the one closed for it.
+  bool closed = false;
+  std::string got =
+      raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", &closed);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  char byte = 0;
+  beast::error_code ec;
+  slow[0].read_some(net::buffer(&byte, 1), ec);
+  EXPECT_EQ(ec, net::error::eof) << ec.message();
+  // Three requests whose headers are whole (their bodies on the way) replace the slow headers;
+  // with every connection in a request, a new one is a 503.
   std::vector<tcp::socket> busy;
   for (int i = 0; i < 3; ++i) {
     busy.emplace_back(ioc);
     busy.back().connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
-    net::write(busy.back(), net::buffer(std::string("GET /health HTTP/1.1\r\n")));
+    net::write(busy.back(), net::buffer(std::string(
+                                "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+                                "{\"input_ids\"")));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  bool closed = false;
-  const std::string got = raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &closed);
+  settle(3);
+  got = raw_exchange(port_, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n", &closed);
   EXPECT_EQ(got.rfind("HTTP/1.1 503", 0), 0u) << got;
   EXPECT_NE(got.find("max_connections"), std::string::npos) << got;
   EXPECT_TRUE(closed);
   busy.clear();
+  slow.clear();
   idle.clear();
 }
 
@@ -444,7 +486,10 @@ TEST_F(ServerTest, AStopStringFinishIsCountedAsFinished) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
   Reply r = post(port_, "/v1/completions",
-                 {{"prompt", "Once upon a time"}, {"max_tokens", 27}, {"stop", {" girl"}}});
+                 {{"prompt", "Once upon a time"},
+                  {"max_tokens", 27},
+                  {"stop", {" girl"}},
+                  {"temperature", 0}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json_body()["choices"][0]["finish_reason"], "stop");
   const std::string metrics = call(port_, http::verb::get, "/metrics", "").body;
@@ -507,7 +552,7 @@ TEST_F(ServerTest, AbortByRid) {
 // OpenAI's completions and chat give what /generate gives for the same prompt, in their shape.
 TEST_F(ServerTest, OpenAiCompletionsAndChatMatchGenerate) {
   serve({"model.preset=synth-tiny"});
-  const json sp = {{"max_new_tokens", 12}, {"ignore_eos", true}};
+  const json sp = {{"max_new_tokens", 12}, {"ignore_eos", true}, {"temperature", 0}};
   const std::string native =
       post(port_, "/generate", {{"text", "Once upon"}, {"sampling_params", sp}}).json_body()["text"];
   Reply c = post(port_, "/v1/completions",
@@ -524,8 +569,11 @@ TEST_F(ServerTest, OpenAiCompletionsAndChatMatchGenerate) {
 
   // Streamed: the deltas add up to the same text, the last chunk says why it ended.
   Reply s = post(port_, "/v1/completions",
-                 {{"prompt", "Once upon"}, {"max_tokens", 12}, {"stream", true},
-                  {"ignore_eos", true}});
+                 {{"prompt", "Once upon"},
+                  {"max_tokens", 12},
+                  {"stream", true},
+                  {"ignore_eos", true},
+                  {"temperature", 0}});
   bool done = false;
   std::string text;
   const std::vector<json> events = events_of(s.body, &done);
@@ -541,16 +589,20 @@ TEST_F(ServerTest, OpenAiCompletionsAndChatMatchGenerate) {
   const std::string templated =
       post(port_, "/generate", {{"text", "user: hi\nassistant:"}, {"sampling_params", sp}})
           .json_body()["text"];
-  Reply chat = post(port_, "/v1/chat/completions",
-                    {{"messages", messages}, {"max_tokens", 12}, {"ignore_eos", true}});
+  Reply chat =
+      post(port_, "/v1/chat/completions",
+           {{"messages", messages}, {"max_tokens", 12}, {"ignore_eos", true}, {"temperature", 0}});
   ASSERT_EQ(chat.status, 200) << chat.body;
   j = chat.json_body();
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], templated);
   Reply chat_stream = post(port_, "/v1/chat/completions",
-                           {{"messages", messages}, {"max_tokens", 12}, {"stream", true},
-                            {"ignore_eos", true}});
+                           {{"messages", messages},
+                            {"max_tokens", 12},
+                            {"stream", true},
+                            {"ignore_eos", true},
+                            {"temperature", 0}});
   done = false;
   text.clear();
   const std::vector<json> chunks = events_of(chat_stream.body, &done);
@@ -602,6 +654,362 @@ TEST_F(ServerTest, RecordTraceWritesAReplayableTrace) {
   EXPECT_EQ(trace->trace[0].output_len, 3);
   EXPECT_EQ(trace->trace[1].output_len, 5);
   EXPECT_LE(trace->trace[0].arrival_s, trace->trace[1].arrival_s);
+  std::filesystem::remove(path);
+}
+
+// A temporary file's path, unique to this process.
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("kvrt_" + name + "_" + std::to_string(getpid())))
+      .string();
+}
+
+// An unseeded request draws a fresh seed: two of them are two draws, each recorded in the trace
+// with its sampling parameters, and the recorded seed replays its request exactly.
+TEST_F(ServerTest, UnseededRequestsDrawFreshSeedsThatTheTraceRecords) {
+  const std::string path = temp_path("seed_trace.jsonl");
+  std::filesystem::remove(path);
+  serve({"model.preset=synth-tiny", "server.record_trace=\"" + path + "\""});
+  json sp = {{"max_new_tokens", 8},
+             {"ignore_eos", true},
+             {"temperature", 0.8},
+             {"top_k", 40},
+             {"repetition_penalty", 1.2}};
+  const json body = {{"input_ids", {1, 2, 3, 4}}, {"sampling_params", sp}};
+  const Reply first = post(port_, "/generate", body);
+  ASSERT_EQ(first.status, 200) << first.body;
+  ASSERT_EQ(post(port_, "/generate", body).status, 200);
+  Result<bench::WorkloadSpec> trace = bench::load_trace_jsonl(path);
+  ASSERT_TRUE(trace.ok()) << trace.status().message();
+  ASSERT_EQ(trace->trace.size(), 2u);
+  for (const bench::TraceEntry& e : trace->trace) {
+    ASSERT_TRUE(e.sampling.has_value());
+    EXPECT_EQ(e.sampling->temperature, 0.8f);
+    EXPECT_EQ(e.sampling->top_k, 40);
+    EXPECT_EQ(e.sampling->top_p, 1.0f);
+    EXPECT_EQ(e.sampling->repetition_penalty, 1.2f);
+  }
+  EXPECT_NE(trace->trace[0].sampling->seed, trace->trace[1].sampling->seed);
+  sp["seed"] = trace->trace[0].sampling->seed;
+  const Reply replay =
+      post(port_, "/generate", {{"input_ids", {1, 2, 3, 4}}, {"sampling_params", sp}});
+  ASSERT_EQ(replay.status, 200) << replay.body;
+  EXPECT_EQ(ids_of(replay.json_body()), ids_of(first.json_body()));
+  std::filesystem::remove(path);
+}
+
+// seed (and SGLang's sampling_seed) reproduce a sampled answer exactly; n > 1 with a seed gives
+// n different choices, the first the seed's own, and the same n every time.
+TEST_F(ServerTest, ASeedReproducesAndItsChoicesDifferTheSameEveryTime) {
+  serve({"model.preset=synth-tiny"});
+  auto generate = [&](const char* key) {
+    const Reply r =
+        post(port_, "/generate",
+             {{"input_ids", {1, 2, 3}},
+              {"sampling_params",
+               {{"max_new_tokens", 12}, {"ignore_eos", true}, {"temperature", 1.0}, {key, 5}}}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body();
+  };
+  const json seeded = generate("seed");
+  EXPECT_EQ(ids_of(generate("seed")), ids_of(seeded));
+  EXPECT_EQ(ids_of(generate("sampling_seed")), ids_of(seeded));
+  auto choices = [&] {
+    const Reply r = post(port_, "/v1/completions",
+                         {{"prompt", {1, 2, 3}},
+                          {"max_tokens", 12},
+                          {"ignore_eos", true},
+                          {"temperature", 1.0},
+                          {"seed", 5},
+                          {"n", 3}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    const json answer = r.json_body();
+    std::vector<std::string> texts;
+    for (const json& c : answer["choices"]) texts.push_back(c["text"]);
+    return texts;
+  };
+  const std::vector<std::string> texts = choices();
+  ASSERT_EQ(texts.size(), 3u);
+  EXPECT_EQ(texts[0], seeded["text"]);
+  EXPECT_NE(texts[0], texts[1]);
+  EXPECT_NE(texts[1], texts[2]);
+  EXPECT_NE(texts[0], texts[2]);
+  EXPECT_EQ(choices(), texts);
+}
+
+// A model directory's generation_config.json gives the defaults (do_sample false: greedy; its
+// max_new_tokens: every API's length), and /get_server_info says so and names the file.
+TEST_F(ServerTest, SamplingDefaultsComeFromTheModelsGenerationConfig) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  const std::filesystem::path dir = temp_path("gencfg_model");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.model"}) {
+    std::filesystem::create_symlink(std::filesystem::absolute(model_dir() + "/" + f), dir / f);
+  }
+  std::ofstream(dir / "generation_config.json")
+      << R"({"do_sample": false, "temperature": 0.7, "max_new_tokens": 27})";
+  serve({"model.path=\"" + dir.string() + "\""});
+  const Reply g = post(port_, "/generate",
+                       {{"text", "Once upon a time"}, {"sampling_params", {{"ignore_eos", true}}}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  EXPECT_EQ(ids_of(g.json_body()), stories260k::kExpected);  // greedy, 27 tokens
+  const Reply c = post(port_, "/v1/completions", {{"prompt", "Once"}, {"ignore_eos", true}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.json_body()["usage"]["completion_tokens"], 27);
+  const json defaults =
+      call(port_, http::verb::get, "/get_server_info", "").json_body()["sampling_defaults"];
+  EXPECT_EQ(defaults["source"], (dir / "generation_config.json").string());
+  EXPECT_EQ(defaults["temperature"], 0.0);
+  EXPECT_EQ(defaults["max_new_tokens"], 27);
+  std::filesystem::remove_all(dir);
+}
+
+// Without a generation_config.json a request samples at temperature 1, completions stop at 16
+// tokens and chat runs to the end of the context, as OpenAI's and vLLM's do.
+TEST_F(ServerTest, WithoutAGenerationConfigRequestsSampleAndTakeOpenAisLengths) {
+  if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
+  serve({"model.path=\"" + model_dir() + "\""});
+  const json info = call(port_, http::verb::get, "/get_server_info", "").json_body();
+  EXPECT_EQ(info["sampling_defaults"]["temperature"], 1.0) << info.dump();
+  EXPECT_NE(info["sampling_defaults"]["source"].get<std::string>().find("no generation_config"),
+            std::string::npos);
+  const Reply plain = post(port_, "/v1/completions", {{"prompt", "Once"}, {"ignore_eos", true}});
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  EXPECT_EQ(plain.json_body()["usage"]["completion_tokens"], 16);
+  const Reply chat =
+      post(port_, "/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"ignore_eos", true}});
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const json usage = chat.json_body()["usage"];
+  EXPECT_EQ(usage["total_tokens"], 512) << usage.dump();  // stories260k's whole context
+  EXPECT_EQ(chat.json_body()["choices"][0]["finish_reason"], "length");
+}
+
+// A one-token text prompt (Qwen3 has no BOS: "Hi" is one token) is served by /generate and
+// completions; an empty one is still a 400.
+TEST_F(ServerTest, AOneTokenPromptIsServed) {
+  const char* root = std::getenv("KVRT_SOURCE_DIR");
+  const std::string dir =
+      std::string(root != nullptr ? root : ".") + "/../shared/models/tiny-qwen3";
+  if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << dir << " not found";
+  serve({"model.path=\"" + dir + "\""});
+  const Reply g =
+      post(port_, "/generate", {{"text", "Hi"}, {"sampling_params", {{"max_new_tokens", 2}}}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  EXPECT_EQ(g.json_body()["meta_info"]["prompt_tokens"], 1);
+  const Reply c = post(port_, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.json_body()["usage"]["prompt_tokens"], 1);
+  const Reply empty = post(port_, "/generate", {{"text", ""}});
+  EXPECT_EQ(empty.status, 400);
+  EXPECT_EQ(empty.json_body()["error"]["param"], "text");
+  EXPECT_EQ(post(port_, "/v1/completions", {{"prompt", ""}}).status, 400);
+}
+
+// max_new_tokens 0 (/generate) and max_tokens 0 (completions, chat) answer no tokens, finish
+// reason length, with the prompt's usage, as SGLang does; the prompt is still prefilled (its
+// log-probabilities come back when asked for).
+TEST_F(ServerTest, ZeroMaxTokensAnswersNoTokensWithThePromptsUsage) {
+  serve({"model.preset=synth-tiny"});
+  const Reply g = post(port_, "/generate",
+                       {{"input_ids", {1, 2, 3}},
+                        {"sampling_params", {{"max_new_tokens", 0}}},
+                        {"return_logprob", true},
+                        {"logprob_start_len", 0}});
+  ASSERT_EQ(g.status, 200) << g.body;
+  const json j = g.json_body();
+  EXPECT_TRUE(j["output_ids"].empty());
+  EXPECT_EQ(j["text"], "");
+  EXPECT_EQ(j["meta_info"]["prompt_tokens"], 3);
+  EXPECT_EQ(j["meta_info"]["completion_tokens"], 0);
+  EXPECT_EQ(j["meta_info"]["finish_reason"], json({{"type", "length"}, {"length", 0}}));
+  EXPECT_EQ(j["meta_info"]["input_token_logprobs"].size(), 3u) << j.dump();
+  EXPECT_TRUE(j["meta_info"]["output_token_logprobs"].empty());
+  const Reply streamed = post(
+      port_, "/generate",
+      {{"input_ids", {1, 2, 3}}, {"stream", true}, {"sampling_params", {{"max_new_tokens", 0}}}});
+  ASSERT_EQ(streamed.status, 200);
+  bool done = false;
+  const std::vector<json> events = events_of(streamed.body, &done);
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(done);
+  EXPECT_EQ(events.back()["meta_info"]["finish_reason"]["type"], "length");
+  EXPECT_TRUE(events.back()["output_ids"].empty());
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    json body = {{"max_tokens", 0}};
+    if (std::string(path) == "/v1/completions") {
+      body["prompt"] = {1, 2, 3};
+    } else {
+      body["messages"] = {{{"role", "user"}, {"content", "hi"}}};
+    }
+    const Reply r = post(port_, path, body);
+    ASSERT_EQ(r.status, 200) << path << ": " << r.body;
+    const json answer = r.json_body();
+    const json& choice = answer["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "length") << path;
+    EXPECT_EQ(choice.contains("text") ? choice["text"] : choice["message"]["content"], "");
+    EXPECT_EQ(answer["usage"]["completion_tokens"], 0) << path;
+    EXPECT_GT(answer["usage"]["prompt_tokens"].get<int>(), 0) << path;
+  }
+  EXPECT_EQ(post(port_, "/generate",
+                 {{"input_ids", json::array()}, {"sampling_params", {{"max_new_tokens", 0}}}})
+                .status,
+            400);
+}
+
+TEST(ServerInfo, KvCacheDtypeIsSglangsNameForTheStore) {
+  EXPECT_EQ(kv_cache_dtype("kv_bf16_paged"), "bf16");
+  EXPECT_EQ(kv_cache_dtype("kv_fp8_e4m3"), "fp8_e4m3");
+  EXPECT_EQ(kv_cache_dtype("kv_host_tiered"), "kv_host_tiered");
+  EXPECT_EQ(kv_cache_dtype("my_store"), "my_store");
+}
+
+// /get_server_info and /server_info carry SGLang's top-level keys and internal_states (what
+// bench_serving.py reads at the end of every run); /metrics has SGLang's
+// time_per_output_token_seconds histogram beside kvrt's name for it.
+TEST_F(ServerTest, ServerInfoHasSglangsKeysAndMetricsItsTimePerOutputToken) {
+  serve({"model.preset=synth-tiny", "scheduler.chunked_prefill_size=256",
+         "scheduler.num_continuous_decode_steps=2", "scheduler.mem_fraction_static=0.8"});
+  ASSERT_EQ(post(port_, "/generate",
+                 {{"input_ids", {1, 2, 3}},
+                  {"sampling_params", {{"max_new_tokens", 4}, {"ignore_eos", true}}}})
+                .status,
+            200);
+  for (const char* path : {"/get_server_info", "/server_info"}) {
+    const Reply r = call(port_, http::verb::get, path, "");
+    ASSERT_EQ(r.status, 200) << path;
+    const json j = r.json_body();
+    EXPECT_EQ(j["served_model_name"], "test-model") << path;
+    EXPECT_EQ(j["mem_fraction_static"], 0.8);
+    EXPECT_EQ(j["chunked_prefill_size"], 256);
+    EXPECT_EQ(j["num_continuous_decode_steps"], 2);
+    EXPECT_EQ(j["kv_cache_dtype"], "bf16");
+    EXPECT_EQ(j["tp_size"], 1);
+    EXPECT_EQ(j["page_size"], cfg_->scheduler.page_size);
+    EXPECT_EQ(j["max_running_requests"], cfg_->scheduler.max_running_requests);
+    EXPECT_EQ(j["context_length"], rt_->model.max_position_embeddings);
+    EXPECT_GT(j["max_total_num_tokens"].get<uint64_t>(), 0u);
+    ASSERT_TRUE(j["internal_states"].is_array()) << j.dump();
+    ASSERT_EQ(j["internal_states"].size(), 1u);
+    const json& state = j["internal_states"][0];
+    EXPECT_TRUE(state["last_gen_throughput"].is_number()) << state.dump();
+    EXPECT_EQ(state["#running-req"], 0);
+    EXPECT_EQ(state["#queue-req"], 0);
+    EXPECT_TRUE(state.contains("avg_spec_accept_length") &&
+                state["avg_spec_accept_length"].is_null());
+  }
+  const std::string metrics = call(port_, http::verb::get, "/metrics", "").body;
+  EXPECT_NE(metrics.find("# TYPE sglang:time_per_output_token_seconds histogram"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("\nsglang:time_per_output_token_seconds_count{model_name=\"test-model\"} "
+                         "1\n"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("\nkvrt:time_per_output_token_seconds_count 1\n"), std::string::npos);
+}
+
+// OpenAI's roles pass to the template, developer as system; any other role is a 400 naming
+// messages[i].role, not a message left out of the prompt.
+TEST_F(ServerTest, AnUnknownChatRoleIsA400AndDeveloperIsSystem) {
+  serve({"model.preset=synth-tiny"});
+  const Reply wizard = post(
+      port_, "/v1/chat/completions",
+      {{"messages",
+        {{{"role", "user"}, {"content", "hi"}}, {{"role", "wizard"}, {"content", "abracadabra"}}}},
+       {"max_tokens", 2}});
+  EXPECT_EQ(wizard.status, 400) << wizard.body;
+  EXPECT_EQ(wizard.json_body()["error"]["param"], "messages[1].role");
+  auto ids = [&](const char* role) {
+    const Reply r = post(
+        port_, "/tokenize",
+        {{"messages",
+          {{{"role", role}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    return r.json_body()["tokens"];
+  };
+  EXPECT_EQ(ids("developer"), ids("system"));
+  const Reply developer = post(
+      port_, "/v1/chat/completions",
+      {{"messages",
+        {{{"role", "developer"}, {"content", "be brief"}}, {{"role", "user"}, {"content", "hi"}}}},
+       {"max_tokens", 2}});
+  EXPECT_EQ(developer.status, 200) << developer.body;
+}
+
+// Bytes after the JSON body (a NUL among them) are a 400; a number beyond a double names its
+// field.
+TEST_F(ServerTest, TrailingBytesAndOutOfRangeNumbersAreA400NamingTheField) {
+  serve({"model.preset=synth-tiny"});
+  using namespace std::string_literals;
+  const Reply nul = call(port_, http::verb::post, "/generate", R"({"input_ids": [1]})"s + '\0');
+  EXPECT_EQ(nul.status, 400) << nul.body;
+  EXPECT_NE(nul.body.find("NUL"), std::string::npos) << nul.body;
+  const Reply huge = call(port_, http::verb::post, "/generate",
+                          R"({"input_ids": [1], "sampling_params": {"temperature": 1e309}})");
+  EXPECT_EQ(huge.status, 400);
+  EXPECT_EQ(huge.json_body()["error"]["param"], "sampling_params.temperature") << huge.body;
+  const Reply openai =
+      call(port_, http::verb::post, "/v1/completions", R"({"prompt": "a", "temperature": 1e309})");
+  EXPECT_EQ(openai.status, 400);
+  EXPECT_EQ(openai.json_body()["error"]["param"], "temperature") << openai.body;
+}
+
+// A trace recorded with sampled requests replays them with their sampling over HTTP: kvrt bench
+// --url sends each request's temperature, top-p, seed and penalties, so the server's own trace of
+// the replay records the same.
+TEST_F(ServerTest, ARecordedTraceReplaysItsSamplingOverHttp) {
+  const std::string path = temp_path("replay_trace.jsonl");
+  std::filesystem::remove(path);
+  serve({"model.preset=synth-tiny", "server.record_trace=\"" + path + "\""});
+  ASSERT_EQ(
+      post(port_, "/generate",
+           {{"input_ids", {1, 2, 3}},
+            {"sampling_params",
+             {{"max_new_tokens", 3}, {"ignore_eos", true}, {"temperature", 0.9}, {"top_p", 0.8}}}})
+          .status,
+      200);
+  ASSERT_EQ(post(port_, "/v1/completions",
+                 {{"prompt", {4, 5}},
+                  {"max_tokens", 2},
+                  {"ignore_eos", true},
+                  {"seed", 11},
+                  {"frequency_penalty", 0.5},
+                  {"min_p", 0.1}})
+                .status,
+            200);
+  Result<bench::WorkloadSpec> recorded = bench::load_trace_jsonl(path);
+  ASSERT_TRUE(recorded.ok()) << recorded.status().message();
+  ASSERT_EQ(recorded->trace.size(), 2u);
+  bench::HttpBenchOptions options;
+  Result<client::Url> url = client::parse_url("http://127.0.0.1:" + std::to_string(port_));
+  ASSERT_TRUE(url.ok());
+  options.url = *url;
+  options.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
+  options.scrape_interval_s = 0.05;
+  Result<bench::BenchReport> report = bench::drive_http(options, *recorded);
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  EXPECT_EQ(report->completed, 2u);
+  Result<bench::WorkloadSpec> both = bench::load_trace_jsonl(path);
+  ASSERT_TRUE(both.ok()) << both.status().message();
+  ASSERT_EQ(both->trace.size(), 4u);
+  for (size_t i = 0; i < 2; ++i) {
+    const bench::TraceEntry& original = recorded->trace[i];
+    // The replay's lines: the same lengths and sampling (the bench keeps the trace's order).
+    const bench::TraceEntry* replayed = nullptr;
+    for (size_t k = 2; k < 4; ++k) {
+      if (both->trace[k].sampling->seed == original.sampling->seed) replayed = &both->trace[k];
+    }
+    ASSERT_NE(replayed, nullptr) << "seed " << original.sampling->seed << " was not replayed";
+    EXPECT_EQ(replayed->input_len, original.input_len);
+    EXPECT_EQ(replayed->output_len, original.output_len);
+    EXPECT_EQ(replayed->sampling->temperature, original.sampling->temperature);
+    EXPECT_EQ(replayed->sampling->top_p, original.sampling->top_p);
+    EXPECT_EQ(replayed->sampling->min_p, original.sampling->min_p);
+    EXPECT_EQ(replayed->sampling->frequency_penalty, original.sampling->frequency_penalty);
+  }
+  EXPECT_EQ(recorded->trace[1].sampling->seed, 11u);
+  EXPECT_EQ(recorded->trace[1].sampling->frequency_penalty, 0.5f);
   std::filesystem::remove(path);
 }
 
@@ -816,8 +1224,9 @@ TEST_F(ServerTest, ChatUsesTheModelDirectorysTemplate) {
   ASSERT_EQ(tokens.status, 200) << tokens.body;
   EXPECT_EQ(tokens.json_body()["tokens"].get<std::vector<int32_t>>(), want);
   // The same prompt through /generate's input_ids gives the same answer.
-  Reply gen = post(port_, "/generate",
-                   {{"input_ids", want}, {"sampling_params", {{"max_new_tokens", 5}}}});
+  Reply gen =
+      post(port_, "/generate",
+           {{"input_ids", want}, {"sampling_params", {{"max_new_tokens", 5}, {"temperature", 0}}}});
   ASSERT_EQ(gen.status, 200);
   EXPECT_EQ(chat.json_body()["choices"][0]["message"]["content"], gen.json_body()["text"]);
   fs::remove_all(dir);
