@@ -52,6 +52,48 @@ Status read_float(const toml::table& t, const char* key, const std::string& path
   return Status::Ok();
 }
 
+// [workload.sampling]: every generated request's sampling (its seed is set per request).
+Status read_sampling(const toml::table& parent, const std::string& source,
+                     std::optional<exec::SamplingParams>* out) {
+  const toml::node* node = parent.get("sampling");
+  if (node == nullptr) return Status::Ok();
+  const toml::table* t = node->as_table();
+  if (t == nullptr) {
+    return Status::ConfigError(where(*node, source) + ": workload.sampling: expected a table");
+  }
+  using T = config::KeySpec::Type;
+  if (Status s = config::validate_keys(
+          *t,
+          {{"temperature", T::kFloat, "0 = greedy"},
+           {"top_p", T::kFloat, "nucleus mass in (0, 1]"},
+           {"top_k", T::kInt, "0 = every token"},
+           {"min_p", T::kFloat, "probability floor relative to the likeliest, [0, 1]"}},
+          source, "workload.sampling");
+      !s.ok()) {
+    return s;
+  }
+  double temperature = 1.0, top_p = 1.0, min_p = 0.0;
+  int64_t top_k = 0;
+  const std::string path = "workload.sampling";
+  if (Status s = read_float(*t, "temperature", path, source, 0, 1e6, &temperature); !s.ok()) {
+    return s;
+  }
+  if (Status s = read_float(*t, "top_p", path, source, 0, 1, &top_p); !s.ok()) return s;
+  if (top_p <= 0) {
+    return Status::ConfigError(where(*t->get("top_p"), source) +
+                               ": workload.sampling.top_p: expected a number in (0, 1]");
+  }
+  if (Status s = read_int(*t, "top_k", path, source, 0, INT32_MAX, &top_k); !s.ok()) return s;
+  if (Status s = read_float(*t, "min_p", path, source, 0, 1, &min_p); !s.ok()) return s;
+  exec::SamplingParams p;
+  p.temperature = static_cast<float>(temperature);
+  p.top_p = static_cast<float>(top_p);
+  p.top_k = static_cast<int32_t>(top_k);
+  p.min_p = static_cast<float>(min_p);
+  *out = p;
+  return Status::Ok();
+}
+
 Status read_dist(const toml::table& parent, const char* key, const std::string& source,
                  LengthDist* out) {
   const toml::node* node = parent.get(key);
@@ -249,7 +291,8 @@ Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::str
            {"output", T::kTable, "output length distribution"},
            {"shared_prefix_groups", T::kInt, "number of shared system prompts"},
            {"shared_prefix_len", T::kInt, "tokens in each shared prefix"},
-           {"turns", T::kInt, "turns per conversation"}},
+           {"turns", T::kInt, "turns per conversation"},
+           {"sampling", T::kTable, "how every request samples (default: greedy)"}},
           source, "workload");
       !s.ok()) {
     return s;
@@ -278,6 +321,7 @@ Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::str
   spec.turns = static_cast<int>(turns);
   if (Status s = read_dist(*w, "input", source, &spec.input); !s.ok()) return s;
   if (Status s = read_dist(*w, "output", source, &spec.output); !s.ok()) return s;
+  if (Status s = read_sampling(*w, source, &spec.sampling); !s.ok()) return s;
   // Every prompt is generated before the run: the workload must fit in memory.
   const uint64_t per_request =
       static_cast<uint64_t>(spec.input.largest()) + static_cast<uint64_t>(spec.shared_prefix_len);
@@ -432,6 +476,7 @@ WorkloadPlan::WorkloadPlan(const WorkloadSpec& spec, int32_t vocab_size)
     std::vector<int32_t> mine = random_tokens(spec.input.sample(rng_));
     r.prompt.insert(r.prompt.end(), mine.begin(), mine.end());
     r.max_new_tokens = static_cast<int32_t>(spec.output.sample(rng_));
+    r.sampling = sampling_of(r.id);
     if (spec.turns > 1) r.conversation = static_cast<int64_t>(c);
     initial_.push_back(std::move(r));
   }
@@ -445,7 +490,16 @@ bool WorkloadPlan::next_turn(int64_t conversation, int turn, PlannedRequest* out
   out->turn = turn + 1;
   out->prompt = random_tokens(spec_.input.sample(rng_));
   out->max_new_tokens = static_cast<int32_t>(spec_.output.sample(rng_));
+  out->sampling = sampling_of(out->id);
   return true;
+}
+
+std::optional<exec::SamplingParams> WorkloadPlan::sampling_of(uint64_t id) const {
+  if (!spec_.sampling) return std::nullopt;
+  exec::SamplingParams p = *spec_.sampling;
+  // Seeds apart for every request, the same in every run of this workload.
+  p.seed = spec_.seed ^ ((id + 1) * 0x9e3779b97f4a7c15ull);
+  return p;
 }
 
 std::vector<int32_t> WorkloadPlan::random_tokens(int64_t n) {

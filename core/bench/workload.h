@@ -64,6 +64,10 @@ struct WorkloadSpec {
   // its prompt being the conversation so far (prompts and answers) plus `input` new tokens.
   int turns = 1;
   std::vector<TraceEntry> trace;  // when set, the requests (arrival times, lengths, groups)
+  // [workload.sampling] (temperature, top_p, top_k, min_p): how every generated request samples,
+  // each with its own seed from the workload's seed and the request's id, so a run (and every
+  // combination of a --matrix) draws the same; nullopt: greedy. A trace's lines say their own.
+  std::optional<exec::SamplingParams> sampling;
 };
 
 // [workload] with [workload.input] / [workload.output] tables. Every key is checked: an unknown
@@ -103,6 +107,8 @@ class WorkloadPlan {
 
  private:
   std::vector<int32_t> random_tokens(int64_t n);
+  // A generated request's sampling: [workload.sampling] with a seed of its own, or greedy.
+  std::optional<exec::SamplingParams> sampling_of(uint64_t id) const;
   const WorkloadSpec spec_;
   int32_t vocab_size_;
   std::mt19937_64 rng_;

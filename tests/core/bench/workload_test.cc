@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -157,6 +158,47 @@ TEST(Workload, ReadsAJsonlTrace) {
       << e.status().message();
   std::filesystem::remove(path);
   std::filesystem::remove(bad);
+}
+
+// [workload.sampling]: every generated request (later turns too) samples so, each with a seed
+// of its own that is the same in every run; a value out of range names the key; none: greedy.
+TEST(Workload, ASamplingTableSamplesEveryRequestWithItsOwnSeed) {
+  Result<WorkloadSpec> w = parse_workload_toml(
+      "[workload]\nnum_requests = 4\nturns = 2\n"
+      "[workload.sampling]\ntemperature = 0.7\ntop_p = 0.95\ntop_k = 40\nmin_p = 0.01\n",
+      "w.toml");
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  WorkloadPlan plan(*w, 512), again(*w, 512);
+  ASSERT_EQ(plan.initial().size(), 2u);
+  std::set<uint64_t> seeds;
+  for (size_t i = 0; i < plan.initial().size(); ++i) {
+    const PlannedRequest& r = plan.initial()[i];
+    ASSERT_TRUE(r.sampling.has_value());
+    EXPECT_EQ(r.sampling->temperature, 0.7f);
+    EXPECT_EQ(r.sampling->top_p, 0.95f);
+    EXPECT_EQ(r.sampling->top_k, 40);
+    EXPECT_EQ(r.sampling->min_p, 0.01f);
+    EXPECT_EQ(r.sampling->seed, again.initial()[i].sampling->seed);
+    seeds.insert(r.sampling->seed);
+    PlannedRequest next;
+    ASSERT_TRUE(plan.next_turn(r.conversation, 0, &next));
+    ASSERT_TRUE(next.sampling.has_value());
+    EXPECT_EQ(next.sampling->top_k, 40);
+    seeds.insert(next.sampling->seed);
+  }
+  EXPECT_EQ(seeds.size(), 4u);
+  Result<WorkloadSpec> greedy = parse_workload_toml("[workload]\nnum_requests = 2\n", "g.toml");
+  ASSERT_TRUE(greedy.ok());
+  EXPECT_FALSE(WorkloadPlan(*greedy, 512).initial()[0].sampling.has_value());
+  for (const char* bad : {"top_p = 0", "top_p = 1.5", "temperature = -1", "top_k = -2",
+                          "min_p = 2", "seed = 3"}) {
+    Result<WorkloadSpec> e = parse_workload_toml(
+        std::string("[workload]\n[workload.sampling]\n") + bad + "\n", "b.toml");
+    ASSERT_FALSE(e.ok()) << bad;
+    const std::string key = std::string(bad).substr(0, std::string(bad).find(' '));
+    EXPECT_NE(e.status().message().find("workload.sampling." + key), std::string::npos)
+        << e.status().message();
+  }
 }
 
 // A trace line's sampling (kvrt serve's record_trace writes it) reaches its planned request; a
