@@ -232,7 +232,7 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   rt.bf16_weights = bf16;
   // Activations rounded to bf16 in the products: only where there are bf16 products, on the CPU.
   // "auto" takes it where it pays: bf16 weights on a CPU with the AVX-512 BF16 dot product
-  // (1.5x at batch 64, 1.5x a 512-token prompt on synth-76m; the README's figures). Elsewhere it
+  // (1.5x at batch 64, 1.5x a 512-token prompt on synth-76m; docs/performance.md's figures). Elsewhere it
   // would only add a rounding pass, so "auto" keeps the activations in f32 there.
   const std::string& precision = cfg.model.matmul_precision;
   rt.bf16_activations =

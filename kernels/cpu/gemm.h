@@ -32,7 +32,7 @@ bool gemm_isa_supported(GemmIsa isa);
 // The best instruction set this CPU has: AVX-512F, then AVX2, then scalar, and before them the
 // bf16 dot product only if allow_bf16_dot. That one rounds x to bf16 per product, so kAuto
 // takes it only for products asked to round x (bf16_x: model.matmul_precision "medium", which
-// "auto" is on a CPU with the dot product; the README gives its accuracy cost).
+// "auto" is on a CPU with the dot product; docs/performance.md gives its accuracy cost).
 GemmIsa gemm_best_isa(bool allow_bf16_dot);
 // "avx512bf16", "avx512f", "avx2" or "scalar".
 const char* gemm_isa_name(GemmIsa isa);
