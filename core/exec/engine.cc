@@ -172,8 +172,9 @@ Engine::Engine(const model::ModelConfig& config, const EngineOptions& options)
     : config_(config), options_(options) {}
 
 Engine::~Engine() {
-  // With a broken group the followers have left their loop (or will not hear the stop).
-  if (leads_ && options_.tp > 1 && broken_.ok()) {
+  // With a broken group the followers have left their loop (or will not hear the stop). Without
+  // local_, create() failed before any follower started: there is nobody to stop.
+  if (leads_ && local_ != nullptr && options_.tp > 1 && broken_.ok()) {
     uint64_t header[2] = {kStop, 0};
     (void)local_->communicator().broadcast(header, sizeof(header), ElementType::kU8, 0, nullptr);
   }

@@ -57,6 +57,22 @@ class EngineTest : public ::testing::Test {
   model::Weights weights_;
 };
 
+// A KV store that cannot be created on a rank (its pool far over any memory) fails create()
+// with the store's error at TP 1 and TP 2 alike; nothing is left half-started to crash on.
+TEST_F(EngineTest, AStoreThatCannotBeCreatedFailsCreateAtAnyTp) {
+  for (int tp : {1, 2}) {
+    EngineOptions o;
+    o.tp = tp;
+    o.page_size = 16;
+    o.num_pages = uint64_t{1} << 40;
+    o.plugins.store = *registry_.load_kv_store("kv_bf16_paged");
+    o.plugins.attention = *registry_.load("attn_cpu");
+    Result<std::unique_ptr<Engine>> e = Engine::create(weights_, o);
+    ASSERT_FALSE(e.ok()) << "tp " << tp;
+    EXPECT_NE(e.status().message().find("TP rank 0"), std::string::npos) << e.status().message();
+  }
+}
+
 const std::vector<int32_t> kPrompt = {1, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108};
 
 // TP 1, 2, 4 and 8 give the same greedy ids of kPrompt, and first logits within 1e-4 of TP 1's;
