@@ -138,12 +138,15 @@ SampledLogprobs Sampler::take_logprobs() {
 }
 
 int32_t Sampler::choose(std::span<const float> logits) {
-  const int32_t token = params_.temperature > 0.0f
+  // A temperature under vLLM's and SGLang's epsilon is greedy, as theirs is (its reciprocal
+  // would overflow the weights of a denormal one).
+  const bool sampled = params_.temperature >= kGreedyBelow;
+  const int32_t token = sampled
                             ? draw(logits)
                             // Greedy: the first maximum, as argmax does.
                             : static_cast<int32_t>(kernels::argmax(logits.data(), logits.size()));
   if (params_.logprobs >= 0) {
-    const float scale = params_.temperature > 0.0f ? 1.0f / params_.temperature : 1.0f;
+    const float scale = sampled ? 1.0f / params_.temperature : 1.0f;
     logprobs_.push_back(logprobs_of(logits, token, params_.logprobs, scale));
   }
   ++generated_;

@@ -13,8 +13,8 @@
 //
 // Which distribution the log-probabilities are of: the log-softmax, over the whole vocabulary,
 // of the logits the token is sampled from -- after the penalties, the logit bias and the
-// min_tokens mask, divided by the temperature when it is above 0 (greedy: the untempered
-// logits), before the top-k, top-p and min-p cuts.
+// min_tokens mask, divided by the temperature when it samples (greedy: the untempered logits),
+// before the top-k, top-p and min-p cuts.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +27,11 @@
 
 namespace kvrt::exec {
 
+// Temperatures below this decode greedily (vLLM's and SGLang's sampling epsilon).
+inline constexpr float kGreedyBelow = 1e-5f;
+
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
+  float temperature = 0.0f;  // 0 (or under kGreedyBelow): greedy
   int32_t top_k = 0;         // 0: all tokens
   float top_p = 1.0f;        // 1: no nucleus cut
   uint64_t seed = 0;
@@ -98,7 +101,7 @@ class Sampler {
   bool counts_output() const;  // a penalty reads the output's counts
   void reshape(std::span<float> logits) const;
   int32_t choose(std::span<const float> logits);
-  int32_t draw(std::span<const float> logits);  // temperature > 0
+  int32_t draw(std::span<const float> logits);  // temperature >= kGreedyBelow
   // The index of the token drawn from x[0..n) (top-p, min-p), `max` the likeliest's logit.
   size_t draw_among(const float* x, size_t n, float max);
   double uniform();  // [0, 1), the same on every platform for a seed

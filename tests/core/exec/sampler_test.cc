@@ -314,6 +314,20 @@ TEST(SamplerDistribution, ARealVocabularyWithAWideNucleus) {
   EXPECT_TRUE(follows(counts, expected));
 }
 
+TEST(SamplerDistribution, ATemperatureUnderTheEpsilonIsGreedy) {
+  // 1e-45 is a denormal whose reciprocal overflows; 1e-6 is under vLLM's and SGLang's epsilon.
+  const std::vector<float> logits = gaussian_logits(1000, 1.0f, 11);
+  const auto argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
+  for (float t : {1e-45f, 1e-6f}) {
+    SamplingParams p = sampled(t, 0, 0.9f, 0.0f);
+    p.logprobs = 1;
+    Sampler s(p);
+    EXPECT_EQ(s.sample(logits), argmax) << t;
+    const SampledLogprobs lp = s.take_logprobs();
+    EXPECT_TRUE(std::isfinite(lp.chosen.logprob)) << t;
+  }
+}
+
 TEST(SamplerDistribution, ASeedReproducesItsDrawsAndSeedsDiffer) {
   const std::vector<float> logits = gaussian_logits(151936, 1.0f, 10);
   const SamplingParams p = sampled(1.0f, 50, 0.95f, 0.0f);
