@@ -22,6 +22,7 @@
 #include "core/model/architecture.h"
 #include "core/model/llama.h"
 #include "core/model/weights.h"
+#include "core/plugin/host.h"
 #include "core/plugin/registry.h"
 
 namespace kvrt::exec {
@@ -57,19 +58,22 @@ class EngineTest : public ::testing::Test {
   model::Weights weights_;
 };
 
-// A KV store that cannot be created on a rank (its pool far over any memory) fails create()
+// A KV store that refuses to be created on a rank (here its option's value) fails create()
 // with the store's error at TP 1 and TP 2 alike; nothing is left half-started to crash on.
 TEST_F(EngineTest, AStoreThatCannotBeCreatedFailsCreateAtAnyTp) {
+  const toml::table bad{{"scale_mode", "per_nothing"}};
   for (int tp : {1, 2}) {
     EngineOptions o;
     o.tp = tp;
     o.page_size = 16;
-    o.num_pages = uint64_t{1} << 40;
-    o.plugins.store = *registry_.load_kv_store("kv_bf16_paged");
+    o.num_pages = 64;
+    o.plugins.store = *registry_.load_kv_store("kv_fp8_e4m3");
+    o.plugins.store_config = plugin::as_config(&bad);
     o.plugins.attention = *registry_.load("attn_cpu");
     Result<std::unique_ptr<Engine>> e = Engine::create(weights_, o);
     ASSERT_FALSE(e.ok()) << "tp " << tp;
     EXPECT_NE(e.status().message().find("TP rank 0"), std::string::npos) << e.status().message();
+    EXPECT_NE(e.status().message().find("scale_mode"), std::string::npos) << e.status().message();
   }
 }
 
