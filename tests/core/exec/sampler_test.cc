@@ -244,11 +244,11 @@ TEST(SamplerDistribution, EachModeDrawsTheExactDistribution) {
   };
   for (const auto& mode : modes) {
     SamplingParams p = mode.params;
-    EXPECT_TRUE(follows(draw_counts(logits, p, 40000), exact_distribution(logits, p))) << mode.name;
+    EXPECT_TRUE(follows(draw_counts(logits, p, 20000), exact_distribution(logits, p))) << mode.name;
     // Log-probabilities asked for draw from the same distribution.
     p.logprobs = 2;
     p.seed = 99;
-    EXPECT_TRUE(follows(draw_counts(logits, p, 10000), exact_distribution(logits, p)))
+    EXPECT_TRUE(follows(draw_counts(logits, p, 5000), exact_distribution(logits, p)))
         << mode.name << " with logprobs";
   }
 }
@@ -265,7 +265,7 @@ TEST(SamplerDistribution, PenaltiesAndBiasDrawFromTheReshapedLogits) {
   std::vector<float> reshaped = logits;
   Sampler(p, prompt).sample_in_place(reshaped);  // reshapes, then draws once
   std::vector<int64_t> counts(logits.size(), 0);
-  for (uint64_t seed = 0; seed < 20000; ++seed) {
+  for (uint64_t seed = 0; seed < 10000; ++seed) {
     p.seed = seed;
     ++counts[static_cast<size_t>(Sampler(p, prompt).sample(logits))];
   }
@@ -277,10 +277,10 @@ TEST(SamplerDistribution, AWrongDistributionFailsTheTest) {
   // temperature 0.8's those of 0.9.
   const std::vector<float> logits = gaussian_logits(1000, 2.0f, 7);
   const SamplingParams p = sampled(0.7f, 0, 0.9f, 0.0f);
-  EXPECT_FALSE(follows(draw_counts(logits, p, 40000),
+  EXPECT_FALSE(follows(draw_counts(logits, p, 20000),
                        exact_distribution(logits, sampled(0.7f, 0, 0.95f, 0.0f))));
   const SamplingParams t = sampled(0.8f, 0, 1.0f, 0.0f);
-  EXPECT_FALSE(follows(draw_counts(logits, t, 40000),
+  EXPECT_FALSE(follows(draw_counts(logits, t, 20000),
                        exact_distribution(logits, sampled(0.9f, 0, 1.0f, 0.0f))));
 }
 
