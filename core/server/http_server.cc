@@ -73,31 +73,22 @@ struct HttpServer::Impl {
     line["timestamp"] = std::round(at * 1e6) / 1e6;
     line["input_len"] = r.prompt_tokens;
     line["output_len"] = r.output_ids.size();
-    line["temperature"] = shortest(sampling.temperature);
-    line["top_p"] = shortest(sampling.top_p);
+    line["temperature"] = util::shortest_decimal(sampling.temperature);
+    line["top_p"] = util::shortest_decimal(sampling.top_p);
     line["top_k"] = sampling.top_k;
-    line["min_p"] = shortest(sampling.min_p);
+    line["min_p"] = util::shortest_decimal(sampling.min_p);
     line["seed"] = sampling.seed;
     if (sampling.frequency_penalty != 0) {
-      line["frequency_penalty"] = shortest(sampling.frequency_penalty);
+      line["frequency_penalty"] = util::shortest_decimal(sampling.frequency_penalty);
     }
     if (sampling.presence_penalty != 0) {
-      line["presence_penalty"] = shortest(sampling.presence_penalty);
+      line["presence_penalty"] = util::shortest_decimal(sampling.presence_penalty);
     }
     if (sampling.repetition_penalty != 1) {
-      line["repetition_penalty"] = shortest(sampling.repetition_penalty);
+      line["repetition_penalty"] = util::shortest_decimal(sampling.repetition_penalty);
     }
     std::lock_guard lock(trace_mutex);
     trace << line.dump() << '\n' << std::flush;
-  }
-  // The float as its shortest decimal: 0.7f is written 0.7 (not 0.699999988079071) and reads
-  // back as the same float.
-  static double shortest(float x) {
-    char digits[32];
-    const auto end = std::to_chars(digits, digits + sizeof digits, x).ptr;
-    double d = 0;
-    std::from_chars(digits, end, d);
-    return d;
   }
   // /metrics' text from the snapshot's (kvrt: names): metric_names says which names go out.
   std::string metrics_text(const std::string& kvrt) const {

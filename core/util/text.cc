@@ -1,6 +1,7 @@
 #include "core/util/text.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 
@@ -18,8 +19,8 @@ std::string scientific(double value) {
   return text;
 }
 
-std::string render_columns(const std::vector<std::vector<std::string>>& rows,
-                           size_t left_columns, bool last_left) {
+std::string render_columns(const std::vector<std::vector<std::string>>& rows, size_t left_columns,
+                           bool last_left) {
   std::vector<size_t> width;
   for (const auto& row : rows) {
     width.resize(std::max(width.size(), row.size()), 0);
@@ -75,6 +76,14 @@ size_t utf8_characters(std::string_view s) {
   size_t n = 0;
   for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
   return n;
+}
+
+double shortest_decimal(float x) {
+  char digits[32];
+  const auto end = std::to_chars(digits, digits + sizeof digits, x).ptr;
+  double value = 0;
+  std::from_chars(digits, end, value);
+  return value;
 }
 
 }  // namespace kvrt::util
