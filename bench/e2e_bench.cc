@@ -16,11 +16,11 @@
 //                     Llama-3.2-1B's shape and 128,256-token vocabulary (seeded bf16 weights,
 //                     model.matmul_precision as "auto" takes it): decode tokens per second of 1,
 //                     16 and 64 sequences (32-token prompts, 32 steps timed), each token chosen
-//                     by its sequence's own sampler as the serving core does (the step's rows
-//                     side by side on the engine's threads), greedy or at temperature 0.7 and
-//                     top_p 0.95; sample_ms_per_step is the sampling's share of a step. Greedy
-//                     and sampled run one after the other at each batch size, so their ratio is
-//                     taken in one process.
+//                     by its sequence's own sampler through Engine::step_and_sample, as the
+//                     serving core does (the step's rows side by side on the engine's
+//                     threads), greedy or at temperature 0.7 and top_p 0.95. Greedy and sampled
+//                     run one after the other at each batch size, so their ratio -- the
+//                     sampling's cost -- is taken in one process.
 // Each with TP 1 and 2 where noted. Threads: the machine's cores, split over the ranks. The
 // batch cases also give their roofline (bench/roofline.h, measured in the same run) and the
 // fraction of it they reach, and their two phases apart: prefill_s and prefill_peak_fraction
@@ -259,13 +259,13 @@ void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
   // What model.matmul_precision = "auto" takes for bf16 weights on this CPU.
   const bool medium = kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16);
   auto engine = make_engine(1, "kv_bf16_paged", seqs * pages_per_seq, medium, weights_1b());
-  const size_t vocab = static_cast<size_t>(engine->config().vocab_size);
-  const int threads = std::min(seqs, engine->threads());
-  double decode_seconds = 0, sample_seconds = 0;
+  double decode_seconds = 0;
   int64_t tokens = 0;
   for (auto _ : state) {
     std::vector<exec::Sampler> samplers;
+    samplers.reserve(static_cast<size_t>(seqs));
     exec::Batch batch;
+    std::vector<std::vector<int32_t>> history(static_cast<size_t>(seqs));
     for (int s = 0; s < seqs; ++s) {
       exec::SamplingParams p;
       if (sampled) p.temperature = 0.7f, p.top_p = 0.95f;
@@ -275,29 +275,24 @@ void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
       step.tokens = prompt(prompt_len, s);
       step.pages.resize(pages_per_seq);
       std::iota(step.pages.begin(), step.pages.end(), s * pages_per_seq);
+      history[static_cast<size_t>(s)] = step.tokens;
       batch.sequences.push_back(std::move(step));
     }
-    std::vector<int32_t> next(static_cast<size_t>(seqs));
-    auto sample = [&](std::vector<float>& logits) {
-      const auto start = Clock::now();
-#pragma omp parallel for num_threads(threads) schedule(dynamic) if (threads > 1)
-      for (int s = 0; s < seqs; ++s) {
-        next[static_cast<size_t>(s)] = samplers[static_cast<size_t>(s)].sample_in_place(
-            std::span<float>(logits.data() + static_cast<size_t>(s) * vocab, vocab));
-      }
-      sample_seconds += std::chrono::duration<double>(Clock::now() - start).count();
-    };
-    auto logits = engine->step(batch);  // the prompts, not timed
-    sample(*logits);
+    // Each sequence drawn by its own sampler, as the serving core's runner has the engine do.
+    std::vector<exec::SequenceSampling> sampling(static_cast<size_t>(seqs));
+    for (int s = 0; s < seqs; ++s) {
+      const auto i = static_cast<size_t>(s);
+      sampling[i] = exec::SequenceSampling{&samplers[i], history[i], prompt_len, true};
+    }
+    auto next = engine->step_and_sample(batch, sampling);  // the prompts, not timed
     const auto start = Clock::now();
     for (int t = 0; t < steps; ++t) {
       for (int s = 0; s < seqs; ++s) {
         exec::SequenceStep& step = batch.sequences[static_cast<size_t>(s)];
         step.start += static_cast<int32_t>(step.tokens.size());
-        step.tokens.assign(1, next[static_cast<size_t>(s)]);
+        step.tokens.assign(1, (*next)[static_cast<size_t>(s)]);
       }
-      logits = engine->step(batch);
-      sample(*logits);
+      next = engine->step_and_sample(batch, sampling);
     }
     decode_seconds += std::chrono::duration<double>(Clock::now() - start).count();
     tokens += int64_t{seqs} * steps;
@@ -305,7 +300,6 @@ void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
   const double iterations = static_cast<double>(state.iterations());
   state.counters["decode_tok_per_s"] = static_cast<double>(tokens) / decode_seconds;
   state.counters["step_ms"] = 1e3 * decode_seconds / (iterations * steps);
-  state.counters["sample_ms_per_step"] = 1e3 * sample_seconds / (iterations * (steps + 1));
 }
 
 }  // namespace

@@ -16,15 +16,20 @@ namespace {
 
 using kvrt::sched::ScheduledBatch;
 
-class InstantExecutor : public kvrt::sched::StepExecutor {
- public:
-  kvrt::Status run(const ScheduledBatch& batch, std::vector<int32_t>* next) override {
+// One step with an instant model: schedule -> tokens -> update, as the serving core steps.
+kvrt::Result<kvrt::sched::StepStats> step(kvrt::sched::Scheduler& scheduler,
+                                          std::vector<int32_t>& next) {
+  for (;;) {
+    const ScheduledBatch& batch = scheduler.schedule();
+    if (batch.empty()) break;
+    next.resize(batch.sequences.size());
     for (size_t i = 0; i < batch.sequences.size(); ++i) {
-      (*next)[i] = static_cast<int32_t>((batch.sequences[i].start * 31 + i) % 500 + 3);
+      next[i] = static_cast<int32_t>((batch.sequences[i].start * 31 + i) % 500 + 3);
     }
-    return kvrt::Status::Ok();
+    scheduler.update(next);
   }
-};
+  return scheduler.end_step();
+}
 
 void BM_DecodeStep(benchmark::State& state) {
   const int running = static_cast<int>(state.range(0));
@@ -39,8 +44,8 @@ void BM_DecodeStep(benchmark::State& state) {
   o.chunked_prefill_size = -1;
   o.log_interval = 0;
   o.check_invariants = false;
-  InstantExecutor executor;
-  kvrt::sched::Scheduler scheduler(o, &executor);
+  kvrt::sched::Scheduler scheduler(o);
+  std::vector<int32_t> next;
   for (int i = 0; i < running; ++i) {
     kvrt::sched::RequestSpec spec;
     spec.id = static_cast<uint64_t>(i);
@@ -49,12 +54,12 @@ void BM_DecodeStep(benchmark::State& state) {
     spec.max_new_tokens = max_new;
     scheduler.submit(std::move(spec));
   }
-  while (scheduler.num_waiting() > 0) (void)scheduler.step();  // admit and prefill everyone
+  while (scheduler.num_waiting() > 0) (void)step(scheduler, next);  // admit and prefill everyone
   std::vector<double> micros;
   micros.reserve(1 << 16);
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto s = scheduler.step();
+    auto s = step(scheduler, next);
     const auto t1 = std::chrono::steady_clock::now();
     if (!s.ok() || s->batch_size != running) {
       state.SkipWithError("the step did not decode every request");

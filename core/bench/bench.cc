@@ -136,7 +136,7 @@ Result<BenchReport> run_bench(runtime::Runtime& rt, const config::Config& cfg,
 }
 
 Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
-                                 sched::StepExecutor* executor, sched::KvTier* tier,
+                                 serve::BatchRunner* runner, sched::KvTier* tier,
                                  int32_t vocab_size, const std::string& store,
                                  const WorkloadSpec& workload,
                                  const std::vector<metrics::StoreCeiling>& other_stores,
@@ -147,7 +147,7 @@ Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
   so.other_stores = other_stores;
   so.diagnosis_interval = options.diagnosis_interval;
   if (!options.log) so.scheduler.log_interval = 0;
-  serve::ServingCore core(so, executor, tier);
+  serve::ServingCore core(so, runner, tier);
   return drive(core, vocab_size, workload, options);
 }
 

@@ -103,9 +103,9 @@ Result<BenchReport> run_bench(runtime::Runtime& rt, const config::Config& cfg,
                               const std::vector<metrics::StoreCeiling>& other_stores,
                               const BenchOptions& options = {});
 
-// The same loop over any executor and tier (the scheduler benchmark's instant executor).
+// The same loop over any runner and tier (the scheduler benchmark's instant runner).
 Result<BenchReport> run_workload(const sched::SchedulerOptions& sched_options,
-                                 sched::StepExecutor* executor, sched::KvTier* tier,
+                                 serve::BatchRunner* runner, sched::KvTier* tier,
                                  int32_t vocab_size, const std::string& store,
                                  const WorkloadSpec& workload,
                                  const std::vector<metrics::StoreCeiling>& other_stores,

@@ -15,6 +15,7 @@
 
 #include "core/exec/batch.h"
 #include "core/exec/rank_executor.h"
+#include "core/exec/sampler.h"
 #include "core/exec/thread_communicator.h"
 #include "core/model/loaded_weights.h"
 #include "core/plugin/registry.h"
@@ -22,6 +23,16 @@
 namespace kvrt::exec {
 
 struct TierState;
+
+// What a step samples for one sequence of its batch (Engine::step_and_sample).
+struct SequenceSampling {
+  Sampler* sampler = nullptr;  // the request's; null: the sequence samples nothing
+  // Its tokens so far (prompt first): the prompt's log-probabilities read the token at each
+  // position from here.
+  std::span<const int32_t> tokens;
+  int32_t prompt_len = 0;
+  bool samples = false;  // its last new token produces a next token
+};
 
 struct EngineOptions {
   int tp = 1;
@@ -75,6 +86,11 @@ class Engine {
   // is checked first (tokens in the vocabulary, pages in range and covering every position),
   // so a bad batch fails before any rank starts. Leader only.
   Result<std::vector<float>> step(const Batch& batch);
+  // step(), then each sequence's next token from its sampler (next[i] for sequences[i]; 0 where
+  // it does not sample), the sequences sampled side by side on threads(); a sequence with
+  // all_logits first hands its sampler the prompt's log-probabilities its rows predict.
+  Result<std::vector<int32_t>> step_and_sample(const Batch& batch,
+                                               std::span<const SequenceSampling> sampling);
 
   // The KV store's host tier on every rank at once (each rank's tier keys the pages with its
   // rank, sched::rank_hash). Leader only, and only when has_tier().

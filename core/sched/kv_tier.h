@@ -1,7 +1,7 @@
 // What the scheduler needs from a KV store's tier (kv_host_tiered or a user's own): the prefix
 // cache reports pages it inserts, hits and evicts, and at admission asks for pages the device no
 // longer holds. Keyed by chained page hashes (page_hash.h). Implemented over every TP rank's
-// store by serve::EngineTier (core/serve/engine_step.h); absent (nullptr) when the store has no
+// store by serve::EngineTier (core/serve/engine_tier.h); absent (nullptr) when the store has no
 // tier.
 #pragma once
 

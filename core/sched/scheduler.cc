@@ -21,9 +21,8 @@ Request::Request(RequestSpec s)
       tokens(spec.prompt),
       prompt_len(static_cast<int32_t>(spec.prompt.size())) {}
 
-Scheduler::Scheduler(const SchedulerOptions& options, StepExecutor* executor, KvTier* tier)
+Scheduler::Scheduler(const SchedulerOptions& options, KvTier* tier)
     : options_(options),
-      executor_(executor),
       tier_(tier),
       cache_(options.page_size, options.root_hash, tier),
       new_token_ratio_(options.new_token_ratio),
@@ -78,34 +77,37 @@ Status check_request(const SchedulerOptions& options, const RequestSpec& spec) {
   return Status::Ok();
 }
 
-Status Scheduler::submit(RequestSpec spec) {
-  if (Status s = check_request(options_, spec); !s.ok()) return s;
+void Scheduler::submit(RequestSpec spec) {
   RequestPtr r = arrive(std::move(spec));
   counters_.prompt_tokens += r->tokens.size();
   if (metrics_ != nullptr) metrics_->prompt_tokens_total.add(static_cast<double>(r->tokens.size()));
   waiting_.push_back(std::move(r));
-  return Status::Ok();
 }
 
-bool Scheduler::abort(uint64_t id, const std::string& reason) {
+std::optional<Ended> Scheduler::abort(uint64_t id, const std::string& reason) {
   auto matches = [id](const RequestPtr& r) { return r->spec.id == id; };
   if (auto it = std::find_if(waiting_.begin(), waiting_.end(), matches); it != waiting_.end()) {
     RequestPtr r = std::move(*it);
     waiting_.erase(it);
-    finish(std::move(r), FinishKind::kAborted, reason);
-    return true;
+    return finish(std::move(r), FinishKind::kAborted, reason);
   }
   if (auto it = std::find_if(running_.begin(), running_.end(), matches); it != running_.end()) {
     RequestPtr r = std::move(*it);
     running_.erase(it);
-    finish(std::move(r), FinishKind::kAborted, reason);
-    return true;
+    return finish(std::move(r), FinishKind::kAborted, reason);
   }
-  if (chunked_ && matches(chunked_)) {
-    finish(std::move(chunked_), FinishKind::kAborted, reason);
-    return true;
-  }
-  return false;
+  if (chunked_ && matches(chunked_)) return finish(std::move(chunked_), FinishKind::kAborted, reason);
+  return std::nullopt;
+}
+
+std::optional<Ended> Scheduler::stop(uint64_t id) {
+  auto it = std::find_if(running_.begin(), running_.end(),
+                         [id](const RequestPtr& r) { return r->spec.id == id; });
+  if (it == running_.end()) return std::nullopt;
+  RequestPtr r = std::move(*it);
+  running_.erase(it);
+  ++step_stats_.finished;
+  return finish(std::move(r), FinishKind::kStop, "stop");
 }
 
 uint64_t Scheduler::evict(uint64_t n) {
@@ -186,7 +188,7 @@ void Scheduler::release(Request& r, bool keep_in_cache) {
   r.kv_len = 0;
 }
 
-void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason) {
+Ended Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason) {
   release(*r, /*keep_in_cache=*/true);
   if (kind == FinishKind::kAborted) {
     ++counters_.aborted;
@@ -210,7 +212,7 @@ void Scheduler::finish(RequestPtr r, FinishKind kind, const std::string& reason)
       }
     }
   }
-  if (on_finish_) on_finish_(*r, kind, reason);
+  return Ended{r->spec.id, kind, reason, r->cached_tokens};
 }
 
 void Scheduler::retract(RequestPtr r) {
@@ -255,6 +257,7 @@ void Scheduler::attach_prefix(Request& r) {
 
 bool Scheduler::schedule_prefill(StepStats* stats) {
   batch_.sequences.clear();
+  batch_requests_.clear();
   batch_.prefill = true;
   const uint32_t ps = options_.page_size;
   int64_t budget = options_.max_prefill_tokens;
@@ -268,6 +271,7 @@ bool Scheduler::schedule_prefill(StepStats* stats) {
     s.pages = std::span<const int32_t>(r.pages).first(ceil_div(r.kv_len + n, ps));
     s.samples = r.kv_len + n == static_cast<int64_t>(r.tokens.size());
     batch_.sequences.push_back(s);
+    batch_requests_.push_back(&r);
   };
 
   if (chunked_) {
@@ -398,12 +402,10 @@ void Scheduler::emit(Request& r, int32_t token, Clock::time_point now) {
   }
   if (r.output_len() == 1) r.first_token = now;
   r.last_token = now;
-  if (on_token_) r.stopped = on_token_(r, token);
 }
 
 std::optional<FinishKind> Scheduler::finish_kind(const Request& r) const {
   if (r.output_len() == 0) return std::nullopt;
-  if (r.stopped) return FinishKind::kStop;
   const std::vector<int32_t>& stop = r.spec.stop_ids;
   if (std::find(stop.begin(), stop.end(), r.tokens.back()) != stop.end()) return FinishKind::kStop;
   if (r.output_len() >= r.spec.max_new_tokens ||
@@ -413,195 +415,206 @@ std::optional<FinishKind> Scheduler::finish_kind(const Request& r) const {
   return std::nullopt;
 }
 
-Result<StepStats> Scheduler::step() {
-  const Clock::time_point t0 = Clock::now();
-  failed_batch_.clear();
-  StepStats stats;
-  Result<StepStats> result = Status::Ok();
-  if (schedule_prefill(&stats)) {
-    result = prefill_step();
-    if (result.ok()) {
-      result->admission_blocked_by_kv = stats.admission_blocked_by_kv;
-      result->cached_tokens = stats.cached_tokens;
-      result->new_requests = stats.new_requests;
-      result->retracted += stats.retracted;
+const ScheduledBatch& Scheduler::schedule() {
+  batch_.ended.clear();
+  if (phase_ == Phase::kIdle) {
+    step_start_ = Clock::now();
+    step_stats_ = StepStats{};
+    rounds_ = 0;
+    if (schedule_prefill(&step_stats_)) {
+      phase_ = Phase::kPrefill;
+      step_stats_.ran = true;
+      step_stats_.prefill = true;
+      step_stats_.batch_size = static_cast<int>(batch_.sequences.size());
+      step_stats_.new_tokens = batch_.num_tokens();
+      return batch_;
     }
-  } else if (!running_.empty()) {
-    result = decode_step();
-    if (result.ok()) {
-      result->admission_blocked_by_kv = stats.admission_blocked_by_kv;
-      result->retracted += stats.retracted;
-    }
-  } else {
-    fill_stats(&stats);
-    stats.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    return stats;
+    phase_ = running_.empty() ? Phase::kOver : Phase::kDecode;
+  } else if (phase_ == Phase::kPrefill) {
+    phase_ = Phase::kOver;  // a prefill step is one batch
   }
-  if (!result.ok()) return result;
-  result->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  publish_gauges();
-  log_step(*result);
-  if (options_.check_invariants) {
-    if (Status s = check_invariants(); !s.ok()) return s.WithContext("scheduler invariant");
-  }
-  return result;
+  batch_.sequences.clear();
+  batch_requests_.clear();
+  if (phase_ == Phase::kDecode) schedule_decode();
+  if (batch_.sequences.empty()) phase_ = Phase::kOver;
+  return batch_;
 }
 
-Result<StepStats> Scheduler::prefill_step() {
-  StepStats stats;
-  stats.ran = true;
-  stats.prefill = true;
-  stats.batch_size = static_cast<int>(batch_.sequences.size());
-  stats.new_tokens = batch_.num_tokens();
-  next_.assign(batch_.sequences.size(), 0);
-  if (Status s = executor_->run(batch_, &next_); !s.ok()) {
-    note_failed_batch();
-    // Nothing advanced: the admitted requests go back to the queue with their pages released.
-    for (RequestPtr& r : prefilling_) {
-      release(*r, /*keep_in_cache=*/false);
-      requeue(std::move(r));
+void Scheduler::schedule_decode() {
+  batch_.prefill = false;
+  if (rounds_ >= options_.num_continuous_decode_steps || running_.empty()) return;
+  ++rounds_;
+  step_stats_.ran = true;
+  const uint32_t ps = options_.page_size;
+  // Each request writes position kv_len; one whose pages are full needs one more.
+  auto needs_page = [&](const Request& r) {
+    return static_cast<uint64_t>(r.kv_len) >= r.pages.size() * ps;
+  };
+  uint64_t need = 0;
+  retracted_now_ = 0;
+  for (const RequestPtr& r : running_) need += needs_page(*r) ? 1 : 0;
+  while (free_pages_.size() < need) {
+    if (cache_.evictable_pages() > 0) {
+      evict(need - free_pages_.size());
+      continue;
     }
-    prefilling_.clear();
-    return s;
+    if (chunked_) {
+      // A prompt still being prefilled has made the least progress of all: no output yet.
+      retract(std::move(chunked_));
+      ++step_stats_.retracted;
+      ++retracted_now_;
+      continue;
+    }
+    if (running_.size() <= 1) break;
+    // The least progress: fewest generated tokens, then the longest prompt (SGLang's order).
+    auto victim = std::min_element(running_.begin(), running_.end(),
+                                   [](const RequestPtr& a, const RequestPtr& b) {
+                                     if (a->output_len() != b->output_len())
+                                       return a->output_len() < b->output_len();
+                                     return a->prompt_len > b->prompt_len;
+                                   });
+    if (needs_page(**victim)) --need;
+    RequestPtr r = std::move(*victim);
+    running_.erase(victim);
+    retract(std::move(r));
+    ++step_stats_.retracted;
+    ++retracted_now_;
   }
+  if (retracted_now_ > 0) {
+    // SGLang's reset: the share of their max_new_tokens the remaining requests have decoded,
+    // plus a margin of kRetractDecodeSteps tokens each -- how much of the reservation they
+    // actually turn out to use.
+    double decoded = 0, max_new = 0;
+    for (const RequestPtr& r : running_) {
+      decoded += r->output_len();
+      max_new += r->spec.max_new_tokens;
+    }
+    constexpr double kRetractDecodeSteps = 20;
+    new_token_ratio_ = max_new > 0
+                           ? std::min(1.0, (decoded + kRetractDecodeSteps *
+                                                          static_cast<double>(running_.size())) /
+                                               max_new)
+                           : options_.new_token_ratio;
+  }
+  if (free_pages_.size() < need) {
+    // One request alone cannot grow: only possible if the pool shrank under it.
+    RequestPtr r = std::move(running_.front());
+    running_.clear();
+    batch_.ended.push_back(finish(std::move(r), FinishKind::kAborted,
+                                  "the KV pool has no page left for the only running request"));
+    return;
+  }
+  for (RequestPtr& rp : running_) {
+    Request& r = *rp;
+    if (needs_page(r)) {
+      r.pages.push_back(free_pages_.back());
+      free_pages_.pop_back();
+    }
+    ScheduledSequence s;
+    s.request = &r;
+    s.tokens = std::span<const int32_t>(r.tokens).subspan(r.kv_len, 1);
+    s.start = r.kv_len;
+    s.pages = std::span<const int32_t>(r.pages).first(ceil_div(r.kv_len + 1, ps));
+    s.samples = true;
+    batch_.sequences.push_back(s);
+    batch_requests_.push_back(&r);
+  }
+}
+
+StepUpdate Scheduler::update(std::span<const int32_t> next) {
+  StepUpdate out;
+  if (batch_.prefill) {
+    update_prefill(next, &out);
+  } else {
+    update_decode(next, &out);
+  }
+  batch_.sequences.clear();
+  return out;
+}
+
+void Scheduler::update_prefill(std::span<const int32_t> next, StepUpdate* out) {
   const Clock::time_point now = Clock::now();
   for (size_t i = 0; i < batch_.sequences.size(); ++i) {
     const ScheduledSequence& s = batch_.sequences[i];
-    Request& r = *s.request;
+    Request& r = *batch_requests_[i];
     r.kv_len += static_cast<int32_t>(s.tokens.size());
     cache_computed_pages(r);
-    if (s.samples) emit(r, next_[i], now);
+    if (s.samples) {
+      emit(r, next[i], now);
+      out->advanced.push_back(Advanced{r.spec.id, next[i], r.cached_tokens});
+    }
   }
   if (chunked_ && chunked_->kv_len == static_cast<int32_t>(chunked_->tokens.size()) - 1) {
     prefilling_.push_back(std::move(chunked_));
   }
   for (RequestPtr& r : prefilling_) {
     if (std::optional<FinishKind> kind = finish_kind(*r)) {
-      ++stats.finished;
-      finish(std::move(r), *kind, *kind == FinishKind::kStop ? "stop" : "length");
+      ++step_stats_.finished;
+      out->ended.push_back(
+          finish(std::move(r), *kind, *kind == FinishKind::kStop ? "stop" : "length"));
     } else {
       running_.push_back(std::move(r));
     }
   }
   prefilling_.clear();
-  fill_stats(&stats);
-  return stats;
 }
 
-Result<StepStats> Scheduler::decode_step() {
-  StepStats stats;
-  stats.ran = true;
-  const uint32_t ps = options_.page_size;
-  for (int round = 0; round < options_.num_continuous_decode_steps && !running_.empty(); ++round) {
-    // Each request writes position kv_len; one whose pages are full needs one more.
-    auto needs_page = [&](const Request& r) {
-      return static_cast<uint64_t>(r.kv_len) >= r.pages.size() * ps;
-    };
-    uint64_t need = 0;
-    int retracted_now = 0;
-    for (const RequestPtr& r : running_) need += needs_page(*r) ? 1 : 0;
-    while (free_pages_.size() < need) {
-      if (cache_.evictable_pages() > 0) {
-        evict(need - free_pages_.size());
-        continue;
-      }
-      if (chunked_) {
-        // A prompt still being prefilled has made the least progress of all: no output yet.
-        retract(std::move(chunked_));
-        ++stats.retracted;
-        ++retracted_now;
-        continue;
-      }
-      if (running_.size() <= 1) break;
-      // The least progress: fewest generated tokens, then the longest prompt (SGLang's order).
-      auto victim = std::min_element(running_.begin(), running_.end(),
-                                     [](const RequestPtr& a, const RequestPtr& b) {
-                                       if (a->output_len() != b->output_len())
-                                         return a->output_len() < b->output_len();
-                                       return a->prompt_len > b->prompt_len;
-                                     });
-      if (needs_page(**victim)) --need;
-      RequestPtr r = std::move(*victim);
-      running_.erase(victim);
-      retract(std::move(r));
-      ++stats.retracted;
-      ++retracted_now;
-    }
-    if (retracted_now > 0) {
-      // SGLang's reset: the share of their max_new_tokens the remaining requests have decoded,
-      // plus a margin of kRetractDecodeSteps tokens each -- how much of the reservation they
-      // actually turn out to use.
-      double decoded = 0, max_new = 0;
-      for (const RequestPtr& r : running_) {
-        decoded += r->output_len();
-        max_new += r->spec.max_new_tokens;
-      }
-      constexpr double kRetractDecodeSteps = 20;
-      new_token_ratio_ = max_new > 0
-                             ? std::min(1.0, (decoded + kRetractDecodeSteps *
-                                                            static_cast<double>(running_.size())) /
-                                                 max_new)
-                             : options_.new_token_ratio;
-    }
-    if (free_pages_.size() < need) {
-      // One request alone cannot grow: only possible if the pool shrank under it.
-      RequestPtr r = std::move(running_.front());
-      running_.clear();
-      finish(std::move(r), FinishKind::kAborted,
-             "the KV pool has no page left for the only running request");
-      break;
-    }
-    batch_.prefill = false;
-    batch_.sequences.clear();
-    for (RequestPtr& rp : running_) {
-      Request& r = *rp;
-      if (needs_page(r)) {
-        r.pages.push_back(free_pages_.back());
-        free_pages_.pop_back();
-      }
-      ScheduledSequence s;
-      s.request = &r;
-      s.tokens = std::span<const int32_t>(r.tokens).subspan(r.kv_len, 1);
-      s.start = r.kv_len;
-      s.pages = std::span<const int32_t>(r.pages).first(ceil_div(r.kv_len + 1, ps));
-      s.samples = true;
-      batch_.sequences.push_back(s);
-    }
-    next_.assign(batch_.sequences.size(), 0);
-    if (Status s = executor_->run(batch_, &next_); !s.ok()) {
-      note_failed_batch();
-      return s;
-    }
-    stats.batch_size = static_cast<int>(batch_.sequences.size());
-    stats.new_tokens += static_cast<int64_t>(batch_.sequences.size());
-    const Clock::time_point now = Clock::now();
-    size_t kept = 0;
-    for (size_t i = 0; i < running_.size(); ++i) {
-      RequestPtr& rp = running_[i];
-      Request& r = *rp;
-      ++r.kv_len;
-      emit(r, next_[i], now);
-      if (std::optional<FinishKind> kind = finish_kind(r)) {
-        ++stats.finished;
-        finish(std::move(rp), *kind, *kind == FinishKind::kStop ? "stop" : "length");
-      } else {
-        running_[kept++] = std::move(rp);
-      }
-    }
-    running_.resize(kept);
-    ++decode_steps_;
-    if (retracted_now == 0) {
-      new_token_ratio_ =
-          std::max(options_.min_new_token_ratio, new_token_ratio_ - options_.new_token_ratio_decay);
+void Scheduler::update_decode(std::span<const int32_t> next, StepUpdate* out) {
+  step_stats_.batch_size = static_cast<int>(batch_.sequences.size());
+  step_stats_.new_tokens += static_cast<int64_t>(batch_.sequences.size());
+  const Clock::time_point now = Clock::now();
+  // The batch is running_ in order.
+  size_t kept = 0;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    RequestPtr& rp = running_[i];
+    Request& r = *rp;
+    ++r.kv_len;
+    emit(r, next[i], now);
+    out->advanced.push_back(Advanced{r.spec.id, next[i], r.cached_tokens});
+    if (std::optional<FinishKind> kind = finish_kind(r)) {
+      ++step_stats_.finished;
+      out->ended.push_back(
+          finish(std::move(rp), *kind, *kind == FinishKind::kStop ? "stop" : "length"));
+    } else {
+      running_[kept++] = std::move(rp);
     }
   }
-  fill_stats(&stats);
-  return stats;
+  running_.resize(kept);
+  ++decode_steps_;
+  if (retracted_now_ == 0) {
+    new_token_ratio_ =
+        std::max(options_.min_new_token_ratio, new_token_ratio_ - options_.new_token_ratio_decay);
+  }
 }
 
-void Scheduler::note_failed_batch() {
-  failed_batch_.clear();
-  for (const ScheduledSequence& s : batch_.sequences) failed_batch_.push_back(s.request->spec.id);
+std::vector<uint64_t> Scheduler::fail() {
+  std::vector<uint64_t> ids;
+  for (const ScheduledSequence& s : batch_.sequences) ids.push_back(s.request->spec.id);
+  if (batch_.prefill) {
+    // Nothing advanced: the admitted requests go back to the queue with their pages released.
+    for (RequestPtr& r : prefilling_) {
+      release(*r, /*keep_in_cache=*/false);
+      requeue(std::move(r));
+    }
+    prefilling_.clear();
+  }
+  batch_.sequences.clear();
+  phase_ = Phase::kIdle;
+  return ids;
+}
+
+Result<StepStats> Scheduler::end_step() {
+  phase_ = Phase::kIdle;
+  StepStats stats = step_stats_;
+  fill_stats(&stats);
+  stats.seconds = std::chrono::duration<double>(Clock::now() - step_start_).count();
+  if (!stats.ran) return stats;
+  publish_gauges();
+  log_step(stats);
+  if (options_.check_invariants) {
+    if (Status s = check_invariants(); !s.ok()) return s.WithContext("scheduler invariant");
+  }
+  return stats;
 }
 
 uint64_t Scheduler::tokens_in_use() const {

@@ -1,6 +1,11 @@
-// Continuous batching (DESIGN.md, Scheduler; SGLang's semantics): a waiting queue and a running
-// batch over one pool of KV pages shared with a radix prefix cache. Each step either prefills
-// (newly admitted requests, chunked) or decodes every running request by one token.
+// Continuous batching (SGLang's semantics): a waiting queue and a running batch over one pool of
+// KV pages shared with a radix prefix cache. Each step either prefills (newly admitted requests,
+// chunked) or decodes every running request by one token (num_continuous_decode_steps rounds).
+//
+// A step is plain data in and out, and the scheduler calls nobody (vLLM v1's schedule ->
+// execute -> update): schedule() returns the batch to run, whoever owns the model runs it, and
+// update() applies the sampled tokens and returns what advanced and what ended; end_step()
+// closes the step with its statistics.
 //
 // Admission: a request is admitted when free + evictable pages, minus what running requests
 // reserve for their future tokens (remaining max_new tokens * new_token_ratio, clipped), cover
@@ -20,7 +25,6 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -47,8 +51,6 @@ struct RequestSpec {
   int32_t max_cached_tokens = -1;
 };
 
-enum class FinishKind { kLength, kStop, kAborted };
-
 struct Request {
   RequestSpec spec;
   std::vector<int32_t> tokens;  // prompt, then every generated token
@@ -59,8 +61,6 @@ struct Request {
   PrefixCache::Node* locked = nullptr;
   int64_t cached_tokens = 0;  // served from the cache (device or tier), all admissions
   int32_t retractions = 0;
-  // The token callback ended it with its last token (a stop string in its text): a kStop.
-  bool stopped = false;
   uint64_t arrival_order = 0;
   Clock::time_point arrival, first_token, last_token;
 
@@ -71,19 +71,33 @@ struct Request {
   }
 };
 
-// One sequence of a step. Spans point into the scheduler's requests and stay valid until the
-// step returns.
+// One sequence of a step's batch. Spans point into the scheduler's requests and stay valid until
+// update() or fail().
 struct ScheduledSequence {
-  Request* request = nullptr;
+  const Request* request = nullptr;
   std::span<const int32_t> tokens;  // new tokens; their K/V are written this step
   int32_t start = 0;                // tokens already in the KV cache
   std::span<const int32_t> pages;   // pages for positions [0, start + tokens.size())
   bool samples = false;             // the step's last token produces a next token
 };
 
+enum class FinishKind { kLength, kStop, kAborted };
+
+// A request that ended: its pages are released and the scheduler has forgotten it.
+struct Ended {
+  uint64_t id = 0;
+  FinishKind kind = FinishKind::kLength;
+  std::string reason;         // "length", "stop", or why it was aborted
+  int64_t cached_tokens = 0;  // prompt tokens served from the cache, all admissions
+};
+
+// What schedule() hands out: the sequences to run (empty: the step is over) and the requests it
+// had to end while building them (an only running request with no page left to grow into).
 struct ScheduledBatch {
   bool prefill = false;
   std::vector<ScheduledSequence> sequences;
+  std::vector<Ended> ended;
+  bool empty() const { return sequences.empty(); }
   int64_t num_tokens() const {
     int64_t n = 0;
     for (const ScheduledSequence& s : sequences) n += static_cast<int64_t>(s.tokens.size());
@@ -91,12 +105,18 @@ struct ScheduledBatch {
   }
 };
 
-// Runs the model for a batch: next[i] = the token sampled for sequences[i] where it samples
-// (anything elsewhere). A failure leaves the batch's requests as they were before the step.
-class StepExecutor {
- public:
-  virtual ~StepExecutor() = default;
-  virtual Status run(const ScheduledBatch& batch, std::vector<int32_t>* next) = 0;
+// A generated token, appended to its request.
+struct Advanced {
+  uint64_t id = 0;
+  int32_t token = 0;
+  int64_t cached_tokens = 0;
+};
+
+// What update() did: every sampled token in batch order, then the requests that ended with it
+// (their length or a stop id).
+struct StepUpdate {
+  std::vector<Advanced> advanced;
+  std::vector<Ended> ended;
 };
 
 struct SchedulerOptions {
@@ -159,36 +179,46 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
-  // Called for each generated token (after it is appended), and once per request at its end.
-  // A token callback that returns true ends the request with that token, as a stop.
-  using TokenCallback = std::function<bool(const Request&, int32_t token)>;
-  using FinishCallback =
-      std::function<void(const Request&, FinishKind kind, const std::string& reason)>;
-
-  // `executor` and `tier` (optional) must outlive the scheduler.
-  Scheduler(const SchedulerOptions& options, StepExecutor* executor, KvTier* tier = nullptr);
+  // `tier` (optional) must outlive the scheduler.
+  explicit Scheduler(const SchedulerOptions& options, KvTier* tier = nullptr);
   ~Scheduler();
 
-  void on_token(TokenCallback cb) { on_token_ = std::move(cb); }
   // Counters, gauges and histograms (TTFT, ITL, latency, tokens, retractions) for /metrics;
   // not owned, may be null.
   void set_metrics(metrics::ServerMetrics* m) { metrics_ = m; }
   // Sets the gauges (running, queued, token usage, used and total tokens) to the state now,
   // also between steps: /metrics reads them when the server is idle.
   void publish_gauges() const;
-  void on_finish(FinishCallback cb) { on_finish_ = std::move(cb); }
 
-  // Queues a request, or refuses one that can never be served (check_request): then nothing of
-  // it is kept and no callback hears of it.
-  Status submit(RequestSpec spec);
-  // Ends a waiting or running request as aborted; returns false for an unknown id.
-  bool abort(uint64_t id, const std::string& reason);
+  // Queues a request check_request accepted (the serving core checks every request once, at
+  // its door: the scheduler does not check again).
+  void submit(RequestSpec spec);
+  // Ends a waiting or running request as aborted; nullopt for an unknown id.
+  std::optional<Ended> abort(uint64_t id, const std::string& reason);
   // Empties the prefix cache (SGLang's /flush_cache), returning how many pages it freed; refused
   // while any request waits or runs, since their pages are in it. A host tier keeps its copies.
   Result<uint64_t> flush_cache();
-  // Admits, runs one batch (or num_continuous_decode_steps decode batches) and applies the
-  // results. An executor failure is returned and leaves every request as it was.
-  Result<StepStats> step();
+  // One step, in order:
+  //   for (;;) { const ScheduledBatch& b = schedule(); (b.ended ended);
+  //              if (b.empty()) break; run it; update(tokens) (or fail() and stop); }
+  //   end_step();
+  // schedule() admits waiting requests and returns a prefill batch, or else one decode round of
+  // every running request (evicting cached prefixes, then retracting requests, when pages run
+  // out); within a decode step it returns the next round until num_continuous_decode_steps
+  // rounds ran, then an empty batch.
+  const ScheduledBatch& schedule();
+  // Applies the batch's sampled tokens (next[i] for sequences[i] where it samples): advances
+  // each request's KV, caches its full pages, appends its token, and ends the requests that
+  // reached their length or a stop id.
+  StepUpdate update(std::span<const int32_t> next);
+  // The batch could not run: its requests are as they were before it, and the step is over.
+  // Returns their ids; whoever steps decides their fate.
+  std::vector<uint64_t> fail();
+  // Ends a running request as a stop after its last token (a stop string its caller found in
+  // the text); nullopt for an unknown id.
+  std::optional<Ended> stop(uint64_t id);
+  // Closes the step: its statistics, the gauges, the log line and (when on) the invariants.
+  Result<StepStats> end_step();
 
   bool idle() const { return waiting_.empty() && running_.empty() && !chunked_; }
   size_t num_waiting() const { return waiting_.size(); }
@@ -200,9 +230,6 @@ class Scheduler {
   uint64_t free_pages() const { return free_pages_.size(); }
   double new_token_ratio() const { return new_token_ratio_; }
   const SchedulerOptions& options() const { return options_; }
-  // The requests of the batch whose executor run failed in the last step() (empty when it
-  // did not fail): they are as they were before it, and whoever steps decides their fate.
-  const std::vector<uint64_t>& failed_batch() const { return failed_batch_; }
 
   // Every page owned exactly once; used + free + cached = total; cache locks match the
   // requests' locked paths; token usage <= 1. Returns the first violation.
@@ -212,10 +239,11 @@ class Scheduler {
   using RequestPtr = std::unique_ptr<Request>;
 
   RequestPtr arrive(RequestSpec spec);  // a new request, counted and stamped
-  Result<StepStats> prefill_step();
-  Result<StepStats> decode_step();
   // Admits requests and builds the prefill batch; false when there is none.
   bool schedule_prefill(StepStats* stats);
+  void schedule_decode();  // the next decode round into batch_ (empty when none is due)
+  void update_prefill(std::span<const int32_t> next, StepUpdate* out);
+  void update_decode(std::span<const int32_t> next, StepUpdate* out);
   uint64_t evict(uint64_t n);  // up to n cached pages to the free list; returns how many
   bool take_pages(uint64_t n, std::vector<int32_t>* into);  // evicting as needed
   bool grow_pages(Request& r, int64_t tokens);              // r's pages cover [0, tokens)
@@ -226,7 +254,7 @@ class Scheduler {
   void release(Request& r, bool keep_in_cache);  // gives back r's pages and lock
   void retract(RequestPtr r);
   void requeue(RequestPtr r);  // into the waiting queue, in arrival order
-  void finish(RequestPtr r, FinishKind kind, const std::string& reason);
+  Ended finish(RequestPtr r, FinishKind kind, const std::string& reason);
   void emit(Request& r, int32_t token, Clock::time_point now);  // appends a generated token
   // How r ends after its last token (a stop id, or max_new_tokens / the context reached).
   std::optional<FinishKind> finish_kind(const Request& r) const;
@@ -234,7 +262,6 @@ class Scheduler {
   void log_step(const StepStats& stats);
 
   SchedulerOptions options_;
-  StepExecutor* executor_;
   KvTier* tier_;
   PrefixCache cache_;
   std::vector<int32_t> free_pages_;
@@ -248,13 +275,16 @@ class Scheduler {
   uint64_t log_tokens_ = 0;
   Clock::time_point log_since_;
   SchedulerCounters counters_;
-  TokenCallback on_token_;
-  FinishCallback on_finish_;
   metrics::ServerMetrics* metrics_ = nullptr;
+  // The step under way: its batch, statistics, start and decode rounds.
+  enum class Phase { kIdle, kPrefill, kDecode, kOver };
+  Phase phase_ = Phase::kIdle;
   ScheduledBatch batch_;
-  std::vector<uint64_t> failed_batch_;
-  void note_failed_batch();
-  std::vector<int32_t> next_;
+  std::vector<Request*> batch_requests_;  // batch_.sequences[i]'s request, writable
+  StepStats step_stats_;
+  Clock::time_point step_start_;
+  int rounds_ = 0;
+  int retracted_now_ = 0;  // by this decode round
   std::vector<int32_t> scratch_pages_;
 };
 

@@ -10,35 +10,30 @@ namespace kvrt::serve {
 ServingCore::ServingCore(const ServingOptions& options, exec::Engine* engine)
     : options_(options),
       engine_(engine),
-      engine_executor_(std::make_unique<EngineExecutor>(
-          engine, [this](const sched::Request& r) -> exec::Sampler& { return sampler_of(r); })),
+      engine_runner_(std::make_unique<EngineRunner>(engine)),
       engine_tier_(EngineTier::create(engine)),
-      scheduler_(options.scheduler, engine_executor_.get(), engine_tier_.get()),
+      runner_(engine_runner_.get()),
+      scheduler_(options.scheduler, engine_tier_.get()),
+      outputs_(options.tokenizer, options.stream_interval),
       server_metrics_(registry_) {
   if (engine_tier_ != nullptr) tier_metrics_ = std::make_unique<metrics::TierMetrics>(registry_);
-  wire();
+  configure();
 }
 
-ServingCore::ServingCore(const ServingOptions& options, sched::StepExecutor* executor,
-                         sched::KvTier* tier)
-    : options_(options), scheduler_(options.scheduler, executor, tier), server_metrics_(registry_) {
-  wire();
+ServingCore::ServingCore(const ServingOptions& options, BatchRunner* runner, sched::KvTier* tier)
+    : options_(options),
+      runner_(runner),
+      scheduler_(options.scheduler, tier),
+      outputs_(options.tokenizer, options.stream_interval),
+      server_metrics_(registry_) {
+  configure();
 }
 
-void ServingCore::wire() {
+void ServingCore::configure() {
   scheduler_.set_metrics(&server_metrics_);
-  scheduler_.on_token([this](const sched::Request& r, int32_t token) { return on_token(r, token); });
-  scheduler_.on_finish([this](const sched::Request& r, sched::FinishKind kind, const std::string&) {
-    on_finish(r, kind);
-  });
   diagnosis_every_ = options_.diagnosis_interval > 0
                          ? options_.diagnosis_interval
                          : std::max(1, 5 * options_.scheduler.log_interval);
-}
-
-exec::Sampler& ServingCore::sampler_of(const sched::Request& r) {
-  // Every request the scheduler runs was submitted here, with its sampler.
-  return live_.at(r.spec.id).sampler;
 }
 
 Status ServingCore::check_request(const GenerateRequest& r) const {
@@ -125,18 +120,16 @@ Status ServingCore::check_request(const GenerateRequest& r) const {
 
 Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
   if (Status s = check_request(request); !s.ok()) return s;
-  if (live_.count(request.id) != 0) {
+  return submit_checked(std::move(request), std::move(sink));
+}
+
+Status ServingCore::submit_checked(GenerateRequest request, RequestSink sink) {
+  if (outputs_.contains(request.id)) {
     return Status::Internal("request id " + std::to_string(request.id) + " is already in flight");
   }
-  Live live(std::move(sink), request,
-            OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
-  live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
-  live.stream = request.stream;
-  live.no_output = request.max_new_tokens == 0;
-  const uint64_t id = request.id;
-  live_.emplace(id, std::move(live));
+  outputs_.add(request, std::move(sink));
   sched::RequestSpec spec;
-  spec.id = id;
+  spec.id = request.id;
   spec.prompt = std::move(request.input_ids);
   // No tokens asked for (SGLang's max_new_tokens 0, as bench_serving's random dataset sends):
   // the prompt is still prefilled -- its log-probabilities computed when asked for, its pages
@@ -147,107 +140,21 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
   if (request.sampling.prompt_logprobs_from >= 0) {
     spec.max_cached_tokens = std::max(request.sampling.prompt_logprobs_from - 1, 0);
   }
-  Status queued = scheduler_.submit(std::move(spec));
-  if (!queued.ok()) live_.erase(id);  // check_request said it would be taken
-  return queued;
-}
-
-bool ServingCore::on_token(const sched::Request& r, int32_t token) {
-  Live& live = live_.at(r.spec.id);
-  if (live.no_output) {
-    if (live.sampler.has_logprobs()) live.sampler.take_logprobs();
-    live.cached_tokens = r.cached_tokens;
-    if (!live.advanced) {
-      live.advanced = true;
-      step_outputs_.push_back(r.spec.id);
-    }
-    return false;
-  }
-  live.output.push_back(token);
-  // Each sampled token was the sampler's; an executor that samples elsewhere (a test's) has none.
-  if (live.sampler.has_logprobs()) live.logprobs.push_back(live.sampler.take_logprobs());
-  live.cached_tokens = r.cached_tokens;
-  if (!live.advanced) {
-    live.advanced = true;
-    step_outputs_.push_back(r.spec.id);
-  }
-  // A completed stop string ends the request with this token, counted as finished.
-  return options_.tokenizer != nullptr && live.text.update(live.output);
-}
-
-void ServingCore::on_finish(const sched::Request& r, sched::FinishKind kind) {
-  const uint64_t id = r.spec.id;
-  Live& live = live_.at(id);
-  RequestOutput end;
-  end.finished = true;
-  if (kind == sched::FinishKind::kAborted) {
-    end.finish_reason = live.abort_reason;
-    end.message = live.abort_message;
-  } else if (kind == sched::FinishKind::kLength || live.no_output) {
-    // (Its dropped token may have been a stop id: it asked for no tokens and got as many.)
-    end.finish_reason = FinishReason::kLength;
-  } else if (r.stopped) {
-    end.finish_reason = FinishReason::kStopString;
-    end.matched_stop = live.text.matched();
-  } else {
-    end.finish_reason = FinishReason::kStopToken;
-    end.matched_token = live.output.empty() ? -1 : live.output.back();
-  }
-  // The whole output decoded at once: exact, a character the last token left unfinished
-  // included (a stop string's cut stays).
-  live.text.finish(live.output);
-  live.cached_tokens = r.cached_tokens;
-  live.end = std::move(end);
-  if (!in_step_) return deliver(id);
-  if (!live.advanced) {
-    live.advanced = true;
-    step_outputs_.push_back(id);
-  }
-}
-
-void ServingCore::deliver(uint64_t id) {
-  auto it = live_.find(id);
-  if (it == live_.end()) return;
-  Live& live = it->second;
-  live.advanced = false;
-  if (!live.end) {
-    // Not ended: due when it streams and this is its first token or an interval's worth.
-    const size_t unsent = live.output.size() - live.sent_ids;
-    const auto interval = static_cast<size_t>(std::max(1, options_.stream_interval));
-    const bool due = live.stream && unsent > 0 && (live.sent_ids == 0 || unsent >= interval);
-    if (!due) return;
-  }
-  RequestOutput out = live.end ? std::move(*live.end) : RequestOutput{};
-  out.id = id;
-  out.new_ids.assign(live.output.begin() + static_cast<ptrdiff_t>(live.sent_ids),
-                     live.output.end());
-  live.sent_ids = live.output.size();
-  out.new_logprobs = std::move(live.logprobs);
-  live.logprobs.clear();
-  out.prompt_logprobs = live.sampler.take_prompt_logprobs();
-  if (options_.tokenizer != nullptr) out.new_text = live.text.take();
-  out.output_tokens = static_cast<int32_t>(live.output.size());
-  out.prompt_tokens = live.prompt_tokens;
-  out.cached_tokens = live.cached_tokens;
-  const std::shared_ptr<const RequestSink> sink = live.sink;
-  // Ended: forgotten before its sink hears it, so a sink may submit the next request at once.
-  if (out.finished) live_.erase(it);
-  if (*sink) (*sink)(std::move(out));
+  scheduler_.submit(std::move(spec));
+  return Status::Ok();
 }
 
 bool ServingCore::abort(uint64_t id, const std::string& message, FinishReason reason) {
-  auto it = live_.find(id);
-  if (it == live_.end()) return false;
-  it->second.abort_reason = reason;
-  it->second.abort_message = message;
-  return scheduler_.abort(id, message);
+  if (!outputs_.contains(id)) return false;
+  std::optional<sched::Ended> ended = scheduler_.abort(id, message);
+  if (!ended) return false;
+  outputs_.end(*ended, reason, message);
+  if (!in_step_) outputs_.deliver();
+  return true;
 }
 
 void ServingCore::abort_all(const std::string& message, FinishReason reason) {
-  std::vector<uint64_t> ids;
-  ids.reserve(live_.size());
-  for (const auto& entry : live_) ids.push_back(entry.first);
-  for (uint64_t id : ids) abort(id, message, reason);
+  for (uint64_t id : outputs_.ids()) abort(id, message, reason);
 }
 
 uint64_t ServingCore::max_total_num_tokens() const {
@@ -286,25 +193,53 @@ metrics::Diagnosis ServingCore::diagnosis() const {
 
 Result<sched::StepStats> ServingCore::step() {
   in_step_ = true;
-  Result<sched::StepStats> st = scheduler_.step();
+  Status failure = Status::Ok();
+  for (;;) {
+    const sched::ScheduledBatch& batch = scheduler_.schedule();
+    for (const sched::Ended& ended : batch.ended) outputs_.end(ended);
+    if (batch.empty()) break;
+    failure = run_batch(batch);
+    if (!failure.ok()) break;
+  }
+  Result<sched::StepStats> stats = failure.ok() ? scheduler_.end_step() : failure;
   in_step_ = false;
-  if (st.ok() && st->ran) observe(*st);
+  if (stats.ok() && stats->ran) observe(*stats);
   // Delivered in the order the step advanced them; a sink may submit or abort meanwhile.
-  std::vector<uint64_t> advanced;
-  advanced.swap(step_outputs_);
-  for (uint64_t id : advanced) deliver(id);
-  if (!st.ok()) {
+  outputs_.deliver();
+  if (!failure.ok()) {
     // The engine failed: the requests of the failed batch end with the reason (a retry would
     // fail the same way); the rest go on -- unless the engine broke for good (its TP group
     // failed), when nothing unfinished can finish and every request ends.
-    const std::string why = "the engine failed: " + st.status().message();
-    spdlog::error("step failed for {} requests: {}", scheduler_.failed_batch().size(),
-                  st.status().message());
-    const std::vector<uint64_t> failed = scheduler_.failed_batch();
+    const std::string why = "the engine failed: " + failure.message();
+    spdlog::error("step failed for {} requests: {}", failed_.size(), failure.message());
+    const std::vector<uint64_t> failed = std::move(failed_);
+    failed_.clear();
     for (uint64_t id : failed) abort(id, why, FinishReason::kEngineFailure);
     if (failed.empty() || engine_broken()) abort_all(why, FinishReason::kEngineFailure);
   }
-  return st;
+  return stats;
+}
+
+Status ServingCore::run_batch(const sched::ScheduledBatch& batch) {
+  samplers_.clear();
+  for (const sched::ScheduledSequence& s : batch.sequences) {
+    samplers_.push_back(&outputs_.sampler(s.request->spec.id));
+  }
+  next_.assign(batch.sequences.size(), 0);
+  if (Status s = runner_->run(batch, samplers_, &next_); !s.ok()) {
+    failed_ = scheduler_.fail();
+    return s;
+  }
+  const sched::StepUpdate update = scheduler_.update(next_);
+  for (const sched::Advanced& token : update.advanced) {
+    // A completed stop string ends the request with this token (unless its length or a stop
+    // id ended it already).
+    if (outputs_.advance(token)) {
+      if (std::optional<sched::Ended> ended = scheduler_.stop(token.id)) outputs_.end(*ended);
+    }
+  }
+  for (const sched::Ended& ended : update.ended) outputs_.end(ended);
+  return Status::Ok();
 }
 
 void ServingCore::observe(const sched::StepStats& s) {

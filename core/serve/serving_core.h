@@ -1,15 +1,18 @@
-// The serving core: the scheduler, the engine (through engine_step.h's executor and tier), the
-// output text (detokenizer.h), the Prometheus metrics and the bottleneck diagnosis as one object.
-// Whatever feeds it requests -- `kvrt generate`, `kvrt bench`'s workload driver, the HTTP
-// server's step loop -- submits, aborts and calls step() from one thread; each request's
+// The serving core: the scheduler, the engine (through batch_runner.h and engine_tier.h), the
+// output processor (output_processor.h), the Prometheus metrics and the bottleneck diagnosis as
+// one object. Whatever feeds it requests -- `kvrt generate`, `kvrt bench`'s workload driver, the
+// HTTP server's step loop -- submits, aborts and calls step() from one thread; each request's
 // outputs (request.h) reach its sink on that thread: at the end of each step that advanced it,
 // or at once for an abort between steps.
+//
+// A step reads top to bottom: Scheduler::schedule() -> BatchRunner::run (the engine executes the
+// batch and samples) -> Scheduler::update() -> OutputProcessor (text, stop strings, outputs),
+// repeated for a decode step's rounds, then Scheduler::end_step(). Nothing below calls back up.
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/exec/engine.h"
@@ -18,8 +21,9 @@
 #include "core/metrics/metrics.h"
 #include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
-#include "core/serve/detokenizer.h"
-#include "core/serve/engine_step.h"
+#include "core/serve/batch_runner.h"
+#include "core/serve/engine_tier.h"
+#include "core/serve/output_processor.h"
 #include "core/serve/request.h"
 
 namespace kvrt::serve {
@@ -50,8 +54,8 @@ class ServingCore {
  public:
   // Over the engine (its store's tier when it has one); `engine` outlives the core.
   ServingCore(const ServingOptions& options, exec::Engine* engine);
-  // Over any executor and tier (a test's or a benchmark's instant executor); it samples.
-  ServingCore(const ServingOptions& options, sched::StepExecutor* executor, sched::KvTier* tier);
+  // Over any runner and tier (a test's or a benchmark's instant runner), which samples.
+  ServingCore(const ServingOptions& options, BatchRunner* runner, sched::KvTier* tier);
   ServingCore(const ServingCore&) = delete;
   ServingCore& operator=(const ServingCore&) = delete;
 
@@ -64,6 +68,9 @@ class ServingCore {
   // Queues a request whose outputs go to `sink`; a refusal (check_request) is returned and the
   // sink never hears of it. The id must not be one in flight.
   Status submit(GenerateRequest request, RequestSink sink);
+  // submit() for a request check_request already accepted (the step loop checks on the caller's
+  // thread): the check is not run again.
+  Status submit_checked(GenerateRequest request, RequestSink sink);
   // Ends a waiting or running request with `reason` (kAborted or kEngineFailure) and `message`,
   // freeing its pages; its sink hears the end at once. False for an unknown id.
   bool abort(uint64_t id, const std::string& message, FinishReason reason = FinishReason::kAborted);
@@ -76,10 +83,10 @@ class ServingCore {
   Result<sched::StepStats> step();
   bool idle() const { return scheduler_.idle(); }
   // Requests submitted and not yet ended.
-  size_t unfinished() const { return live_.size(); }
+  size_t unfinished() const { return outputs_.size(); }
   // Whether the engine can never step again (its TP group failed): every request is lost.
   bool engine_broken() const { return engine_ != nullptr && engine_->broken(); }
-  // The engine it steps; null over another executor.
+  // The engine it steps; null over another runner.
   const exec::Engine* engine() const { return engine_; }
 
   const ServingOptions& options() const { return options_; }
@@ -99,47 +106,24 @@ class ServingCore {
   Result<uint64_t> flush_cache() { return scheduler_.flush_cache(); }
 
  private:
-  // A request in flight: where its outputs go and what it has been told.
-  struct Live {
-    Live(RequestSink s, const GenerateRequest& request, OutputText t)
-        : sink(std::make_shared<const RequestSink>(std::move(s))),
-          sampler(request.sampling, request.input_ids, request.stop_token_ids),
-          text(std::move(t)) {}
-    // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
-    std::shared_ptr<const RequestSink> sink;
-    exec::Sampler sampler;
-    OutputText text;
-    std::vector<int32_t> output;  // every id sampled
-    std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
-    size_t sent_ids = 0;          // of output, in an earlier output
-    bool stream = true;           // GenerateRequest::stream
-    bool no_output = false;       // max_new_tokens 0: the prefill's token is dropped
-    int32_t prompt_tokens = 0;
-    int64_t cached_tokens = 0;
-    // How an abort ends it (set by abort() before the scheduler's finish).
-    FinishReason abort_reason = FinishReason::kAborted;
-    std::string abort_message;
-    bool advanced = false;  // in step_outputs_ already
-    std::optional<RequestOutput> end;  // its last output, once it ended
-  };
-
-  void wire();
-  exec::Sampler& sampler_of(const sched::Request& r);
-  bool on_token(const sched::Request& r, int32_t token);
-  void on_finish(const sched::Request& r, sched::FinishKind kind);
+  void configure();
+  // One batch of the step: run, applied, its tokens handed to the output processor. A failure
+  // is returned, the batch handed back (failed_ holds its requests).
+  Status run_batch(const sched::ScheduledBatch& batch);
+  void end(const sched::Ended& ended);
   void observe(const sched::StepStats& stats);  // the step's metrics and diagnosis
-  // The output of what `live` did since its last one, if it is due (stream_interval, stream);
-  // erases it when it ended.
-  void deliver(uint64_t id);
 
   ServingOptions options_;
-  std::unordered_map<uint64_t, Live> live_;
-  bool in_step_ = false;             // outputs wait for the step's end
-  std::vector<uint64_t> step_outputs_;  // the requests advanced in this step, in order
-  exec::Engine* engine_ = nullptr;  // null over another executor
-  std::unique_ptr<EngineExecutor> engine_executor_;
+  bool in_step_ = false;            // outputs wait for the step's end
+  exec::Engine* engine_ = nullptr;  // null over another runner
+  std::unique_ptr<EngineRunner> engine_runner_;
   std::unique_ptr<EngineTier> engine_tier_;
+  BatchRunner* runner_;
   sched::Scheduler scheduler_;
+  OutputProcessor outputs_;
+  std::vector<exec::Sampler*> samplers_;  // the batch's, per sequence
+  std::vector<int32_t> next_;
+  std::vector<uint64_t> failed_;  // the failed batch's requests
   metrics::Registry registry_;
   metrics::ServerMetrics server_metrics_;
   std::unique_ptr<metrics::TierMetrics> tier_metrics_;  // with the engine's host tier only

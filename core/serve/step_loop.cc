@@ -107,7 +107,7 @@ Status StepLoop::submit(std::vector<std::pair<GenerateRequest, RequestSink>> bat
             outbox_.emplace_back(target, std::move(out));
           };
           const uint64_t id = request.id;
-          if (Status s = core_.submit(std::move(request), std::move(hold)); !s.ok()) {
+          if (Status s = core_.submit_checked(std::move(request), std::move(hold)); !s.ok()) {
             // check_request passed on the caller's thread: only a duplicate id gets here.
             spdlog::error("request {}: {}", id, s.message());
             RequestOutput end;

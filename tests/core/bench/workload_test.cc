@@ -250,9 +250,10 @@ TEST(Workload, ATraceCarriesEachRequestsSampling) {
 
 // The driver over an executor that answers at once: a multi-turn workload's later turns resend
 // the conversation, so they hit the prefix cache; every request completes.
-class Instant : public sched::StepExecutor {
+class Instant : public serve::BatchRunner {
  public:
-  Status run(const sched::ScheduledBatch& b, std::vector<int32_t>* next) override {
+  Status run(const sched::ScheduledBatch& b, std::span<exec::Sampler* const>,
+             std::vector<int32_t>* next) override {
     for (size_t i = 0; i < b.sequences.size(); ++i) (*next)[i] = 7;
     return Status::Ok();
   }

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <unordered_map>
@@ -24,12 +26,12 @@ int32_t expected_token(uint64_t id, int64_t position) {
 // A KV pool of token ids instead of K/V: each step checks that every position a sequence reads
 // holds that sequence's token (so cached, loaded and retracted pages are right), that no two
 // sequences write one slot, then writes the new tokens.
-class ShadowExecutor : public StepExecutor {
+class ShadowExecutor {
  public:
   ShadowExecutor(uint32_t page_size, uint64_t num_pages)
       : page_size_(page_size), slots_(num_pages * page_size, -1) {}
 
-  Status run(const ScheduledBatch& batch, std::vector<int32_t>* next) override {
+  Status run(const ScheduledBatch& batch, std::vector<int32_t>* next) {
     ++steps;
     if (fail_next > 0) {
       --fail_next;
@@ -165,15 +167,41 @@ struct Harness {
           double loss = 0.0)
       : exec(o.page_size, o.num_pages),
         tier(&exec, tier_pages, loss),
-        sched(o, &exec, with_tier ? &tier : nullptr) {
-    sched.on_finish([this](const Request& r, FinishKind kind, const std::string& reason) {
-      Outcome& out = outcomes[r.spec.id];
-      out.kind = kind;
-      out.reason = reason;
-      out.output.assign(r.output().begin(), r.output().end());
-      out.cached_tokens = r.cached_tokens;
-      ++out.ends;
-    });
+        sched(o, with_tier ? &tier : nullptr) {}
+  void record(const Ended& e) {
+    Outcome& out = outcomes[e.id];
+    out.kind = e.kind;
+    out.reason = e.reason;
+    out.output = outputs[e.id];
+    out.cached_tokens = e.cached_tokens;
+    ++out.ends;
+  }
+  // One step as the serving core takes it: schedule -> run -> update, until the step is over.
+  Result<StepStats> step() {
+    for (;;) {
+      const ScheduledBatch& b = sched.schedule();
+      for (const Ended& e : b.ended) record(e);
+      if (b.empty()) break;
+      std::vector<int32_t> next(b.sequences.size(), 0);
+      if (Status s = exec.run(b, &next); !s.ok()) {
+        sched.fail();
+        return s;
+      }
+      const StepUpdate u = sched.update(next);
+      for (const Advanced& a : u.advanced) {
+        outputs[a.id].push_back(a.token);
+        if (stop_when && stop_when(outputs[a.id])) {
+          if (std::optional<Ended> e = sched.stop(a.id)) record(*e);
+        }
+      }
+      for (const Ended& e : u.ended) record(e);
+    }
+    return sched.end_step();
+  }
+  bool abort(uint64_t id, const std::string& reason) {
+    std::optional<Ended> e = sched.abort(id, reason);
+    if (e) record(*e);
+    return e.has_value();
   }
   void submit(uint64_t id, std::vector<int32_t> prompt, int32_t max_new,
               std::vector<int32_t> stop = {}) {
@@ -183,19 +211,22 @@ struct Harness {
     spec.max_new_tokens = max_new;
     spec.stop_ids = std::move(stop);
     // A refusal is recorded as an abort with its message, so every submitted id has an outcome.
-    if (Status st = sched.submit(std::move(spec)); !st.ok()) {
+    // Checked first, as the serving core checks every request at its door.
+    if (Status st = check_request(sched.options(), spec); !st.ok()) {
       Outcome& out = outcomes[id];
       out.kind = FinishKind::kAborted;
       out.reason = st.message();
       out.field = st.field();
       ++out.ends;
+      return;
     }
+    sched.submit(std::move(spec));
   }
   // Steps until idle; false (with a message) on an error or a step limit (a livelock).
   ::testing::AssertionResult run(int max_steps = 100000) {
     for (int i = 0; i < max_steps; ++i) {
       if (sched.idle()) return ::testing::AssertionSuccess();
-      Result<StepStats> s = sched.step();
+      Result<StepStats> s = step();
       if (!s.ok()) return ::testing::AssertionFailure() << s.status().message();
       stats.push_back(*s);
     }
@@ -206,6 +237,10 @@ struct Harness {
   ShadowTier tier;
   Scheduler sched;
   std::map<uint64_t, Outcome> outcomes;
+  std::map<uint64_t, std::vector<int32_t>> outputs;  // every token each request generated
+  // Ends a request with its last token, as a stop, when this says so (as the serving core does
+  // for a stop string).
+  std::function<bool(const std::vector<int32_t>& output)> stop_when;
   std::vector<StepStats> stats;
 };
 
@@ -303,9 +338,9 @@ TEST(Scheduler, RefusesARequestThatCanNeverFitNamingTheFieldAndBothNumbers) {
   EXPECT_EQ(h.sched.counters().aborted, 0u);
 }
 
-TEST(Scheduler, ATokenCallbackThatSaysStopEndsTheRequestWithThatTokenAsAStop) {
+TEST(Scheduler, AStopAfterATokenEndsTheRequestWithThatTokenAsAStop) {
   Harness h(small_options(4, 64));
-  h.sched.on_token([](const Request& r, int32_t) { return r.output_len() == 2; });
+  h.stop_when = [](const std::vector<int32_t>& output) { return output.size() == 2; };
   h.submit(1, prompt_of(1, 6), 10);
   ASSERT_TRUE(h.run());
   EXPECT_EQ(h.outcomes[1].kind, FinishKind::kStop);
@@ -379,10 +414,10 @@ TEST(Scheduler, AbortsWaitingAndRunningRequests) {
   Harness h(o);
   h.submit(1, prompt_of(1, 6), 10);
   h.submit(2, prompt_of(2, 6), 10);
-  ASSERT_TRUE(h.sched.step().ok());  // 1 prefilled, 2 waits
-  EXPECT_TRUE(h.sched.abort(2, "client went away"));
-  EXPECT_TRUE(h.sched.abort(1, "client went away"));
-  EXPECT_FALSE(h.sched.abort(1, "twice"));
+  ASSERT_TRUE(h.step().ok());  // 1 prefilled, 2 waits
+  EXPECT_TRUE(h.abort(2, "client went away"));
+  EXPECT_TRUE(h.abort(1, "client went away"));
+  EXPECT_FALSE(h.abort(1, "twice"));
   EXPECT_TRUE(h.sched.idle());
   EXPECT_TRUE(h.sched.check_invariants().ok());
   EXPECT_EQ(h.outcomes[1].kind, FinishKind::kAborted);
@@ -394,7 +429,7 @@ TEST(Scheduler, AnExecutorFailureLosesNothing) {
   Harness h(small_options(4, 64));
   h.submit(1, prompt_of(1, 6), 5);
   h.exec.fail_next = 1;
-  Result<StepStats> failed = h.sched.step();
+  Result<StepStats> failed = h.step();
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("injected"), std::string::npos);
   EXPECT_TRUE(h.sched.check_invariants().ok());
@@ -486,12 +521,12 @@ TEST(Scheduler, RandomizedSchedulesKeepEveryInvariant) {
     for (; step < 20000; ++step) {
       for (const Plan& p : plans) {
         if (p.arrive == step) h.submit(p.id, p.prompt, p.max_new, p.stop);
-        if (p.abort_at == step && p.arrive < step && h.sched.abort(p.id, "client abort")) {
+        if (p.abort_at == step && p.arrive < step && h.abort(p.id, "client abort")) {
           client_aborted.insert(p.id);
         }
       }
       if (step > 61 && h.sched.idle()) break;
-      Result<StepStats> s = h.sched.step();
+      Result<StepStats> s = h.step();
       ASSERT_TRUE(s.ok()) << "seed " << seed << " step " << step << ": " << s.status().message()
                           << " " << h.exec.error;
       ASSERT_LE(s->token_usage, 1.0);

@@ -19,10 +19,11 @@ namespace {
 
 // Samples script[output length] for every sequence (7 past its end); fails the call numbered
 // `fail_at` (1-based) when set.
-class Scripted : public sched::StepExecutor {
+class Scripted : public BatchRunner {
  public:
   explicit Scripted(std::vector<int32_t> script = {}) : script_(std::move(script)) {}
-  Status run(const sched::ScheduledBatch& b, std::vector<int32_t>* next) override {
+  Status run(const sched::ScheduledBatch& b, std::span<exec::Sampler* const>,
+             std::vector<int32_t>* next) override {
     if (++calls_ == fail_at) return Status::Internal("the device fell over");
     for (size_t i = 0; i < b.sequences.size(); ++i) {
       const auto k = static_cast<size_t>(b.sequences[i].request->output_len());

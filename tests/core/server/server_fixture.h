@@ -23,7 +23,7 @@
 #include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
-#include "core/serve/engine_step.h"
+#include "core/serve/batch_runner.h"
 #include "core/server/http_server.h"
 #include "core/server/server_info.h"
 #include "tests/e2e/stories260k_reference.h"
@@ -77,23 +77,24 @@ inline Reply post(uint16_t port, const std::string& target, const json& body) {
 
 // The real engine, greedy, except that a batch holding a prompt that starts with `poison`
 // fails as an engine error would.
-class FaultyExecutor : public sched::StepExecutor {
+class FaultyExecutor : public serve::BatchRunner {
  public:
-  FaultyExecutor(exec::Engine* engine, int32_t poison)
-      : inner_(engine, [this](const sched::Request&) -> exec::Sampler& { return greedy_; }),
-        poison_(poison) {}
-  Status run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) override {
+  FaultyExecutor(exec::Engine* engine, int32_t poison) : inner_(engine), poison_(poison) {}
+  Status run(const sched::ScheduledBatch& batch, std::span<exec::Sampler* const>,
+             std::vector<int32_t>* next) override {
     for (const sched::ScheduledSequence& s : batch.sequences) {
       if (!s.request->tokens.empty() && s.request->tokens[0] == poison_) {
         return Status::Internal("injected fault: the attention plugin returned an error");
       }
     }
-    return inner_.run(batch, next);
+    greedy_of_.assign(batch.sequences.size(), &greedy_);
+    return inner_.run(batch, greedy_of_, next);
   }
 
  private:
   exec::Sampler greedy_{exec::SamplingParams{}};
-  serve::EngineExecutor inner_;
+  std::vector<exec::Sampler*> greedy_of_;
+  serve::EngineRunner inner_;
   int32_t poison_;
 };
 

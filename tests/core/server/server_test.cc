@@ -25,7 +25,7 @@
 #include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
-#include "core/serve/engine_step.h"
+#include "core/serve/batch_runner.h"
 #include "core/server/server_info.h"
 #include "tests/core/server/server_fixture.h"
 #include "tests/e2e/stories260k_reference.h"

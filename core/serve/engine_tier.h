@@ -1,34 +1,15 @@
-// The scheduler's two seams onto the engine, wired by the serving core: a StepExecutor that runs a
-// ScheduledBatch through the engine and samples each sequence's next token with its request's
-// sampler, and the KvTier of a store that has one, driven on every TP rank's store at once.
+// The scheduler's seam onto the engine's KV tier: the KvTier of a store that has one, driven on
+// every TP rank's store at once (the scheduler looks pages up and loads them at admission, and
+// reports the pages it caches and evicts).
 #pragma once
 
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "core/exec/engine.h"
-#include "core/exec/sampler.h"
 #include "core/sched/kv_tier.h"
-#include "core/sched/scheduler.h"
 
 namespace kvrt::serve {
-
-class EngineExecutor : public sched::StepExecutor {
- public:
-  // The sampler of a request (the serving core keeps one per request in flight).
-  using SamplerOf = std::function<exec::Sampler&(const sched::Request&)>;
-  EngineExecutor(exec::Engine* engine, SamplerOf sampler_of)
-      : engine_(engine), sampler_of_(std::move(sampler_of)) {}
-  Status run(const sched::ScheduledBatch& batch, std::vector<int32_t>* next) override;
-
- private:
-  exec::Engine* engine_;
-  SamplerOf sampler_of_;
-  exec::Batch exec_batch_;
-  std::vector<exec::Sampler*> samplers_;  // run()'s, per sequence
-  std::vector<size_t> first_rows_;
-};
 
 class EngineTier : public sched::KvTier {
  public:
