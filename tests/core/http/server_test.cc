@@ -26,11 +26,11 @@
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
 #include "core/serve/engine_step.h"
-#include "core/server/server_info.h"
-#include "tests/core/server/server_fixture.h"
+#include "core/api/server_info.h"
+#include "tests/core/http/server_fixture.h"
 #include "tests/e2e/stories260k_reference.h"
 
-namespace kvrt::server {
+namespace kvrt::http {
 namespace {
 
 using namespace test;  // NOLINT: the fixture's names, as if written here
@@ -1348,4 +1348,4 @@ TEST_F(ServerTest, ChatOnTinyQwen3UsesItsOwnTemplate) {
 }
 
 }  // namespace
-}  // namespace kvrt::server
+}  // namespace kvrt::http
