@@ -213,9 +213,7 @@ std::variant<GenerateCall, ApiError> read_body(std::string_view body, const Mode
         } else {
           return bad(param, "expected a string or a list of strings");
         }
-        for (const std::string& s : call.stop) {
-          if (s.empty()) return bad(param, "a stop string is empty");
-        }
+        // An empty one is the serving core's to refuse (check_request, naming "stop").
       } else if (key == "n") {
         if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > kMaxChoices) {
           return bad(param, "expected an integer from 1 to " + std::to_string(kMaxChoices) +
@@ -232,7 +230,12 @@ std::variant<GenerateCall, ApiError> read_body(std::string_view body, const Mode
         if (auto e = number(&x)) return *e;
         call.sampling.repetition_penalty = static_cast<float>(x);
       } else if (key == "min_new_tokens") {
-        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+        // Its range (0 to max_new_tokens) is the serving core's to check (check_request's
+        // min_tokens, named back as sampling_params.min_new_tokens).
+        if (!v.is_number_integer() ||
+            (v.is_number_unsigned()
+                 ? v.get<uint64_t>() > uint64_t{INT32_MAX}
+                 : v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX)) {
           return bad(param, "expected an integer >= 0, found " + v.dump());
         }
         call.sampling.min_tokens = static_cast<int32_t>(v.get<int64_t>());
