@@ -39,6 +39,7 @@
 #include "core/report/matrix_report.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
+#include "core/serve/eos.h"
 #include "core/exec/mpi_group.h"
 
 namespace kvrt {
@@ -274,8 +275,9 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
     Result<std::vector<int32_t>> stop = parse_ids(args.stop, "--stop");
     if (!stop.ok()) return fail(stop.status());
     request.stop_token_ids = *stop;
-  } else if (!args.ignore_eos) {
-    request.stop_token_ids = rt->model.eos_token_ids;
+  } else {
+    // No --stop: the model's EOS ids, unless --ignore-eos.
+    serve::add_eos_stop_ids(rt->model.eos_token_ids, args.ignore_eos, &request.stop_token_ids);
   }
   request.max_new_tokens = args.max_new_tokens;
   request.sampling = args.sampling;

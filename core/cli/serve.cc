@@ -12,16 +12,16 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/api/chat_prompt.h"
+#include "core/api/server_info.h"
 #include "core/config/config.h"
 #include "core/plugin/registry.h"
 #include "core/exec/mpi_group.h"
+#include "core/http/server.h"
 #include "core/model/tokenizer.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/serve/step_loop.h"
-#include "core/server/chat_prompt.h"
-#include "core/server/http_server.h"
-#include "core/server/server_info.h"
 
 namespace kvrt::cli {
 
@@ -84,26 +84,26 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   loop_options.max_running_requests = static_cast<size_t>(cfg.scheduler.max_running_requests);
   serve::StepLoop loop(core, loop_options);
 
-  const server::ServerOptions options = server::server_options(cfg);
-  server::ModelLimits limits;
+  const http::ServerOptions options = http::server_options(cfg);
+  api::ModelLimits limits;
   limits.tokenizer = rt.tokenizer.get();
   limits.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
   limits.context_length = rt.model.max_position_embeddings;
   if (rt.tokenizer != nullptr) {
-    limits.max_prompt_bytes = server::prompt_byte_bound(*rt.tokenizer, limits.context_length);
+    limits.max_prompt_bytes = api::prompt_byte_bound(*rt.tokenizer, limits.context_length);
   }
   limits.max_sequence_tokens =
       std::min<int64_t>(limits.context_length, static_cast<int64_t>(core.max_total_num_tokens()));
   // What a request leaves unset: the model's generation_config.json, else SGLang's and OpenAI's.
-  limits.defaults = server::request_defaults(rt.generation);
+  limits.defaults = api::request_defaults(rt.generation);
   spdlog::info(
       "sampling defaults: {} (from {})",
-      server::defaults_json(limits.defaults).dump(-1, ' ', false, json::error_handler_t::replace),
+      api::defaults_json(limits.defaults).dump(-1, ' ', false, json::error_handler_t::replace),
       limits.defaults.source);
   // The chat template: the model directory's own unless [server] chat_template names another;
   // one kvrt cannot render stops the server here, never a silent fallback.
-  Result<server::ChatFormat> chat =
-      server::resolve_chat_format(cfg.server.chat_template, cfg.model.path, rt.tokenizer.get());
+  Result<api::ChatFormat> chat =
+      api::resolve_chat_format(cfg.server.chat_template, cfg.model.path, rt.tokenizer.get());
   if (!chat.ok()) return fail(chat.status());
   limits.chat = &*chat;
   spdlog::info("chat template: {}", chat->description);
@@ -111,7 +111,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   const std::string effective = config::to_toml(cfg);
   const json store = plugin_json(*registry.load(cfg.kv.store).value());
   const json attention = plugin_json(*registry.load(cfg.attention.backend).value());
-  server::ServerInfo info;
+  api::ServerInfo info;
   info.model_name = rt.model_name;
   const std::string tokenizer_path =
       cfg.model.path.empty() ? "" : model::model_tokenizer_path(cfg.model.path);
@@ -125,12 +125,12 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                          {"model_type", model::model_type_of(rt.model)}}
                         .dump(-1, ' ', false, json::error_handler_t::replace);
   const std::string served_model_name = rt.model_name;
-  const server::RequestDefaults defaults = limits.defaults;
+  const api::RequestDefaults defaults = limits.defaults;
   loop.describe([&cfg, &rt, effective, store, attention, chat_template, served_model_name,
                  defaults](const serve::ServingCore& c) {
     const metrics::Diagnosis d = c.diagnosis();
     // SGLang's keys first (what its tools and operators read), then kvrt's own.
-    json described = server::sglang_server_info(cfg, c, store["name"].get<std::string>(),
+    json described = api::sglang_server_info(cfg, c, store["name"].get<std::string>(),
                                                 served_model_name, defaults);
     // The longest prompt a request may have (as SGLang's): within the context and the pool,
     // less the one token it must be able to generate.
@@ -150,7 +150,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                           {"num_running_reqs", c.scheduler().num_running()}});
     return described.dump(-1, ' ', false, json::error_handler_t::replace);
   });
-  server::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
+  http::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
   // A broken engine (its TP group failed) ends the server: the main thread hears it as SIGUSR1.
   loop.on_engine_broken([](const std::string&) { kill(getpid(), SIGUSR1); });
   loop.start();

@@ -3,9 +3,9 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "core/api/chat_prompt.h"
+#include "core/api/prompt.h"
 #include "core/model/tokenizer.h"
-#include "core/server/api.h"
-#include "core/server/chat_prompt.h"
 #include "core/util/file.h"
 
 namespace kvrt::cli {
@@ -26,17 +26,17 @@ Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const model::Tok
   if (!text.ok()) return text.status();
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument(*args.messages + ": not valid JSON");
-  auto messages = server::read_chat_messages(json{{"messages", j}});
-  if (auto* e = std::get_if<server::ApiError>(&messages)) {
+  auto messages = api::read_chat_messages(json{{"messages", j}});
+  if (auto* e = std::get_if<api::ApiError>(&messages)) {
     return Status::InvalidArgument(*args.messages + ": " + e->message);
   }
-  Result<server::ChatFormat> format = server::resolve_chat_format("", args.dir, &tokenizer);
+  Result<api::ChatFormat> format = api::resolve_chat_format("", args.dir, &tokenizer);
   if (!format.ok()) return format.status();
   if (format->is_default)
     std::cerr << "kvrt tokenize: chat template: " << format->description << "\n";
-  return server::chat_prompt_ids(*format, tokenizer,
-                                 std::get<std::vector<server::ChatMessage>>(messages),
-                                 !args.no_generation_prompt);
+  return api::chat_prompt_ids(*format, tokenizer,
+                              std::get<std::vector<api::ChatMessage>>(messages),
+                              !args.no_generation_prompt);
 }
 
 }  // namespace
@@ -93,7 +93,7 @@ int run_detokenize(const DetokenizeArgs& args) {
   options.skip_special_tokens = args.skip_special_tokens;
   const std::string text = (*tokenizer)->decode(args.ids, options);
   if (args.json) {
-    std::cout << server::to_text(json{{"text", text}}) << "\n";
+    std::cout << api::to_text(json{{"text", text}}) << "\n";
   } else {
     std::cout << text << "\n";
   }

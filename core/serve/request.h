@@ -1,7 +1,7 @@
 // The serving path's one request/output vocabulary: what a caller submits to the serving core
 // (ServingCore::submit, StepLoop::submit) and what it hears back, step by step, until the
 // request ends. `kvrt generate`, `kvrt bench` and `kvrt serve` all speak it; the HTTP API's
-// bodies (core/server/api.h) are translated into and out of it, nothing else.
+// bodies (core/api/) are translated into and out of it, nothing else.
 //
 // A request's life: submit() checks it once (check_request) and refuses it with a Status that
 // names the field at fault, or queues it. From then on its sink hears one RequestOutput per step

@@ -7,35 +7,38 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/api/generate.h"
+#include "core/api/openai.h"
+#include "core/api/responses.h"
+#include "core/api/tokenize.h"
 #include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
 #include "core/serve/detokenizer.h"
-#include "core/server/api.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto tokenizer = kvrt::model::make_byte_tokenizer(512).value().release();
-  kvrt::server::ModelLimits limits;
+  kvrt::api::ModelLimits limits;
   limits.tokenizer = tokenizer;
   limits.vocab_size = 512;
   limits.context_length = 2048;
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  for (auto answer : {kvrt::server::tokenize_json(body, limits),
-                      kvrt::server::detokenize_json(body, limits)}) {
-    if (auto* e = std::get_if<kvrt::server::ApiError>(&answer)) {
-      (void)kvrt::server::error_body(*e);
+  for (auto answer : {kvrt::api::tokenize_json(body, limits),
+                      kvrt::api::detokenize_json(body, limits)}) {
+    if (auto* e = std::get_if<kvrt::api::ApiError>(&answer)) {
+      (void)kvrt::api::error_body(*e);
     } else {
-      (void)kvrt::server::to_text(std::get<nlohmann::json>(answer));
+      (void)kvrt::api::to_text(std::get<nlohmann::json>(answer));
     }
   }
   for (int api = 0; api < 4; ++api) {
-    auto call = api == 0   ? kvrt::server::parse_generate(body, limits)
-                : api == 3 ? kvrt::server::parse_responses(body, limits)
-                           : kvrt::server::parse_openai(body, limits, /*chat=*/api == 2);
-    if (auto* e = std::get_if<kvrt::server::ApiError>(&call)) {
-      (void)kvrt::server::error_body(*e);
+    auto call = api == 0   ? kvrt::api::parse_generate(body, limits)
+                : api == 3 ? kvrt::api::parse_responses(body, limits)
+                           : kvrt::api::parse_openai(body, limits, /*chat=*/api == 2);
+    if (auto* e = std::get_if<kvrt::api::ApiError>(&call)) {
+      (void)kvrt::api::error_body(*e);
       continue;
     }
-    const auto& c = std::get<kvrt::server::GenerateCall>(call);
+    const auto& c = std::get<kvrt::api::GenerateCall>(call);
     kvrt::sched::SchedulerOptions so;
     so.num_pages = 128;
     so.page_size = 16;
@@ -49,11 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       servable = servable && kvrt::sched::check_request(so, spec).ok();
     }
     if (!servable) continue;  // refused with a 400 before any of it is decoded
-    kvrt::server::GenerateResult r;
+    kvrt::api::GenerateResult r;
     kvrt::serve::OutputText text(tokenizer, {}, c.stop);
     // The streamed event built from the escaped pieces is the whole dump, byte for byte, at
     // every step (the first 64) and at the end.
-    kvrt::server::GenerateEventCache cache;
+    kvrt::api::GenerateEventCache cache;
     std::vector<int32_t> so_far;
     for (int32_t id : c.prompts.front()) {
       so_far.push_back(id);
@@ -63,8 +66,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const bool stopped = text.update(so_far);
       r.text += text.take();
       if (r.output_ids.size() <= 64 &&
-          kvrt::server::generate_event(c, r, &cache) !=
-              kvrt::server::to_text(kvrt::server::generate_json(c, r))) {
+          kvrt::api::generate_event(c, r, &cache) !=
+              kvrt::api::to_text(kvrt::api::generate_json(c, r))) {
         __builtin_trap();
       }
       if (stopped) break;
@@ -72,14 +75,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     text.finish(so_far);
     r.text += text.take();
     r.finished = true;
-    if (kvrt::server::generate_event(c, r, &cache) !=
-        kvrt::server::to_text(kvrt::server::generate_json(c, r))) {
+    if (kvrt::api::generate_event(c, r, &cache) !=
+        kvrt::api::to_text(kvrt::api::generate_json(c, r))) {
       __builtin_trap();
     }
-    (void)kvrt::server::to_text(kvrt::server::openai_json(c, {r}, "cmpl-1", 0));
-    (void)kvrt::server::to_text(
-        kvrt::server::openai_chunk(c, r, r.text, "cmpl-1", 0, 0, r.logprobs, 0));
-    (void)kvrt::server::to_text(kvrt::server::responses_json(c, r, "resp_1", 0));
+    (void)kvrt::api::to_text(kvrt::api::openai_json(c, {r}, "cmpl-1", 0));
+    (void)kvrt::api::to_text(
+        kvrt::api::openai_chunk(c, r, r.text, "cmpl-1", 0, 0, r.logprobs, 0));
+    (void)kvrt::api::to_text(kvrt::api::responses_json(c, r, "resp_1", 0));
   }
   return 0;
 }

@@ -1,6 +1,6 @@
-#include "core/server/server_info.h"
+#include "core/api/server_info.h"
 
-namespace kvrt::server {
+namespace kvrt::api {
 
 using nlohmann::json;
 
@@ -40,4 +40,4 @@ json sglang_server_info(const config::Config& cfg, const serve::ServingCore& cor
           {"sampling_defaults", defaults_json(defaults)}};
 }
 
-}  // namespace kvrt::server
+}  // namespace kvrt::api

@@ -1,10 +1,10 @@
-// What a request of kvrt serve's API leaves unset (api.h: RequestDefaults): the model
+// What a request of kvrt serve's API leaves unset (defaults.h): the model
 // directory's generation_config.json where it says, OpenAI's and SGLang's defaults elsewhere,
 // and how /get_server_info reports them.
-#include "core/server/api.h"
+#include "core/api/defaults.h"
 #include "core/util/text.h"
 
-namespace kvrt::server {
+namespace kvrt::api {
 
 using nlohmann::json;
 
@@ -42,4 +42,4 @@ json defaults_json(const RequestDefaults& d) {
           {"source", d.source}};
 }
 
-}  // namespace kvrt::server
+}  // namespace kvrt::api

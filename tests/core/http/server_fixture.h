@@ -23,18 +23,19 @@
 #include "core/client/http_client.h"
 #include "core/config/config.h"
 #include "core/runtime/runtime.h"
+#include "core/api/server_info.h"
+#include "core/http/server.h"
 #include "core/serve/batch_runner.h"
-#include "core/server/http_server.h"
-#include "core/server/server_info.h"
 #include "tests/e2e/stories260k_reference.h"
 
-namespace kvrt::server::test {
+namespace kvrt::http::test {
 
 namespace net = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = net::ip::tcp;
 using nlohmann::json;
+using namespace api;  // NOLINT: the API's names (ModelLimits, request_defaults), as in the server
 
 using stories260k::model_dir;
 
@@ -208,4 +209,4 @@ inline std::vector<json> events_of(const std::string& body, bool* done) {
   return events;
 }
 
-}  // namespace kvrt::server::test
+}  // namespace kvrt::http::test

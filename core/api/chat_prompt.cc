@@ -1,8 +1,14 @@
-#include "core/server/chat_prompt.h"
+// Chat conversations to prompts: the template resolved, rendered and tokenized (chat_prompt.h).
+#include "core/api/chat_prompt.h"
 
 #include <utility>
 
-namespace kvrt::server {
+namespace kvrt::api {
+
+using server::load_chat_template_file;
+using server::load_model_chat_template;
+using server::ModelChatTemplate;
+using server::RenderOptions;
 
 std::string apply_default_chat_template(const std::vector<ChatMessage>& messages,
                                         bool add_generation_prompt) {
@@ -77,4 +83,4 @@ Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
   return ids;
 }
 
-}  // namespace kvrt::server
+}  // namespace kvrt::api

@@ -4,7 +4,11 @@
 // are not UTF-8 (replaced by U+FFFD as a whole dump replaces them), log-probabilities, the end;
 // the defaults a request gets (kvrt's, or a generation_config.json's); the bodies refused by
 // the field at fault (a role, a number beyond a double, bytes after the JSON); choices' seeds.
-#include "core/server/api.h"
+#include "core/api/generate.h"
+#include "core/api/openai.h"
+#include "core/api/prompt.h"
+#include "core/api/responses.h"
+#include "core/api/tokenize.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,7 +20,7 @@
 #include <variant>
 #include <vector>
 
-namespace kvrt::server {
+namespace kvrt::api {
 namespace {
 
 using nlohmann::json;
@@ -231,4 +235,4 @@ TEST(GenerateEvent, EqualsTheWholeDumpAtEveryStep) {
 }
 
 }  // namespace
-}  // namespace kvrt::server
+}  // namespace kvrt::api

@@ -11,9 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "tests/core/server/server_fixture.h"
+#include "tests/core/http/server_fixture.h"
 
-namespace kvrt::server {
+namespace kvrt::http {
 namespace {
 
 using namespace test;  // NOLINT: the fixture's names, as if written here
@@ -722,4 +722,4 @@ TEST_P(MetricNamesTest, MetricsCarrySglangNamesWhenAsked) {
 INSTANTIATE_TEST_SUITE_P(Names, MetricNamesTest, ::testing::Values("both", "sglang", "kvrt"));
 
 }  // namespace
-}  // namespace kvrt::server
+}  // namespace kvrt::http

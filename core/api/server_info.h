@@ -10,9 +10,9 @@
 
 #include "core/config/config.h"
 #include "core/serve/serving_core.h"
-#include "core/server/api.h"
+#include "core/api/defaults.h"
 
-namespace kvrt::server {
+namespace kvrt::api {
 
 // SGLang's --kv-cache-dtype for a KV store: kv_bf16_paged "bf16", kv_fp8_e4m3 "fp8_e4m3";
 // any other store (kv_f32_paged, kv_host_tiered, a plugin of one's own) its own name, since
@@ -26,4 +26,4 @@ nlohmann::json sglang_server_info(const config::Config& cfg, const serve::Servin
                                   const std::string& store, const std::string& served_model_name,
                                   const RequestDefaults& defaults);
 
-}  // namespace kvrt::server
+}  // namespace kvrt::api

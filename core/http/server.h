@@ -1,13 +1,7 @@
-// kvrt serve's HTTP/1.1 server (Boost.Beast over Asio): a few network threads, a strand per
-// connection, keep-alive, no thread per connection. A body is read into a GenerateCall
-// (api.h), each prompt submitted to the StepLoop as a serve::GenerateRequest, and each
-// serve::RequestOutput posted back to its connection and answered in the call's API. Endpoints,
-// in SGLang's shapes: POST /generate (streaming or not), POST /abort_request, GET /health,
-// /health_generate, /get_model_info, /get_server_info, /metrics, POST /flush_cache; and
-// OpenAI's POST /v1/completions, /v1/chat/completions (streaming or not), GET /v1/models; and
-// vLLM's POST /tokenize, /detokenize. /metrics, /get_server_info and /health read the step
-// loop's snapshot and never wait on it. An engine failure ends the requests of its batch with a
-// 500; the rest go on.
+// kvrt serve's HTTP/1.1 transport (Boost.Beast over Asio): a few network threads, a strand per
+// connection, keep-alive, no thread per connection. Each request is routed (router.h) to the
+// API layer (api::Service, core/api), which answers it through its connection (session.h): a
+// body, or a stream of server-sent events. The transport knows nothing of generation.
 //
 // Slow and idle clients: a connection has header_timeout_s from its accept, or from the first
 // byte of its next request, to a complete header, and body_timeout_s from there to the whole
@@ -15,10 +9,8 @@
 // is closed. Past max_connections, an idle connection is closed to make room, else the one that
 // has spent longest reading its header (so connections that trickle their headers cannot lock
 // out a client that sends whole requests); when every connection has a request in progress, the
-// new one gets 503 and a close.
-//
-// Sampling: what a request leaves unset is ModelLimits::defaults' (api.h); an unseeded call gets
-// a fresh seed from std::random_device, which the trace records.
+// new one gets 503 and a close. A generating request runs at most request_timeout_s, and a
+// client that goes away (a close or a reset) aborts it.
 #pragma once
 
 #include <atomic>
@@ -27,12 +19,13 @@
 #include <memory>
 #include <string>
 
+#include "core/api/protocol.h"
+#include "core/api/service.h"
 #include "core/config/config.h"
 #include "core/serve/step_loop.h"
-#include "core/server/api.h"
 #include "core/util/status.h"
 
-namespace kvrt::server {
+namespace kvrt::http {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
@@ -61,21 +54,22 @@ struct ServerOptions {
 // The [server] table's options (the listening port, the timeouts, the stream and metric shapes).
 ServerOptions server_options(const config::Config& cfg);
 
-// What the server reports about itself (GET /get_server_info is the step loop's snapshot).
-struct ServerInfo {
-  std::string model_info;  // GET /get_model_info's JSON
-  std::string model_name;  // what /v1/models lists and OpenAI answers name by default
-};
+// (GET /get_server_info etc.: api::ServerInfo.)
+using ServerInfo = api::ServerInfo;
+using ModelLimits = api::ModelLimits;
 
 class HttpServer {
  public:
+  // The API (api::Service) over `loop`, with the model's limits, what it reports of itself and
+  // its EOS ids (a request stops at them unless it ignores them).
   HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,
              ServerInfo info, std::vector<int32_t> eos_ids);
   ~HttpServer();  // shutdown()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds, listens and starts the network threads; an address in use is an error naming it.
+  // Binds, listens and starts the network threads; an address in use is an error naming it,
+  // as is a record_trace file that cannot be opened.
   Status start();
   uint16_t port() const { return port_; }
   // No new connections; open ones finish what they are doing.
@@ -91,4 +85,4 @@ class HttpServer {
   uint16_t port_ = 0;
 };
 
-}  // namespace kvrt::server
+}  // namespace kvrt::http

@@ -12,7 +12,11 @@
 #include "core/server/chat_template.h"
 #include "core/util/status.h"
 
-namespace kvrt::server {
+namespace kvrt::api {
+
+// The template renderer's types (core/server/chat_template.h), as the API names them.
+using server::ChatMessage;
+using server::ChatTemplate;
 
 // kvrt's template for a model that ships none: each message as "<role>: <content>\n", then
 // "assistant:" for the answer to follow when add_generation_prompt.
@@ -55,4 +59,4 @@ Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
                                              const std::vector<ChatMessage>& messages,
                                              bool add_generation_prompt);
 
-}  // namespace kvrt::server
+}  // namespace kvrt::api
