@@ -129,7 +129,7 @@ Status ServingCore::submit(GenerateRequest request, RequestSink sink) {
     return Status::Internal("request id " + std::to_string(request.id) + " is already in flight");
   }
   Live live(std::move(sink), request,
-            OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
+            text::OutputText(options_.tokenizer, request.input_ids, std::move(request.stop)));
   live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
   live.stream = request.stream;
   live.no_output = request.max_new_tokens == 0;

@@ -16,11 +16,11 @@
 #include "core/exec/sampler.h"
 #include "core/metrics/diagnosis.h"
 #include "core/metrics/metrics.h"
-#include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
-#include "core/serve/detokenizer.h"
 #include "core/serve/engine_step.h"
 #include "core/serve/request.h"
+#include "core/text/detokenizer.h"
+#include "core/text/tokenizer.h"
 
 namespace kvrt::serve {
 
@@ -28,7 +28,7 @@ struct ServingOptions {
   sched::SchedulerOptions scheduler;
   // Decodes each request's output and matches its stop strings; null: ids only (no text, and
   // stop strings are refused). Outlives the core.
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
   std::string store;  // the KV store's name, for the diagnosis
   // The ceiling each other loadable store would give on the same budget (the diagnosis's
   // "what would X give").
@@ -101,14 +101,14 @@ class ServingCore {
  private:
   // A request in flight: where its outputs go and what it has been told.
   struct Live {
-    Live(RequestSink s, const GenerateRequest& request, OutputText t)
+    Live(RequestSink s, const GenerateRequest& request, text::OutputText t)
         : sink(std::make_shared<const RequestSink>(std::move(s))),
           sampler(request.sampling, request.input_ids, request.stop_token_ids),
           text(std::move(t)) {}
     // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
     std::shared_ptr<const RequestSink> sink;
     exec::Sampler sampler;
-    OutputText text;
+    text::OutputText text;
     std::vector<int32_t> output;  // every id sampled
     std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
     size_t sent_ids = 0;          // of output, in an earlier output

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/server/api.h"
-#include "core/util/text.h"
+#include "core/text/utf8.h"
 
 namespace kvrt::server {
 
@@ -21,7 +21,7 @@ namespace {
 // no tokenizer).
 std::string token_text(const GenerateCall& call, int32_t id) {
   if (call.tokenizer == nullptr) return "";
-  model::DecodeOptions options;
+  text::DecodeOptions options;
   options.skip_special_tokens = false;
   const int32_t one[] = {id};
   return call.tokenizer->decode(one, options);
@@ -42,7 +42,7 @@ json completions_logprobs(const GenerateCall& call, std::span<const exec::Sample
     alternatives[text] = e.chosen.logprob;
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
-    offset += util::utf8_characters(text);  // Python's len(), as OpenAI counts
+    offset += text::utf8_characters(text);  // Python's len(), as OpenAI counts
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},
@@ -194,14 +194,14 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
       if (logprobs) {
         json head = completions_logprobs(call, r.prompt_logprobs, 0);
         const std::string first = token_text(call, r.first_prompt_token);
-        size_t offset = util::utf8_characters(first);
-        for (const json& t : head["tokens"]) offset += util::utf8_characters(t.get<std::string>());
+        size_t offset = text::utf8_characters(first);
+        for (const json& t : head["tokens"]) offset += text::utf8_characters(t.get<std::string>());
         json tail = completions_logprobs(call, r.logprobs, offset);
         json all = {{"tokens", json::array({first})},
                     {"token_logprobs", json::array({nullptr})},
                     {"top_logprobs", json::array({nullptr})},
                     {"text_offset", json::array({0})}};
-        size_t shift = util::utf8_characters(first);
+        size_t shift = text::utf8_characters(first);
         for (const json* part : {&head, &tail}) {
           for (const char* key : {"tokens", "token_logprobs", "top_logprobs"}) {
             for (const json& v : (*part)[key]) all[key].push_back(v);
@@ -351,10 +351,10 @@ std::string generate_event(const GenerateCall& call, const GenerateResult& r,
   cache->ids = r.output_ids.size();
   const bool grew = r.text.size() >= cache->text;
   const std::string_view fresh = std::string_view(r.text).substr(grew ? cache->text : 0);
-  if (!grew || !cache->valid || !util::valid_utf8(fresh)) {
+  if (!grew || !cache->valid || !text::valid_utf8(fresh)) {
     const std::string whole = to_text(json(r.text));
     cache->text_json.assign(whole, 1, whole.size() - 2);  // without its quotes
-    cache->valid = util::valid_utf8(r.text);
+    cache->valid = text::valid_utf8(r.text);
   } else if (!fresh.empty()) {
     const std::string piece = to_text(json(std::string(fresh)));
     cache->text_json.append(piece, 1, piece.size() - 2);

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <utility>
 
-#include "core/util/text.h"
+#include "core/text/utf8.h"
 
 namespace kvrt::server {
 
@@ -93,11 +93,11 @@ std::variant<std::string, ApiError> text_content(const json& c, const std::strin
 
 }  // namespace
 
-std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const json& j) {
+std::variant<std::vector<text::ChatMessage>, ApiError> read_chat_messages(const json& j) {
   if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
     return bad("messages", "expected a non-empty list of {role, content}");
   }
-  std::vector<ChatMessage> messages;
+  std::vector<text::ChatMessage> messages;
   for (size_t i = 0; i < j["messages"].size(); ++i) {
     const json& m = j["messages"][i];
     const std::string at = "messages[" + std::to_string(i) + "]";
@@ -204,7 +204,7 @@ class ParseErrorPath : public nlohmann::json_sax<json> {
 
 // A JSON object body, valid UTF-8, or the error.
 std::variant<json, ApiError> read_object(std::string_view body) {
-  if (!util::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  if (!text::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
   // nlohmann's lexer takes a NUL byte for the end of its input, so "{}\0anything" would read
   // as {}; JSON has no place for a raw NUL (inside a string it must be escaped).
   if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {
@@ -247,7 +247,8 @@ std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const Model
   if (limits.tokenizer == nullptr) return bad("messages", "the model has no tokenizer");
   // Refused by its size before it is rendered and tokenized, as a text prompt is.
   uint64_t bytes = 0;
-  for (const ChatMessage& m : std::get<std::vector<ChatMessage>>(messages)) bytes += m.content.size();
+  for (const text::ChatMessage& m : std::get<std::vector<text::ChatMessage>>(messages))
+    bytes += m.content.size();
   if (limits.max_prompt_bytes > 0 && bytes > limits.max_prompt_bytes) {
     return bad("messages", std::to_string(bytes) + " bytes of content cannot fit the model's "
                            "context of " + std::to_string(limits.context_length) +
@@ -257,7 +258,7 @@ std::variant<std::vector<int32_t>, ApiError> chat_ids(const json& j, const Model
   static const ChatFormat kDefault;
   Result<std::vector<int32_t>> ids =
       chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
-                      std::get<std::vector<ChatMessage>>(messages), add_generation_prompt);
+                      std::get<std::vector<text::ChatMessage>>(messages), add_generation_prompt);
   if (!ids.ok()) return bad("messages", ids.status().message());
   return std::move(*ids);
 }
@@ -391,7 +392,7 @@ std::variant<json, ApiError> detokenize_json(std::string_view body, const ModelL
   auto ids = read_ids(j["tokens"], "tokens", limits.vocab_size);
   if (auto* e = std::get_if<ApiError>(&ids)) return *e;
   // As vLLM: transformers' decode, special tokens kept.
-  model::DecodeOptions options;
+  text::DecodeOptions options;
   options.skip_special_tokens = false;
   return json{{"prompt", limits.tokenizer->decode(std::get<std::vector<int32_t>>(ids), options)}};
 }
@@ -961,7 +962,7 @@ uint64_t choice_seed(uint64_t seed, size_t choice) {
   return z ^ (z >> 31);
 }
 
-uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length) {
+uint64_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_length) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
     longest = std::max(longest, tokenizer.piece(id).size());

@@ -16,9 +16,9 @@
 
 #include "core/exec/sampler.h"
 #include "core/model/generation_config.h"
-#include "core/model/tokenizer.h"
 #include "core/serve/request.h"
 #include "core/server/chat_prompt.h"
+#include "core/text/tokenizer.h"
 #include "core/util/status.h"
 
 namespace kvrt::server {
@@ -58,7 +58,7 @@ nlohmann::json defaults_json(const RequestDefaults& defaults);
 
 // What checking a request needs to know of the served model.
 struct ModelLimits {
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int64_t context_length = 0;  // max_position_embeddings
   // A text prompt (or a conversation's contents) longer than this many bytes is refused before
@@ -77,7 +77,7 @@ struct ModelLimits {
 // needs more tokens than the context holds. (A normalizer that deletes text, such as
 // SentencePiece's whitespace folding, can make a refused text fit; such a prompt is refused
 // anyway, as far longer than any context.)
-uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length);
+uint64_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_length);
 
 // The seed of a prompt's choice (or best_of candidate) `choice`: the call's seed for the first,
 // and for the others seeds derived from it, the same ones for the same seed every time.
@@ -126,7 +126,7 @@ struct GenerateCall {
   nlohmann::json metadata = nlohmann::json::object();  // the object given, or {}
   bool max_tokens_given = false;  // max_output_tokens was set
   // The served tokenizer (null: none), for the tokens' texts beside their log-probabilities.
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
 };
 
 // The body parsed and its shape checked: types, a prompt given exactly once, valid UTF-8, a text
@@ -153,7 +153,7 @@ std::variant<GenerateCall, ApiError> parse_responses(std::string_view body,
                                                      const ModelLimits& limits);
 
 // j["messages"]: a non-empty list of {"role", "content"} strings (OpenAI chat's messages).
-std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const nlohmann::json& j);
+std::variant<std::vector<text::ChatMessage>, ApiError> read_chat_messages(const nlohmann::json& j);
 
 // POST /tokenize in vLLM's shape: {"model"?, "prompt": "...", "add_special_tokens"? (default
 // true)} or {"model"?, "messages": [...], "add_generation_prompt"? (default true)} rendered by

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/metrics/metrics.h"
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::server {
@@ -842,7 +843,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
     if (delta.empty() && !p.result.finished) return;  // its ids' log-probabilities wait too
     // completions' text_offset: from the characters sent before this chunk.
-    const size_t offset = util::utf8_characters(std::string_view(p.result.text).substr(
+    const size_t offset = text::utf8_characters(std::string_view(p.result.text).substr(
         0, std::min(p.sent_text, p.result.text.size())));
     p.sent_text = p.result.text.size();
     const std::span<const exec::SampledLogprobs> logprobs =
