@@ -45,10 +45,14 @@ Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                          const RenderOptions& options) const {
-  using namespace jinja;
+  using jinja::Env;
+  using jinja::Flow;
+  using jinja::List;
+  using jinja::Renderer;
   if (!program_) return Status::InvalidArgument("no chat template");
-  const uint64_t steps = kBaseSteps + kStepsPerMessage * messages.size();
-  const uint64_t bytes = kBaseBytes + kBytesPerInputByte * input_bytes(messages, options);
+  const uint64_t steps = jinja::kBaseSteps + jinja::kStepsPerMessage * messages.size();
+  const uint64_t bytes =
+      jinja::kBaseBytes + jinja::kBytesPerInputByte * input_bytes(messages, options);
   Renderer r(options, steps, bytes);
   r.set_step_budget(steps);
   r.set_byte_budget(bytes);

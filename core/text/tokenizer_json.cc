@@ -12,7 +12,24 @@ namespace kvrt::text {
 
 namespace {
 
-using namespace tokenizer_json;
+using tokenizer_json::AddedToken;
+using tokenizer_json::AddedTokenMatcher;
+using tokenizer_json::BpeModel;
+using tokenizer_json::decode_chain;
+using tokenizer_json::DecoderStep;
+using tokenizer_json::json;
+using tokenizer_json::normalize;
+using tokenizer_json::NormalizerStep;
+using tokenizer_json::Pattern;
+using tokenizer_json::Piece;
+using tokenizer_json::pre_tokenize;
+using tokenizer_json::PreTokenizerStep;
+using tokenizer_json::read_decoder;
+using tokenizer_json::read_normalizer;
+using tokenizer_json::read_post_processor;
+using tokenizer_json::read_pre_tokenizer;
+using tokenizer_json::Reader;
+using tokenizer_json::Segment;
 
 // ---- The tokenizer: a tokenizer.json's stages assembled ----
 
