@@ -12,14 +12,15 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "core/model/hf_tokenizer.h"
-#include "core/model/tokenizer.h"
+#include "core/eval/corpus.h"
+#include "core/text/tokenizer.h"
+#include "core/text/tokenizer_json.h"
 #include "core/util/file.h"
 
 namespace {
 
 namespace fs = std::filesystem;
-using kvrt::model::Tokenizer;
+using kvrt::text::Tokenizer;
 
 constexpr size_t kTextBytes = size_t{1} << 20;
 
@@ -31,7 +32,7 @@ fs::path source_dir() {
 // A data file's bytes (util::read_file, bounded as any file kvrt reads); "" when unreadable.
 std::string read_text(const fs::path& path) {
   kvrt::Result<std::string> text =
-      kvrt::util::read_file(path.string(), kvrt::util::kEvalCorpusFile);
+      kvrt::util::read_file(path.string(), kvrt::eval::kEvalCorpusFile);
   return text.ok() ? std::move(*text) : std::string();
 }
 
@@ -73,7 +74,7 @@ fs::path tokenizer_dir(const std::string& name) {
 
 std::unique_ptr<Tokenizer> load(const std::string& name, benchmark::State& state) {
   kvrt::Result<std::unique_ptr<Tokenizer>> tok =
-      kvrt::model::load_model_tokenizer(tokenizer_dir(name).string());
+      kvrt::text::load_model_tokenizer(tokenizer_dir(name).string());
   if (!tok.ok()) {
     state.SkipWithError(tok.status().message().c_str());
     return nullptr;

@@ -145,7 +145,7 @@ class ParseErrorPath : public nlohmann::json_sax<json> {
 }  // namespace
 
 std::variant<json, ApiError> read_object(std::string_view body) {
-  if (!util::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
+  if (!text::valid_utf8(body)) return bad("", "the request body is not valid UTF-8");
   // nlohmann's lexer takes a NUL byte for the end of its input, so "{}\0anything" would read
   // as {}; JSON has no place for a raw NUL (inside a string it must be escaped).
   if (const size_t nul = body.find('\0'); nul != std::string_view::npos) {

@@ -389,7 +389,7 @@ void Call::stream_chunk(Pending& p) {
   const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
   if (delta.empty() && !p.result.finished) return;  // its ids' log-probabilities wait too
   // completions' text_offset: from the characters sent before this chunk.
-  const size_t offset = util::utf8_characters(std::string_view(p.result.text).substr(
+  const size_t offset = text::utf8_characters(std::string_view(p.result.text).substr(
       0, std::min(p.sent_text, p.result.text.size())));
   p.sent_text = p.result.text.size();
   const std::span<const exec::SampledLogprobs> logprobs =

@@ -5,27 +5,28 @@
 
 namespace kvrt::api {
 
-using server::load_chat_template_file;
-using server::load_model_chat_template;
-using server::ModelChatTemplate;
-using server::RenderOptions;
+using text::load_chat_template_file;
+using text::load_model_chat_template;
+using text::ModelChatTemplate;
+using text::RenderOptions;
 
-std::string apply_default_chat_template(const std::vector<ChatMessage>& messages,
+std::string apply_default_chat_template(const std::vector<text::ChatMessage>& messages,
                                         bool add_generation_prompt) {
   std::string text;
-  for (const ChatMessage& m : messages) text += m.role + ": " + m.content + "\n";
+  for (const text::ChatMessage& m : messages) text += m.role + ": " + m.content + "\n";
   return add_generation_prompt ? text + "assistant:" : text;
 }
 
 Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::string& model_dir,
-                                       const model::Tokenizer* tokenizer) {
+                                       const text::Tokenizer* tokenizer) {
   ChatFormat format;
   if (setting == "default") {
     format.description = std::string(kDefaultChatTemplate) + ", as [server] chat_template says";
     return format;
   }
-  Result<ModelChatTemplate> loaded =
-      setting.empty() ? load_model_chat_template(model_dir) : load_chat_template_file(setting);
+  Result<text::ModelChatTemplate> loaded = setting.empty()
+                                               ? text::load_model_chat_template(model_dir)
+                                               : text::load_chat_template_file(setting);
   if (!loaded.ok()) {
     if (!setting.empty()) return loaded.status().WithContext("[server] chat_template");
     return Status::InvalidArgument(
@@ -53,10 +54,11 @@ Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::st
   return format;
 }
 
-Result<std::string> render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
+Result<std::string> render_chat(const ChatFormat& format,
+                                const std::vector<text::ChatMessage>& messages,
                                 bool add_generation_prompt) {
   if (format.is_default) return apply_default_chat_template(messages, add_generation_prompt);
-  RenderOptions options;
+  text::RenderOptions options;
   options.add_generation_prompt = add_generation_prompt;
   options.bos_token = format.bos;
   options.eos_token = format.eos;
@@ -64,8 +66,8 @@ Result<std::string> render_chat(const ChatFormat& format, const std::vector<Chat
 }
 
 Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
-                                             const model::Tokenizer& tokenizer,
-                                             const std::vector<ChatMessage>& messages,
+                                             const text::Tokenizer& tokenizer,
+                                             const std::vector<text::ChatMessage>& messages,
                                              bool add_generation_prompt) {
   Result<std::string> text = render_chat(format, messages, add_generation_prompt);
   if (!text.ok()) return text.status();

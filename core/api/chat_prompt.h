@@ -8,21 +8,21 @@
 #include <string>
 #include <vector>
 
-#include "core/model/tokenizer.h"
-#include "core/server/chat_template.h"
+#include "core/text/chat_template.h"
+#include "core/text/tokenizer.h"
 #include "core/util/status.h"
 
 namespace kvrt::api {
 
-// The template renderer's types (core/server/chat_template.h), as the API names them.
-using server::ChatMessage;
-using server::ChatTemplate;
+// The template renderer's types (core/text/chat_template.h), as the API names them.
+using text::ChatMessage;
+using text::ChatTemplate;
 
 // kvrt's template for a model that ships none: each message as "<role>: <content>\n", then
 // "assistant:" for the answer to follow when add_generation_prompt.
 inline constexpr const char* kDefaultChatTemplate =
     "default (<role>: <content> lines, then assistant:)";
-std::string apply_default_chat_template(const std::vector<ChatMessage>& messages,
+std::string apply_default_chat_template(const std::vector<text::ChatMessage>& messages,
                                         bool add_generation_prompt = true);
 
 // Which template a server or a command renders chat with.
@@ -31,7 +31,7 @@ struct ChatFormat {
   // default's description with the reason it is used.
   std::string description;
   bool is_default = true;      // kvrt's "<role>: <content>" lines (apply_default_chat_template)
-  ChatTemplate chat_template;  // when !is_default
+  text::ChatTemplate chat_template;  // when !is_default
   std::string bos, eos;        // the template's bos_token / eos_token
 };
 
@@ -44,10 +44,11 @@ struct ChatFormat {
 // bos / eos come from the directory's tokenizer_config.json, else from `tokenizer` (its BOS
 // and EOS pieces) when given.
 Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::string& model_dir,
-                                       const model::Tokenizer* tokenizer);
+                                       const text::Tokenizer* tokenizer);
 
 // The rendered conversation; a template's raise_exception is an error with its message.
-Result<std::string> render_chat(const ChatFormat& format, const std::vector<ChatMessage>& messages,
+Result<std::string> render_chat(const ChatFormat& format,
+                                const std::vector<text::ChatMessage>& messages,
                                 bool add_generation_prompt);
 
 // The prompt ids: a template's rendering encoded without special tokens (its BOS text is the
@@ -55,8 +56,8 @@ Result<std::string> render_chat(const ChatFormat& format, const std::vector<Chat
 // text, a leading bos text becomes bos_id()), or the default's text with the tokenizer's special
 // tokens (BOS) added, as `kvrt generate --prompt` encodes text.
 Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
-                                             const model::Tokenizer& tokenizer,
-                                             const std::vector<ChatMessage>& messages,
+                                             const text::Tokenizer& tokenizer,
+                                             const std::vector<text::ChatMessage>& messages,
                                              bool add_generation_prompt);
 
 }  // namespace kvrt::api

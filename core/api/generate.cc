@@ -386,10 +386,10 @@ std::string generate_event(const GenerateCall& call, const GenerateResult& r,
   cache->ids = r.output_ids.size();
   const bool grew = r.text.size() >= cache->text;
   const std::string_view fresh = std::string_view(r.text).substr(grew ? cache->text : 0);
-  if (!grew || !cache->valid || !util::valid_utf8(fresh)) {
+  if (!grew || !cache->valid || !text::valid_utf8(fresh)) {
     const std::string whole = to_text(json(r.text));
     cache->text_json.assign(whole, 1, whole.size() - 2);  // without its quotes
-    cache->valid = util::valid_utf8(r.text);
+    cache->valid = text::valid_utf8(r.text);
   } else if (!fresh.empty()) {
     const std::string piece = to_text(json(std::string(fresh)));
     cache->text_json.append(piece, 1, piece.size() - 2);

@@ -10,7 +10,7 @@ using nlohmann::json;
 
 std::string token_text(const GenerateCall& call, int32_t id) {
   if (call.tokenizer == nullptr) return "";
-  model::DecodeOptions options;
+  text::DecodeOptions options;
   options.skip_special_tokens = false;
   const int32_t one[] = {id};
   return call.tokenizer->decode(one, options);
@@ -30,7 +30,7 @@ json completions_logprobs(const GenerateCall& call, std::span<const exec::Sample
     alternatives[text] = e.chosen.logprob;
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
-    offset += util::utf8_characters(text);  // Python's len(), as OpenAI counts
+    offset += text::utf8_characters(text);  // Python's len(), as OpenAI counts
   }
   return {{"tokens", tokens},
           {"token_logprobs", token_logprobs},

@@ -231,14 +231,14 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
       if (logprobs) {
         json head = completions_logprobs(call, r.prompt_logprobs, 0);
         const std::string first = token_text(call, r.first_prompt_token);
-        size_t offset = util::utf8_characters(first);
-        for (const json& t : head["tokens"]) offset += util::utf8_characters(t.get<std::string>());
+        size_t offset = text::utf8_characters(first);
+        for (const json& t : head["tokens"]) offset += text::utf8_characters(t.get<std::string>());
         json tail = completions_logprobs(call, r.logprobs, offset);
         json all = {{"tokens", json::array({first})},
                     {"token_logprobs", json::array({nullptr})},
                     {"top_logprobs", json::array({nullptr})},
                     {"text_offset", json::array({0})}};
-        size_t shift = util::utf8_characters(first);
+        size_t shift = text::utf8_characters(first);
         for (const json* part : {&head, &tail}) {
           for (const char* key : {"tokens", "token_logprobs", "top_logprobs"}) {
             for (const json& v : (*part)[key]) all[key].push_back(v);

@@ -22,7 +22,7 @@ uint64_t choice_seed(uint64_t seed, size_t choice) {
   return z ^ (z >> 31);
 }
 
-uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length) {
+uint64_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_length) {
   size_t longest = 1;
   for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) {
     longest = std::max(longest, tokenizer.piece(id).size());

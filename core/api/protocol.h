@@ -11,7 +11,7 @@
 #include "core/api/chat_prompt.h"
 #include "core/api/defaults.h"
 #include "core/exec/sampler.h"
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "core/serve/request.h"
 #include "core/util/status.h"
 
@@ -29,7 +29,7 @@ std::string error_body(const ApiError& error);
 
 // What checking a request needs to know of the served model.
 struct ModelLimits {
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
   int32_t vocab_size = 0;
   int64_t context_length = 0;  // max_position_embeddings
   // A text prompt (or a conversation's contents) longer than this many bytes is refused before
@@ -48,7 +48,7 @@ struct ModelLimits {
 // needs more tokens than the context holds. (A normalizer that deletes text, such as
 // SentencePiece's whitespace folding, can make a refused text fit; such a prompt is refused
 // anyway, as far longer than any context.)
-uint64_t prompt_byte_bound(const model::Tokenizer& tokenizer, int64_t context_length);
+uint64_t prompt_byte_bound(const text::Tokenizer& tokenizer, int64_t context_length);
 
 // The seed of a prompt's choice (or best_of candidate) `choice`: the call's seed for the first,
 // and for the others seeds derived from it, the same ones for the same seed every time.
@@ -103,7 +103,7 @@ struct GenerateCall {
   nlohmann::json metadata = nlohmann::json::object();  // the object given, or {}
   bool max_tokens_given = false;  // max_output_tokens was set
   // The served tokenizer (null: none), for the tokens' texts beside their log-probabilities.
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
 };
 
 // A request's state as it is answered (finished, or so far when streaming).

@@ -67,7 +67,7 @@ std::variant<json, ApiError> detokenize_json(std::string_view body, const ModelL
   auto ids = read_ids(j["tokens"], "tokens", limits.vocab_size);
   if (auto* e = std::get_if<ApiError>(&ids)) return *e;
   // As vLLM: transformers' decode, special tokens kept.
-  model::DecodeOptions options;
+  text::DecodeOptions options;
   options.skip_special_tokens = false;
   return json{{"prompt", limits.tokenizer->decode(std::get<std::vector<int32_t>>(ids), options)}};
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "core/eval/corpus.h"
 #include "core/eval/eval.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
@@ -234,7 +235,7 @@ Result<MatrixResult> run_matrix(const MatrixOptions& options, const WorkloadSpec
   }
   if (Status s = validate_matrix(options, *combinations); !s.ok()) return s;
   if (!options.eval_text.empty()) {  // a corpus that cannot be read is refused before any run
-    Result<std::string> corpus = util::read_file(options.eval_text, util::kEvalCorpusFile);
+    Result<std::string> corpus = util::read_file(options.eval_text, eval::kEvalCorpusFile);
     if (!corpus.ok()) return corpus.status().WithContext("--eval-text");
   }
 

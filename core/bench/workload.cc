@@ -16,6 +16,9 @@
 namespace kvrt::bench {
 namespace {
 
+constexpr util::FileKind kWorkloadFile{"workload file", 4 * util::kMiB};
+constexpr util::FileKind kTraceFile{"trace", 256 * util::kMiB};
+
 std::string where(const toml::node& node, const std::string& source) {
   const toml::source_region& r = node.source();
   if (r.begin.line == 0) return source;
@@ -346,13 +349,13 @@ Result<WorkloadSpec> parse_workload_toml(const std::string& text, const std::str
 }
 
 Result<WorkloadSpec> load_workload_toml(const std::string& path) {
-  Result<std::string> text = util::read_file(path, util::kWorkloadFile);
+  Result<std::string> text = util::read_file(path, kWorkloadFile);
   if (!text.ok()) return text.status();
   return parse_workload_toml(*text, path);
 }
 
 Result<WorkloadSpec> load_trace_jsonl(const std::string& path) {
-  Result<std::string> text = util::read_file(path, util::kTraceFile);
+  Result<std::string> text = util::read_file(path, kTraceFile);
   if (!text.ok()) return text.status();
   return parse_trace_jsonl(*text, path);
 }

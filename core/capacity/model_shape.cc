@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/model/model_config.h"
+#include "core/model/safetensors.h"
 #include "core/model/weights.h"
 #include "core/util/file.h"
 
@@ -70,8 +71,8 @@ Result<uint32_t> narrow(int64_t v, const std::string& source, const char* key) {
 
 // The checkpoint's bytes: the sharded index's own total, or the single file's size.
 uint64_t checkpoint_bytes(const fs::path& dir) {
-  Result<std::string> index =
-      util::read_file((dir / "model.safetensors.index.json").string(), util::kSafetensorsIndexFile);
+  Result<std::string> index = util::read_file((dir / "model.safetensors.index.json").string(),
+                                              model::kSafetensorsIndexFile);
   if (index.ok()) {
     json j = json::parse(*index, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("metadata") && j["metadata"].is_object()) {

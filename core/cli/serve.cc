@@ -18,10 +18,10 @@
 #include "core/plugin/registry.h"
 #include "core/exec/mpi_group.h"
 #include "core/http/server.h"
-#include "core/model/tokenizer.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/serve/step_loop.h"
+#include "core/text/tokenizer.h"
 
 namespace kvrt::cli {
 
@@ -114,7 +114,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   api::ServerInfo info;
   info.model_name = rt.model_name;
   const std::string tokenizer_path =
-      cfg.model.path.empty() ? "" : model::model_tokenizer_path(cfg.model.path);
+      cfg.model.path.empty() ? "" : text::model_tokenizer_path(cfg.model.path);
   info.model_info = json{{"model_path", rt.model_name},
                          {"tokenizer_path", tokenizer_path},
                          {"is_generation", true},

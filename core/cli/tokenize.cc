@@ -5,12 +5,14 @@
 
 #include "core/api/chat_prompt.h"
 #include "core/api/prompt.h"
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "core/util/file.h"
 
 namespace kvrt::cli {
 
 namespace {
+
+constexpr util::FileKind kPromptFile{"prompt file", 64 * util::kMiB};
 
 using nlohmann::json;
 
@@ -21,8 +23,8 @@ int fail(const std::string& command, const std::string& why) {
 
 // The ids of --messages: the directory's chat template rendered and tokenized as
 // apply_chat_template does.
-Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const model::Tokenizer& tokenizer) {
-  Result<std::string> text = util::read_file(*args.messages, util::kPromptFile);
+Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const text::Tokenizer& tokenizer) {
+  Result<std::string> text = util::read_file(*args.messages, kPromptFile);
   if (!text.ok()) return text.status();
   const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Status::InvalidArgument(*args.messages + ": not valid JSON");
@@ -35,7 +37,7 @@ Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const model::Tok
   if (format->is_default)
     std::cerr << "kvrt tokenize: chat template: " << format->description << "\n";
   return api::chat_prompt_ids(*format, tokenizer,
-                              std::get<std::vector<api::ChatMessage>>(messages),
+                              std::get<std::vector<text::ChatMessage>>(messages),
                               !args.no_generation_prompt);
 }
 
@@ -52,7 +54,7 @@ int run_tokenize(const TokenizeArgs& args) {
   if (args.no_generation_prompt && !args.messages) {
     return fail("tokenize", "--no-generation-prompt is for --messages");
   }
-  Result<std::unique_ptr<model::Tokenizer>> tokenizer = model::load_model_tokenizer(args.dir);
+  Result<std::unique_ptr<text::Tokenizer>> tokenizer = text::load_model_tokenizer(args.dir);
   if (!tokenizer.ok()) return fail("tokenize", tokenizer.status().message());
   std::vector<int32_t> ids;
   if (args.messages) {
@@ -62,7 +64,7 @@ int run_tokenize(const TokenizeArgs& args) {
   } else {
     std::string text;
     if (args.file) {
-      Result<std::string> bytes = util::read_file(*args.file, util::kPromptFile);
+      Result<std::string> bytes = util::read_file(*args.file, kPromptFile);
       if (!bytes.ok()) return fail("tokenize", bytes.status().message());
       text = std::move(*bytes);
     } else {
@@ -80,7 +82,7 @@ int run_tokenize(const TokenizeArgs& args) {
 }
 
 int run_detokenize(const DetokenizeArgs& args) {
-  Result<std::unique_ptr<model::Tokenizer>> tokenizer = model::load_model_tokenizer(args.dir);
+  Result<std::unique_ptr<text::Tokenizer>> tokenizer = text::load_model_tokenizer(args.dir);
   if (!tokenizer.ok()) return fail("detokenize", tokenizer.status().message());
   const int32_t vocab = (*tokenizer)->vocab_size();
   for (int32_t id : args.ids) {
@@ -89,7 +91,7 @@ int run_detokenize(const DetokenizeArgs& args) {
                                     std::to_string(vocab) + ") of " + args.dir);
     }
   }
-  model::DecodeOptions options;
+  text::DecodeOptions options;
   options.skip_special_tokens = args.skip_special_tokens;
   const std::string text = (*tokenizer)->decode(args.ids, options);
   if (args.json) {

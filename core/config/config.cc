@@ -685,7 +685,7 @@ Result<Config> load_string(std::string_view toml_text, std::string_view source_n
 }
 
 Result<Config> load_file(const std::string& path, const std::vector<std::string>& overrides) {
-  Result<std::string> text = util::read_file(path, util::kConfigFile);
+  Result<std::string> text = util::read_file(path, kConfigFile);
   if (!text.ok()) return Status::ConfigError(text.status().message());
   return load_string(*text, path, overrides);
 }

@@ -14,9 +14,13 @@
 #include <vector>
 
 #include "core/config/scheduler_defaults.h"
+#include "core/util/file.h"
 #include "core/util/status.h"
 
 namespace kvrt::config {
+
+// The TOML configuration (and kvrt eval's scale files, TOML too).
+inline constexpr util::FileKind kConfigFile{"configuration file", 4 * util::kMiB};
 
 // The effective configuration. A default-constructed Config holds the defaults in its typed
 // fields (the member initializers below are the single source of truth for them) and an empty

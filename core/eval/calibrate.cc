@@ -219,7 +219,7 @@ std::string calibration_toml(const Calibration& c) {
 }
 
 Result<ScaleFile> read_scale_file(const std::string& path) {
-  Result<std::string> text = util::read_file(path, util::kConfigFile);
+  Result<std::string> text = util::read_file(path, config::kConfigFile);
   if (!text.ok()) return text.status();
   toml::table parsed;
   try {

@@ -7,9 +7,13 @@
 #include <string_view>
 #include <vector>
 
+#include "core/util/file.h"
 #include "core/util/status.h"
 
 namespace kvrt::eval {
+
+// A text corpus (kvrt eval, kvrt bench --matrix's eval_text).
+inline constexpr util::FileKind kEvalCorpusFile{"evaluation corpus", 256 * util::kMiB};
 
 // The ids of `text`; an error naming `path` and the token (its place, and what it is) for a
 // word that is not an integer or an id outside 0..vocab-1.

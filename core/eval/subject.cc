@@ -32,7 +32,7 @@ Result<Windows> load_windows(const CorpusSource& corpus, const runtime::Runtime&
   }
   Windows w;
   w.source = corpus.text_path.empty() ? corpus.ids_path : corpus.text_path;
-  Result<std::string> text = util::read_file(w.source, util::kEvalCorpusFile);
+  Result<std::string> text = util::read_file(w.source, kEvalCorpusFile);
   if (!text.ok()) return text.status();
   std::vector<int32_t> ids;
   if (!corpus.ids_path.empty()) {

@@ -12,6 +12,12 @@ using nlohmann::json;
 
 namespace {
 
+constexpr util::FileKind kGenerationConfigFile{"generation_config.json", 16 * util::kMiB};
+
+}  // namespace
+
+namespace {
+
 std::string shown(const json& v) {
   std::string s = v.dump();
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
@@ -80,7 +86,7 @@ Result<GenerationConfig> load_generation_config(const std::string& dir) {
   const std::string path = dir + "/generation_config.json";
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return GenerationConfig{};
-  Result<std::string> text = util::read_file(path, util::kGenerationConfigFile);
+  Result<std::string> text = util::read_file(path, kGenerationConfigFile);
   if (!text.ok()) return text.status();
   return read_generation_config(*text, path);
 }

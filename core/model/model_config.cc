@@ -441,7 +441,7 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
 }
 
 Result<ModelConfig> read_hf_config_file(const std::string& path) {
-  Result<std::string> text = util::read_file(path, util::kModelConfigFile);
+  Result<std::string> text = util::read_file(path, kModelConfigFile);
   if (!text.ok()) return text.status();
   return read_hf_config(*text, path);
 }

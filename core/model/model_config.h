@@ -11,9 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/util/file.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
+
+inline constexpr util::FileKind kModelConfigFile{"model config.json", 16 * util::kMiB};
 
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"

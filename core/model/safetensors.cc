@@ -24,6 +24,9 @@ namespace kvrt::model {
 
 using nlohmann::json;
 
+// Mapped, not read: any size the machine can map; its header has the format's own limit.
+constexpr util::FileKind kSafetensorsFile{"safetensors file", 0};
+
 namespace detail {
 
 class MappedFile {
@@ -36,7 +39,7 @@ class MappedFile {
 
   static Result<std::shared_ptr<const MappedFile>> open(const std::string& path) {
     // A FIFO would block open() and a device cannot be mapped: only regular files.
-    if (Result<uint64_t> size = util::regular_file_size(path, util::kSafetensorsFile); !size.ok()) {
+    if (Result<uint64_t> size = util::regular_file_size(path, kSafetensorsFile); !size.ok()) {
       return size.status();
     }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -335,7 +338,7 @@ Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& pat
 
   // Sharded: the index maps each tensor to the shard holding it.
   const std::string ipath = index_path.string();
-  Result<std::string> text = util::read_file(ipath, util::kSafetensorsIndexFile);
+  Result<std::string> text = util::read_file(ipath, kSafetensorsIndexFile);
   if (!text.ok()) return text.status();
   json index = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object()) {

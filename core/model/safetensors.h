@@ -16,9 +16,12 @@
 #include <string_view>
 #include <vector>
 
+#include "core/util/file.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
+
+inline constexpr util::FileKind kSafetensorsIndexFile{"safetensors index", 64 * util::kMiB};
 
 namespace detail {
 class MappedFile;  // an mmap of a whole file, unmapped when the last checkpoint copy goes

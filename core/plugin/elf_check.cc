@@ -122,7 +122,7 @@ std::string elf_problem(std::span<const uint8_t> image) {
 }
 
 Status check_elf_file(const std::string& path) {
-  Result<uint64_t> size = util::regular_file_size(path, util::kPluginFile);
+  Result<uint64_t> size = util::regular_file_size(path, kPluginFile);
   if (!size.ok()) return Status::PluginError(size.status().message());
   auto refuse = [&](const std::string& why) {
     return Status::PluginError(path + ": not a loadable shared library: " + why);

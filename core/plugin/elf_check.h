@@ -9,9 +9,13 @@
 #include <span>
 #include <string>
 
+#include "core/util/file.h"
 #include "core/util/status.h"
 
 namespace kvrt::plugin {
+
+// Read through the ELF check's headers only, then mapped by the dynamic loader.
+inline constexpr util::FileKind kPluginFile{"plugin library", 1024 * util::kMiB};
 
 // "" when `image` (a whole file's bytes) is a shared library for this host that dlopen can map
 // from the file alone: a 64-bit little-endian ELF of type ET_DYN for this machine whose program
@@ -20,7 +24,7 @@ namespace kvrt::plugin {
 std::string elf_problem(std::span<const uint8_t> image);
 
 // elf_problem() on the file at `path` (mapped read-only, never executed); PluginError naming the
-// file when it is missing, not a regular file, over util::kPluginFile's limit or not loadable.
+// file when it is missing, not a regular file, over kPluginFile's limit or not loadable.
 Status check_elf_file(const std::string& path);
 
 }  // namespace kvrt::plugin

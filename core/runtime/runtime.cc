@@ -303,11 +303,11 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   // preset's. A tokenizer goes with each.
   std::unique_ptr<model::LoadedWeights> weights;
   if (!cfg.model.path.empty()) {
-    Result<std::unique_ptr<model::Tokenizer>> tok = model::load_model_tokenizer(cfg.model.path);
+    Result<std::unique_ptr<text::Tokenizer>> tok = text::load_model_tokenizer(cfg.model.path);
     if (!tok.ok()) return tok.status();
     // An id the model has no row for would fail only when first sampled or embedded.
     if ((*tok)->vocab_size() > rt.model.vocab_size) {
-      return Status::ConfigError(model::model_tokenizer_path(cfg.model.path) +
+      return Status::ConfigError(text::model_tokenizer_path(cfg.model.path) +
                                  ": the tokenizer has " + std::to_string((*tok)->vocab_size()) +
                                  " pieces, more than the model's vocab_size " +
                                  std::to_string(rt.model.vocab_size) + " (" + rt.model_name +
@@ -326,8 +326,8 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
         model::make_preset_weights(cfg.model.preset);
     if (!preset.ok()) return preset.status().WithContext("model.preset");
     weights = std::move(*preset);
-    Result<std::unique_ptr<model::Tokenizer>> tok =
-        model::make_byte_tokenizer(static_cast<int32_t>(rt.model.vocab_size));
+    Result<std::unique_ptr<text::Tokenizer>> tok =
+        text::make_byte_tokenizer(static_cast<int32_t>(rt.model.vocab_size));
     if (!tok.ok()) return tok.status();
     rt.tokenizer = std::move(*tok);
   }

@@ -13,10 +13,10 @@
 #include "core/exec/engine.h"
 #include "core/metrics/diagnosis.h"
 #include "core/model/generation_config.h"
-#include "core/model/tokenizer.h"
 #include "core/plugin/registry.h"
 #include "core/sched/scheduler.h"
 #include "core/serve/serving_core.h"
+#include "core/text/tokenizer.h"
 
 namespace kvrt::runtime {
 
@@ -30,7 +30,7 @@ struct Runtime {
   // x rounded to bf16 in the products: model.matmul_precision = "medium", or "auto" where it
   // resolved to medium
   bool bf16_activations = false;
-  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::unique_ptr<text::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;
   // capacity::format_report() of the store and budget above: every term of the plan, for the

@@ -5,7 +5,8 @@
 namespace kvrt::serve {
 
 void OutputProcessor::add(const GenerateRequest& request, RequestSink sink) {
-  Live live(std::move(sink), request, OutputText(tokenizer_, request.input_ids, request.stop));
+  Live live(std::move(sink), request,
+            text::OutputText(tokenizer_, request.input_ids, request.stop));
   live.prompt_tokens = static_cast<int32_t>(request.input_ids.size());
   live.stream = request.stream;
   live.no_output = request.max_new_tokens == 0;

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/exec/sampler.h"
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "core/sched/scheduler.h"
-#include "core/serve/detokenizer.h"
+#include "core/text/detokenizer.h"
 #include "core/serve/request.h"
 
 namespace kvrt::serve {
@@ -21,7 +21,7 @@ class OutputProcessor {
  public:
   // `tokenizer` (null: ids only, no text) outlives the processor. A streamed request hears its
   // first token at once, then an output every `stream_interval` tokens, and its end.
-  OutputProcessor(const model::Tokenizer* tokenizer, int stream_interval)
+  OutputProcessor(const text::Tokenizer* tokenizer, int stream_interval)
       : tokenizer_(tokenizer), stream_interval_(stream_interval) {}
 
   // A request the scheduler is about to queue.
@@ -44,14 +44,14 @@ class OutputProcessor {
 
  private:
   struct Live {
-    Live(RequestSink s, const GenerateRequest& request, OutputText t)
+    Live(RequestSink s, const GenerateRequest& request, text::OutputText t)
         : sink(std::make_shared<const RequestSink>(std::move(s))),
           sampler(request.sampling, request.input_ids, request.stop_token_ids),
           text(std::move(t)) {}
     // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
     std::shared_ptr<const RequestSink> sink;
     exec::Sampler sampler;
-    OutputText text;
+    text::OutputText text;
     std::vector<int32_t> output;                  // every id sampled
     std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
     size_t sent_ids = 0;                          // of output, in an earlier output
@@ -66,7 +66,7 @@ class OutputProcessor {
   void mark(uint64_t id, Live& live);
   void deliver(uint64_t id);
 
-  const model::Tokenizer* tokenizer_;
+  const text::Tokenizer* tokenizer_;
   int stream_interval_;
   std::unordered_map<uint64_t, Live> live_;
   std::vector<uint64_t> advanced_;  // advanced or ended since the last deliver(), in order

@@ -19,12 +19,13 @@
 #include "core/exec/sampler.h"
 #include "core/metrics/diagnosis.h"
 #include "core/metrics/metrics.h"
-#include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
 #include "core/serve/batch_runner.h"
 #include "core/serve/engine_tier.h"
 #include "core/serve/output_processor.h"
 #include "core/serve/request.h"
+#include "core/text/detokenizer.h"
+#include "core/text/tokenizer.h"
 
 namespace kvrt::serve {
 
@@ -32,7 +33,7 @@ struct ServingOptions {
   sched::SchedulerOptions scheduler;
   // Decodes each request's output and matches its stop strings; null: ids only (no text, and
   // stop strings are refused). Outlives the core.
-  const model::Tokenizer* tokenizer = nullptr;
+  const text::Tokenizer* tokenizer = nullptr;
   std::string store;  // the KV store's name, for the diagnosis
   // The ceiling each other loadable store would give on the same budget (the diagnosis's
   // "what would X give").

@@ -19,23 +19,10 @@ struct FileKind {
 
 inline constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// The limits, one per kind of file kvrt reads. Each is far above any real file of its kind
-// (a Hugging Face config.json is a few KiB, Kimi-K2's safetensors index about 10 MiB, a
+// Each reader owns the limit of the files it reads, declared beside it (config::kConfigFile,
+// model::kModelConfigFile, text::kTokenizerFile, ...): far above any real file of its kind (a
+// Hugging Face config.json is a few KiB, Kimi-K2's safetensors index about 10 MiB, a
 // SentencePiece model a few MiB) and far below what would strain the machine.
-inline constexpr FileKind kConfigFile{"configuration file", 4 * kMiB};
-inline constexpr FileKind kWorkloadFile{"workload file", 4 * kMiB};
-inline constexpr FileKind kTraceFile{"trace", 256 * kMiB};
-inline constexpr FileKind kModelConfigFile{"model config.json", 16 * kMiB};
-inline constexpr FileKind kGenerationConfigFile{"generation_config.json", 16 * kMiB};
-inline constexpr FileKind kSafetensorsIndexFile{"safetensors index", 64 * kMiB};
-inline constexpr FileKind kTokenizerFile{"tokenizer model", 64 * kMiB};
-inline constexpr FileKind kPromptFile{"prompt file", 64 * kMiB};
-inline constexpr FileKind kEvalCorpusFile{"evaluation corpus", 256 * kMiB};
-inline constexpr FileKind kTokenizerConfigFile{"tokenizer_config.json / chat template", 16 * kMiB};
-// Mapped, not read: any size the machine can map; its header has the format's own limit.
-inline constexpr FileKind kSafetensorsFile{"safetensors file", 0};
-// Read through the ELF check's headers only, then mapped by the dynamic loader.
-inline constexpr FileKind kPluginFile{"plugin library", 1024 * kMiB};
 
 // How long a pipe may stay silent before reading it is given up (a FIFO nobody writes to).
 inline constexpr int kPipeIdleSeconds = 10;

@@ -19,12 +19,6 @@ std::string scientific(double value);
 std::string render_columns(const std::vector<std::vector<std::string>>& rows, size_t left_columns,
                            bool last_left);
 
-// RFC 3629 UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF.
-bool valid_utf8(std::string_view s);
-// The characters (code points) of UTF-8 text, as Python's len() counts them: the bytes that do
-// not continue a character.
-size_t utf8_characters(std::string_view s);
-
 // A float as the double of its shortest decimal: 0.7f gives 0.7 (not 0.699999988079071), so
 // JSON written from it reads as the user wrote it and parses back to the same float.
 double shortest_decimal(float x);

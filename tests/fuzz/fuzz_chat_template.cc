@@ -4,13 +4,13 @@
 #include <cstdint>
 #include <string_view>
 
-#include "core/server/chat_template.h"
+#include "core/text/chat_template.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view source(reinterpret_cast<const char*>(data), size);
-  kvrt::Result<kvrt::server::ChatTemplate> t = kvrt::server::ChatTemplate::parse(source);
+  kvrt::Result<kvrt::text::ChatTemplate> t = kvrt::text::ChatTemplate::parse(source);
   if (!t.ok()) return 0;
-  kvrt::server::RenderOptions options;
+  kvrt::text::RenderOptions options;
   options.bos_token = "<s>";
   options.eos_token = "</s>";
   options.now_unix_seconds = 0;

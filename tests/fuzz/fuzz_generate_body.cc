@@ -11,12 +11,12 @@
 #include "core/api/openai.h"
 #include "core/api/responses.h"
 #include "core/api/tokenize.h"
-#include "core/model/tokenizer.h"
 #include "core/sched/scheduler.h"
-#include "core/serve/detokenizer.h"
+#include "core/text/detokenizer.h"
+#include "core/text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const auto tokenizer = kvrt::model::make_byte_tokenizer(512).value().release();
+  static const auto tokenizer = kvrt::text::make_byte_tokenizer(512).value().release();
   kvrt::api::ModelLimits limits;
   limits.tokenizer = tokenizer;
   limits.vocab_size = 512;
@@ -53,7 +53,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (!servable) continue;  // refused with a 400 before any of it is decoded
     kvrt::api::GenerateResult r;
-    kvrt::serve::OutputText text(tokenizer, {}, c.stop);
+    kvrt::text::OutputText text(tokenizer, {}, c.stop);
     // The streamed event built from the escaped pieces is the whole dump, byte for byte, at
     // every step (the first 64) and at the end.
     kvrt::api::GenerateEventCache cache;

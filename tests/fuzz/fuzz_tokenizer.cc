@@ -11,12 +11,12 @@
 #include <string_view>
 #include <vector>
 
-#include "core/model/hf_tokenizer.h"
+#include "core/text/tokenizer_json.h"
 
 namespace {
 
 using json = nlohmann::json;
-using kvrt::model::Tokenizer;
+using kvrt::text::Tokenizer;
 
 // GPT-2's byte-to-character table, the byte-level vocabulary's first 256 entries.
 std::vector<std::string> byte_chars() {
@@ -87,7 +87,7 @@ std::unique_ptr<Tokenizer> byte_level() {
          json::array({{{"SpecialToken", {{"id", "<|s|>"}}}}, {{"Sequence", {{"id", "A"}}}}})},
         {"special_tokens", {{"<|s|>", {{"id", "<|s|>"}, {"ids", {size}}}}}}}},
       {"decoder", {{"type", "ByteLevel"}}}};
-  return kvrt::model::parse_hf_tokenizer(j.dump(), {}, "byte-level").value();
+  return kvrt::text::parse_hf_tokenizer(j.dump(), {}, "byte-level").value();
 }
 
 std::unique_ptr<Tokenizer> sentencepiece_like() {
@@ -123,7 +123,7 @@ std::unique_ptr<Tokenizer> sentencepiece_like() {
                       {{"type", "ByteFallback"}},
                       {{"type", "Fuse"}},
                       {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}}};
-  return kvrt::model::parse_hf_tokenizer(j.dump(), {}, "sentencepiece-like").value();
+  return kvrt::text::parse_hf_tokenizer(j.dump(), {}, "sentencepiece-like").value();
 }
 
 bool valid_utf8(std::string_view s) {
@@ -165,7 +165,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::vector<int32_t> ids = t->encode(text, special);
       for (int32_t id : ids) check(id >= 0 && id < t->vocab_size());
       for (bool skip : {false, true}) {
-        const std::string decoded = t->decode(ids, kvrt::model::DecodeOptions{skip});
+        const std::string decoded = t->decode(ids, kvrt::text::DecodeOptions{skip});
         check(valid_utf8(decoded));
         // The byte-level tokenizer loses nothing: valid text comes back as it was (special-token
         // strings in it included, when they are kept).
@@ -173,7 +173,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     }
     check(valid_utf8(t->decode(as_ids)));
-    check(valid_utf8(t->decode(as_ids, kvrt::model::DecodeOptions{false})));
+    check(valid_utf8(t->decode(as_ids, kvrt::text::DecodeOptions{false})));
   }
   return 0;
 }

@@ -167,8 +167,8 @@ TEST(ChatMessages, AnUnknownRoleIsRefusedAndDeveloperIsSystem) {
                                   {"role": "assistant", "content": "hello"},
                                   {"role": "tool", "content": "42"},
                                   {"role": "system", "content": "s"}]})");
-  ASSERT_TRUE(std::holds_alternative<std::vector<ChatMessage>>(ok));
-  const auto& messages = std::get<std::vector<ChatMessage>>(ok);
+  ASSERT_TRUE(std::holds_alternative<std::vector<text::ChatMessage>>(ok));
+  const auto& messages = std::get<std::vector<text::ChatMessage>>(ok);
   EXPECT_EQ(messages[0].role, "system");
   EXPECT_EQ(messages[3].role, "tool");
   for (const char* role : {"wizard", "System", ""}) {

@@ -651,7 +651,7 @@ TEST(ChatFormat, AnUnrenderableTemplateIsRefusedUnlessOverridden) {
 TEST_F(ServerTest, TokenizeAndDetokenizeAnswerAsTheTokenizer) {
   if (!has_model()) GTEST_SKIP() << model_dir() << " not found";
   serve({"model.path=\"" + model_dir() + "\""});
-  const model::Tokenizer& tok = *rt_->tokenizer;
+  const text::Tokenizer& tok = *rt_->tokenizer;
   Reply r = post(port_, "/tokenize", {{"model", "test-model"}, {"prompt", "Once upon a time"}});
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json_body()["tokens"].get<std::vector<int32_t>>(),
@@ -675,7 +675,7 @@ TEST_F(ServerTest, TokenizeAndDetokenizeAnswerAsTheTokenizer) {
   const std::vector<int32_t> ids = {1, 403, 407, 261, 378};
   Reply text = post(port_, "/detokenize", {{"tokens", ids}});
   ASSERT_EQ(text.status, 200) << text.body;
-  model::DecodeOptions keep;
+  text::DecodeOptions keep;
   keep.skip_special_tokens = false;
   EXPECT_EQ(text.json_body()["prompt"], tok.decode(ids, keep));
   // Bad bodies name the field.

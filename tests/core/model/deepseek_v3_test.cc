@@ -30,7 +30,7 @@ std::string tiny_dir() {
 }
 
 std::string tiny_config() {
-  Result<std::string> text = util::read_file(tiny_dir() + "/config.json", util::kModelConfigFile);
+  Result<std::string> text = util::read_file(tiny_dir() + "/config.json", model::kModelConfigFile);
   return text.ok() ? *text : "";
 }
 

@@ -1,5 +1,6 @@
 // Tests of the model-loading layer: config.json parsing, safetensors reading (synthetic files
-// written here, plus the real stories260k checkpoint), f32 weights, presets and tokenizers.
+// written here, plus the real stories260k checkpoint), f32 weights and presets (the tokenizers'
+// tests are in tests/core/text).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -17,7 +18,6 @@
 
 #include "core/model/model_config.h"
 #include "core/model/safetensors.h"
-#include "core/model/tokenizer.h"
 #include "core/model/weights.h"
 
 namespace kvrt::model {
@@ -999,87 +999,6 @@ TEST(PresetTest, Synth76m) {
   EXPECT_NEAR(mean, 0.0, 1e-4);
   EXPECT_NEAR(sd, 0.02, 2e-4);
   EXPECT_LE(max_abs, 0.02 * 2 * std::sqrt(3.0) + 1e-6);
-}
-
-// ---- Tokenizers ----
-
-TEST(TokenizerTest, SentencePieceStories260k) {
-  REQUIRE_STORIES260K(dir);
-  auto tok = load_sentencepiece(dir + "/tokenizer.model");
-  ASSERT_TRUE(tok.ok()) << tok.status().message();
-  const Tokenizer& t = **tok;
-  EXPECT_EQ(t.vocab_size(), 512);
-  EXPECT_EQ(t.bos_id(), 1);
-  EXPECT_EQ(t.eos_id(), 2);
-  EXPECT_EQ(t.piece(403), "\xE2\x96\x81Once");
-  EXPECT_EQ(t.piece(512), "");
-
-  const std::string prompt = "Once upon a time";
-  EXPECT_EQ(t.encode(prompt, false), (std::vector<int32_t>{403, 407, 261, 378}));
-  const std::vector<int32_t> with_bos = t.encode(prompt, true);
-  EXPECT_EQ(with_bos, (std::vector<int32_t>{1, 403, 407, 261, 378}));
-  // At the start of a sequence (after BOS) the dummy-prefix space is dropped; in a continuation
-  // it is kept, so the continuation prints right after the prompt.
-  EXPECT_EQ(t.decode(with_bos), prompt);
-  EXPECT_EQ(t.decode(t.encode(prompt, false)), " " + prompt);
-
-  const std::vector<int32_t> generated = {432, 383, 286, 261, 376, 298, 315, 421, 395,
-                                          317, 426, 338, 401, 396, 267, 337, 410, 408,
-                                          419, 292, 411, 322, 265, 282, 295, 433, 426};
-  const std::string text =
-      ", there was a little girl named Lily. She loved to play outside in the park.";
-  EXPECT_EQ(t.decode(generated), text);
-  std::vector<int32_t> all = with_bos;
-  all.insert(all.end(), generated.begin(), generated.end());
-  all.push_back(t.eos_id());
-  EXPECT_EQ(t.decode(all), prompt + text);
-
-  // Streaming: decoding in pieces concatenates to the whole, including chunks starting on a
-  // word ("\xE2\x96\x81there") and ids out of range being ignored.
-  std::string streamed = t.decode(with_bos);
-  for (size_t i = 0; i < generated.size(); i += 2) {
-    std::vector<int32_t> chunk(generated.begin() + i,
-                               generated.begin() + std::min(i + 2, generated.size()));
-    chunk.push_back(-5);
-    streamed += t.decode(chunk);
-  }
-  EXPECT_EQ(streamed, prompt + text);
-
-  auto missing = load_sentencepiece(dir + "/nope.model");
-  ASSERT_FALSE(missing.ok());
-  EXPECT_TRUE(missing.status().IsNotFound());
-  auto not_sp = load_sentencepiece(dir + "/config.json");
-  ASSERT_FALSE(not_sp.ok());
-  EXPECT_THAT(not_sp.status().message(), HasSubstr("not a SentencePiece model"));
-}
-
-TEST(TokenizerTest, ByteRoundTrip) {
-  auto tok = make_byte_tokenizer();
-  ASSERT_TRUE(tok.ok());
-  const Tokenizer& t = **tok;
-  EXPECT_EQ(t.vocab_size(), 512);
-  EXPECT_EQ(t.bos_id(), 1);
-  EXPECT_EQ(t.eos_id(), 2);
-
-  std::string every_byte;
-  for (int b = 0; b < 256; ++b) every_byte += static_cast<char>(b);
-  const std::vector<int32_t> ids = t.encode(every_byte, true);
-  ASSERT_EQ(ids.size(), 257u);
-  EXPECT_EQ(ids[0], 1);
-  for (int b = 0; b < 256; ++b) EXPECT_EQ(ids[b + 1], 3 + b);
-  EXPECT_EQ(t.decode(ids), every_byte);
-
-  const std::string utf8 = "h\xC3\xA9llo, w\xE2\x82\xACrld";
-  std::vector<int32_t> with_specials = t.encode(utf8, false);
-  with_specials.insert(with_specials.begin() + 3, {0, 1, 2, 300, 511, -1, 512});
-  EXPECT_EQ(t.decode(with_specials), utf8);
-  EXPECT_EQ(t.encode("A", false), std::vector<int32_t>{3 + 'A'});
-  EXPECT_EQ(t.piece(3 + 'A'), "A");
-  EXPECT_EQ(t.piece(3 + '\n'), "<0x0A>");
-  EXPECT_EQ(t.piece(1), "<s>");
-  EXPECT_EQ(t.piece(512), "");
-
-  EXPECT_FALSE(make_byte_tokenizer(258).ok());
 }
 
 }  // namespace

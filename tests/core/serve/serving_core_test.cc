@@ -272,15 +272,15 @@ TEST(ServingCore, AnEngineFailureEndsTheFailedBatchAsAnEngineFailure) {
 }
 
 // stories260k's SentencePiece tokenizer, or null (the test skips) without ../shared.
-std::unique_ptr<model::Tokenizer> stories_tokenizer() {
+std::unique_ptr<text::Tokenizer> stories_tokenizer() {
   const char* root = std::getenv("KVRT_SOURCE_DIR");
-  Result<std::unique_ptr<model::Tokenizer>> t = model::load_model_tokenizer(
+  Result<std::unique_ptr<text::Tokenizer>> t = text::load_model_tokenizer(
       std::string(root != nullptr ? root : ".") + "/../shared/models/stories260k");
   return t.ok() ? std::move(*t) : nullptr;
 }
 
 TEST(ServingCore, AStopStringEndsItInTheStepThatCompletesItCountedAsFinished) {
-  std::unique_ptr<model::Tokenizer> tok = stories_tokenizer();
+  std::unique_ptr<text::Tokenizer> tok = stories_tokenizer();
   if (tok == nullptr) GTEST_SKIP() << "../shared/models/stories260k is absent";
   const std::string story = "there was a little girl who liked to play";
   std::vector<int32_t> script = tok->encode(story, false);

@@ -17,6 +17,8 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr FileKind kTiny{"test file", 16};
+// The configuration file's limit (config::kConfigFile), as a device is read up to it.
+constexpr FileKind kConfigFile{"configuration file", 4 * kMiB};
 
 class FileTest : public ::testing::Test {
  protected:

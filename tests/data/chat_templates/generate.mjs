@@ -1,4 +1,4 @@
-// Renders the reference outputs of kvrt's chat template test (tests/core/server/chat_template_test.cc)
+// Renders the reference outputs of kvrt's chat template test (tests/core/text/chat_template_test.cc)
 // with Hugging Face's own engine, @huggingface/jinja, and writes them to fixtures.json beside this
 // file. Run once when a template or a conversation is added; the test reads only fixtures.json.
 //

@@ -1,7 +1,7 @@
 // The output text on the step thread: TextStream never hands out half a character and keeps
 // the output's first space after the prompt; stop_safe_length holds back what may start a stop
 // string; OutputText cuts at a completed stop string and its pieces add up to the final text.
-#include "core/serve/detokenizer.h"
+#include "core/text/detokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -9,13 +9,13 @@
 #include <memory>
 #include <string>
 
-namespace kvrt::serve {
+namespace kvrt::text {
 namespace {
 
 // A streamed text never carries half a character: the bytes of "é" and "😀" arrive one token
 // at a time, and each update is whole UTF-8 and a prefix of the final text.
 TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::make_byte_tokenizer();
+  Result<std::unique_ptr<Tokenizer>> tok = make_byte_tokenizer();
   ASSERT_TRUE(tok.ok());
   const std::string want = "h\xC3\xA9llo \xF0\x9F\x98\x80!";
   std::vector<int32_t> ids;
@@ -29,8 +29,8 @@ TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
     EXPECT_EQ(want.compare(0, text.size(), text), 0) << text;
     seen.push_back(text);
   }
-  EXPECT_EQ(seen[1], "h");        // the first byte of "é" is held back
-  EXPECT_EQ(seen[2], "h\xC3\xA9");  // and sent with the second
+  EXPECT_EQ(seen[1], "h");              // the first byte of "é" is held back
+  EXPECT_EQ(seen[2], "h\xC3\xA9");      // and sent with the second
   EXPECT_EQ(seen[8], "h\xC3\xA9llo ");  // three bytes of the emoji: nothing yet
   EXPECT_EQ(seen.back(), want);
   EXPECT_EQ(stream.finish(so_far), want);
@@ -44,10 +44,10 @@ TEST(TextStream, HoldsBackASplitCharacterUntilItIsWhole) {
 // Metaspace): the output decoded after the prompt's last ids keeps its first space, streamed and
 // finished alike.
 TEST(TextStream, KeepsTheFirstSpaceOfTheOutputAfterThePrompt) {
-  const std::string dir = std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR")
-                                                                     : ".") +
-                          "/tests/data/tokenizers/mistral";
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::load_model_tokenizer(dir);
+  const std::string dir =
+      std::string(std::getenv("KVRT_SOURCE_DIR") ? std::getenv("KVRT_SOURCE_DIR") : ".") +
+      "/tests/data/tokenizers/mistral";
+  Result<std::unique_ptr<Tokenizer>> tok = load_model_tokenizer(dir);
   ASSERT_TRUE(tok.ok()) << tok.status().message();
   const std::vector<int32_t> ids = (*tok)->encode("Once upon a time, there was", false);
   ASSERT_GT(ids.size(), 4u);
@@ -78,7 +78,7 @@ TEST(StopSafeLength, HoldsBackTheLongestStartOfAStopString) {
   EXPECT_EQ(stop_safe_length("", {"x"}), 0u);
 }
 
-// Byte tokens (model::make_byte_tokenizer: id 3 + byte) of `text`.
+// Byte tokens (make_byte_tokenizer: id 3 + byte) of `text`.
 std::vector<int32_t> byte_ids(const std::string& text) {
   std::vector<int32_t> ids;
   for (unsigned char c : text) ids.push_back(3 + c);
@@ -86,7 +86,7 @@ std::vector<int32_t> byte_ids(const std::string& text) {
 }
 
 TEST(OutputText, CutsAtACompletedStopStringAndItsPiecesAddUpToTheText) {
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::make_byte_tokenizer();
+  Result<std::unique_ptr<Tokenizer>> tok = make_byte_tokenizer();
   ASSERT_TRUE(tok.ok());
   const std::vector<int32_t> ids = byte_ids("a little girl who");
   OutputText text(tok->get(), {3 + 'x'}, {" girl", "zzz"});
@@ -110,7 +110,7 @@ TEST(OutputText, CutsAtACompletedStopStringAndItsPiecesAddUpToTheText) {
 }
 
 TEST(OutputText, AnOutputThatEndsOtherwiseHandsOutWhatWasHeldBack) {
-  Result<std::unique_ptr<model::Tokenizer>> tok = model::make_byte_tokenizer();
+  Result<std::unique_ptr<Tokenizer>> tok = make_byte_tokenizer();
   ASSERT_TRUE(tok.ok());
   const std::vector<int32_t> ids = byte_ids("a little gi");
   OutputText text(tok->get(), {}, {" girl"});
@@ -122,4 +122,4 @@ TEST(OutputText, AnOutputThatEndsOtherwiseHandsOutWhatWasHeldBack) {
 }
 
 }  // namespace
-}  // namespace kvrt::serve
+}  // namespace kvrt::text

@@ -3,8 +3,6 @@
 // against transformers.js; see generate.mjs there), on three released byte-level tokenizers, a
 // SentencePiece-derived one and synthetic variants of the constructs they lack. Also what is
 // refused, and how a directory's tokenizer is chosen.
-#include "core/model/hf_tokenizer.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,10 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
+#include "core/text/tokenizer_json.h"
 #include "core/util/file.h"
 
-namespace kvrt::model {
+namespace kvrt::text {
 namespace {
 
 namespace fs = std::filesystem;
@@ -31,7 +30,7 @@ std::string source_dir() {
 
 // A test data file's bytes (util::read_file, bounded as any file kvrt reads).
 std::string read_text(const fs::path& path) {
-  return util::read_file(path.string(), util::kTokenizerFile).value();
+  return util::read_file(path.string(), kTokenizerFile).value();
 }
 
 std::string shorten(const std::string& text) {
@@ -412,4 +411,4 @@ TEST(LoadModelTokenizer, SentencePieceWithConfig) {
 }
 
 }  // namespace
-}  // namespace kvrt::model
+}  // namespace kvrt::text

@@ -2,7 +2,7 @@
 // fixture in tests/data/chat_templates/fixtures.json (written by generate.mjs there) rendered
 // byte for byte, then the behaviours the fixtures do not show: refusals by construct and
 // offset, raise_exception, characters counted, and the bounds on hostile templates.
-#include "core/server/chat_template.h"
+#include "core/text/chat_template.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,9 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "core/text/tokenizer_config.h"
 #include "core/util/file.h"
 
-namespace kvrt::server {
+namespace kvrt::text {
 namespace {
 
 using ::testing::HasSubstr;
@@ -31,7 +32,7 @@ std::string source_dir() {
 const json& fixtures() {
   static const json loaded = [] {
     Result<std::string> text = util::read_file(
-        source_dir() + "/tests/data/chat_templates/fixtures.json", util::kTokenizerConfigFile);
+        source_dir() + "/tests/data/chat_templates/fixtures.json", kTokenizerConfigFile);
     return text.ok() ? json::parse(*text) : json();
   }();
   return loaded;
@@ -302,4 +303,4 @@ TEST(ChatTemplate, LoadsATemplateFromAFileOrATokenizerConfig) {
 }
 
 }  // namespace
-}  // namespace kvrt::server
+}  // namespace kvrt::text

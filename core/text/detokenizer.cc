@@ -1,11 +1,11 @@
-#include "core/serve/detokenizer.h"
+#include "core/text/detokenizer.h"
 
 #include <algorithm>
 #include <span>
 
-#include "core/util/text.h"
+#include "core/text/utf8.h"
 
-namespace kvrt::serve {
+namespace kvrt::text {
 
 std::vector<int32_t> TextStream::window(const std::vector<int32_t>& ids, size_t from) const {
   std::vector<int32_t> w;
@@ -27,7 +27,7 @@ const std::string& TextStream::update(const std::vector<int32_t>& ids) {
   const std::string_view fresh = std::string_view(now).substr(before.size());
   // A character cut between tokens: an incomplete sequence, or the decoder's U+FFFD for one.
   constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  if (!util::valid_utf8(fresh) ||
+  if (!text::valid_utf8(fresh) ||
       (fresh.size() >= 3 && fresh.substr(fresh.size() - 3) == kReplacement)) {
     return text_;
   }
@@ -73,7 +73,7 @@ size_t stop_safe_length(std::string_view text, const std::vector<std::string>& s
   return safe;
 }
 
-OutputText::OutputText(const model::Tokenizer* tokenizer, const std::vector<int32_t>& prompt,
+OutputText::OutputText(const Tokenizer* tokenizer, const std::vector<int32_t>& prompt,
                        std::vector<std::string> stop)
     // The prompt's last ids, as vLLM's incremental detokenizer starts from them.
     : stream_(tokenizer, std::vector<int32_t>(prompt.end() - std::min<size_t>(prompt.size(), 4),
@@ -110,4 +110,4 @@ std::string OutputText::take() {
   return piece;
 }
 
-}  // namespace kvrt::serve
+}  // namespace kvrt::text

@@ -43,7 +43,7 @@
 
 #include "core/util/status.h"
 
-namespace kvrt::server {
+namespace kvrt::text {
 
 struct ChatMessage {
   std::string role, content;
@@ -99,4 +99,4 @@ Result<ModelChatTemplate> load_model_chat_template(const std::string& model_dir)
 // file when it is missing, holds no template, or holds one kvrt refuses.
 Result<ModelChatTemplate> load_chat_template_file(const std::string& path);
 
-}  // namespace kvrt::server
+}  // namespace kvrt::text

@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
 
-namespace kvrt::serve {
+namespace kvrt::text {
 
 // The text of a request's output as its ids arrive, decoded a few tokens at a time rather than
 // whole on every token: each step decodes only the ids since the last emitted character (plus
@@ -22,7 +22,7 @@ namespace kvrt::serve {
 // space.
 class TextStream {
  public:
-  explicit TextStream(const model::Tokenizer* tokenizer, std::vector<int32_t> context = {})
+  explicit TextStream(const Tokenizer* tokenizer, std::vector<int32_t> context = {})
       : tokenizer_(tokenizer), context_(std::move(context)), read_(context_.size()) {}
   // The ids so far (each call one or more longer than the last); returns the text now whole.
   const std::string& update(const std::vector<int32_t>& ids);
@@ -34,7 +34,7 @@ class TextStream {
   // Positions [from, end) of context_ followed by ids.
   std::vector<int32_t> window(const std::vector<int32_t>& ids, size_t from) const;
 
-  const model::Tokenizer* tokenizer_;
+  const Tokenizer* tokenizer_;
   std::vector<int32_t> context_;
   std::string text_;
   // Positions in context_ then the output: [prefix_, read_) were decoded into the end of text_
@@ -56,7 +56,7 @@ size_t stop_safe_length(std::string_view text, const std::vector<std::string>& s
 class OutputText {
  public:
   // `tokenizer` null: no text (and no stop strings: check_request refuses them).
-  OutputText(const model::Tokenizer* tokenizer, const std::vector<int32_t>& prompt,
+  OutputText(const Tokenizer* tokenizer, const std::vector<int32_t>& prompt,
              std::vector<std::string> stop);
   // The output's ids grew: decodes the new ones; true when the text now completes a stop string
   // (the text is then cut before it, and the request must end in this step).
@@ -79,4 +79,4 @@ class OutputText {
   std::string matched_;
 };
 
-}  // namespace kvrt::serve
+}  // namespace kvrt::text

@@ -1,4 +1,4 @@
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
 
 #include <sentencepiece_processor.h>
 
@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <tuple>
 
-#include "core/model/hf_tokenizer.h"
+#include "core/text/tokenizer_json.h"
 #include "core/util/file.h"
 
-namespace kvrt::model {
+namespace kvrt::text {
 
 namespace {
 
@@ -180,7 +180,7 @@ Result<std::unique_ptr<SentencePieceTokenizer>> open_sentencepiece(const std::st
     return Status::NotFound(path + ": no such SentencePiece model file");
   }
   // Read here, bounded, rather than by SentencePiece, which reads any file whole.
-  Result<std::string> bytes = util::read_file(path, util::kTokenizerFile);
+  Result<std::string> bytes = util::read_file(path, kTokenizerFile);
   if (!bytes.ok()) return bytes.status();
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = sp->LoadFromSerializedProto(*bytes);
@@ -235,4 +235,4 @@ Result<std::unique_ptr<Tokenizer>> make_byte_tokenizer(int32_t vocab_size) {
   return std::unique_ptr<Tokenizer>(std::make_unique<ByteTokenizer>(vocab_size));
 }
 
-}  // namespace kvrt::model
+}  // namespace kvrt::text

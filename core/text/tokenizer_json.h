@@ -1,33 +1,19 @@
 // Hugging Face tokenizer.json files (the "fast" tokenizers of transformers): BPE models, byte-level
 // (GPT-2, Llama 3, Qwen, DeepSeek) or SentencePiece-derived (Llama 2, Mistral: byte_fallback and
 // Metaspace), with their normalizers, pre-tokenizers, added tokens, post-processors and decoders.
-// Encoding and decoding give what transformers gives, id for id and byte for byte.
+// Encoding and decoding give what transformers gives, id for id and byte for byte. The stages
+// are in tokenizer_json/, one file each; tokenizer_json.cc assembles them.
 #pragma once
 
-#include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 
-#include "core/model/tokenizer.h"
+#include "core/text/tokenizer.h"
+#include "core/text/tokenizer_config.h"
 #include "core/util/status.h"
 
-namespace kvrt::model {
-
-// What a tokenizer_config.json says about special tokens; nullopt where a key is absent (or, for
-// the tokens, null).
-struct TokenizerConfig {
-  std::optional<bool> add_bos_token, add_eos_token;
-  std::optional<std::string> bos_token, eos_token;  // strings or {"content": ...} objects
-  std::optional<bool> clean_up_tokenization_spaces;
-  // e.g. "LlamaTokenizerFast", whose add_bos_token/add_eos_token replace the post-processor.
-  std::optional<std::string> tokenizer_class;
-};
-
-// Reads tokenizer_config.json at path. Fails naming the file (and the key) when it is unreadable,
-// not JSON, or a key above has the wrong type.
-Result<TokenizerConfig> read_tokenizer_config(const std::string& path);
-// The same from the file's text; name stands for the file in errors.
-Result<TokenizerConfig> parse_tokenizer_config(std::string_view json, const std::string& name);
+namespace kvrt::text {
 
 // Loads tokenizer.json at json_path, with tokenizer_config.json at config_path ("" for none).
 // A construct this implementation does not support (a WordPiece or Unigram model, an unknown
@@ -41,4 +27,4 @@ Result<std::unique_ptr<Tokenizer>> parse_hf_tokenizer(std::string_view json,
                                                       const TokenizerConfig& config,
                                                       const std::string& name);
 
-}  // namespace kvrt::model
+}  // namespace kvrt::text

@@ -1,4 +1,4 @@
-// Text <-> token ids: Hugging Face tokenizer.json files (hf_tokenizer.h), SentencePiece models
+// Text <-> token ids: Hugging Face tokenizer.json files (tokenizer_json.h), SentencePiece models
 // (tokenizer.model of Llama-family checkpoints) and a byte-level tokenizer for the synthetic
 // presets.
 #pragma once
@@ -10,9 +10,13 @@
 #include <string_view>
 #include <vector>
 
+#include "core/util/file.h"
 #include "core/util/status.h"
 
-namespace kvrt::model {
+namespace kvrt::text {
+
+// A tokenizer.json or a SentencePiece tokenizer.model.
+inline constexpr util::FileKind kTokenizerFile{"tokenizer model", 64 * util::kMiB};
 
 // Options of Tokenizer::decode.
 struct DecodeOptions {
@@ -58,7 +62,7 @@ class Tokenizer {
 };
 
 // The tokenizer of a model or tokenizer directory, as transformers' fast tokenizer picks it:
-// <dir>/tokenizer.json when present (hf_tokenizer.h), else <dir>/tokenizer.model (SentencePiece).
+// <dir>/tokenizer.json when present (tokenizer_json.h), else <dir>/tokenizer.model (SentencePiece).
 // <dir>/tokenizer_config.json, when present, sets bos_id()/eos_id() (bos_token/eos_token, strings
 // or {"content": ...} objects) and what encode adds (add_bos_token/add_eos_token). Fails with
 // NotFound naming the directory and both files when neither exists, or with the error of the file
@@ -76,4 +80,4 @@ Result<std::unique_ptr<Tokenizer>> load_sentencepiece(const std::string& path);
 // (encode then decode gives it back). vocab_size must be at least 259.
 Result<std::unique_ptr<Tokenizer>> make_byte_tokenizer(int32_t vocab_size = 512);
 
-}  // namespace kvrt::model
+}  // namespace kvrt::text
