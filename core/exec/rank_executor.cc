@@ -11,8 +11,8 @@ RankExecutor::~RankExecutor() = default;
 
 Result<std::unique_ptr<RankExecutor>> RankExecutor::load(const model::ArchitectureFamily& family,
                                                          const model::LoadedWeights& weights,
-                                                         std::unique_ptr<Backend> backend,
-                                                         std::unique_ptr<Communicator> comm) {
+                                                         std::unique_ptr<backend::Backend> backend,
+                                                         std::unique_ptr<comm::Communicator> comm) {
   const int rank = comm->rank(), tp = comm->size();
   std::unique_ptr<RankExecutor> r(new RankExecutor(std::move(backend), std::move(comm)));
   Result<std::unique_ptr<model::Architecture>> arch =
@@ -117,6 +117,13 @@ Status RankExecutor::attend(uint32_t layer, const float* q, int64_t q_row_stride
   return attention_->run(*store_, store_->checked_layout(layer), args);
 }
 
+Status RankExecutor::attention(uint32_t layer, const float* q, int64_t q_row_stride, const float* k,
+                               const float* v, int64_t kv_row_stride, float* out,
+                               int64_t out_row_stride) {
+  if (Status s = write(layer, k, v, kv_row_stride); !s.ok()) return s;
+  return attend(layer, q, q_row_stride, out, out_row_stride);
+}
+
 Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the step
   // then fails with the reason instead of ending the process, after waiting (best effort) for
@@ -140,8 +147,8 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
       const int64_t end = static_cast<int64_t>(ids_.size());
       for (int64_t row = end - s.logit_rows(); row < end; ++row) last_rows_.push_back(row);
     }
-    // A failed plan still runs the forward, with its collectives: the first KV write of each
-    // layer returns the failure, and the forward returns it at the end.
+    // A failed plan still runs the forward, with its collectives: each layer's attention (its
+    // KV write) returns the failure, and the forward returns it at the end.
     plan_status_ = plan_attention(batch);
     device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
     Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);

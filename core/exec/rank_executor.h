@@ -8,10 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include "core/backend/backend.h"
+#include "core/comm/communicator.h"
 #include "core/exec/batch.h"
 #include "core/model/architecture.h"
-#include "core/parallel/backend.h"
-#include "core/parallel/communicator.h"
 #include "core/plugin/attention.h"
 #include "core/plugin/kv_store.h"
 #include "core/util/status.h"
@@ -32,14 +32,14 @@ class RankExecutor : private model::KvAttention {
   // until attach(), so the engine can size the pools once every rank's weights are in place.
   static Result<std::unique_ptr<RankExecutor>> load(const model::ArchitectureFamily& family,
                                                     const model::LoadedWeights& weights,
-                                                    std::unique_ptr<Backend> backend,
-                                                    std::unique_ptr<Communicator> comm);
+                                                    std::unique_ptr<backend::Backend> backend,
+                                                    std::unique_ptr<comm::Communicator> comm);
   // Creates the rank's KV store (`geometry`, num_pages pages) on its backend's device and its
   // attention handle. The attention plugin is asked whether it reads the store's layout
   // natively (supports()); when it does not and the store has no gather() to fall back on, the
   // pairing is refused with both reasons. Once, on the thread that loaded the rank.
   Status attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
-  const Backend& backend() const { return *backend_; }
+  const backend::Backend& backend() const { return *backend_; }
   ~RankExecutor() override;
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;
@@ -50,19 +50,22 @@ class RankExecutor : private model::KvAttention {
   Status forward(const Batch& batch, std::vector<float>* logits);
 
   int rank() const { return comm_->rank(); }
-  Communicator& communicator() { return *comm_; }
+  comm::Communicator& communicator() { return *comm_; }
   plugin::KvStore& store() { return *store_; }
 
  private:
-  RankExecutor(std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm)
+  RankExecutor(std::unique_ptr<backend::Backend> backend, std::unique_ptr<comm::Communicator> comm)
       : backend_(std::move(backend)), comm_(std::move(comm)) {}
   Status plan_attention(const Batch& batch);
-  Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride) override;
+  Status attention(uint32_t layer, const float* q, int64_t q_row_stride, const float* k,
+                   const float* v, int64_t kv_row_stride, float* out,
+                   int64_t out_row_stride) override;
+  Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride);
   Status attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
-                int64_t out_row_stride) override;
+                int64_t out_row_stride);
 
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<model::Architecture> arch_;
   std::unique_ptr<plugin::KvStore> store_;
   std::unique_ptr<plugin::Attention> attention_;  // null on a rank without query heads

@@ -1,14 +1,14 @@
 // Where a TP group's ranks run. The engine asks its group which ranks this process runs and for
-// each one's communicator: every rank, as threads (ThreadGroup, core/exec/thread_communicator.h),
-// or one rank per process under an MPI launcher (MpiGroup, core/exec/mpi_group.h).
+// each one's communicator: every rank, as threads (ThreadGroup, core/comm/thread_communicator.h),
+// or one rank per process under an MPI launcher (MpiGroup, core/comm/mpi_group.h).
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "core/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 class TpGroup {
  public:
@@ -22,4 +22,4 @@ class TpGroup {
   virtual int threads_per_rank(int cores) const = 0;
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

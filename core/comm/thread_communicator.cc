@@ -1,4 +1,4 @@
-#include "core/exec/thread_communicator.h"
+#include "core/comm/thread_communicator.h"
 
 #include <algorithm>
 #include <cstring>
@@ -6,7 +6,7 @@
 
 #include "kernels/cpu/convert.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 void SpinBarrier::arrive_and_wait() {
   const uint32_t generation = generation_.load(std::memory_order_acquire);
@@ -117,4 +117,4 @@ Status ThreadCommunicator::broadcast(void* data, size_t n, ElementType type, int
   return Status::Ok();
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -1,4 +1,4 @@
-#include "core/exec/cpu_backend.h"
+#include "core/backend/cpu_backend.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -11,7 +11,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 namespace {
 
 // A weight matrix held in f32, or in bf16 (half the bytes to stream per step) packed into the
@@ -210,4 +210,4 @@ void CpuBackend::apply_rope_interleaved(float* x, int64_t tokens, int64_t heads,
   }
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

@@ -1,8 +1,8 @@
-#include "core/parallel/communicator.h"
+#include "core/comm/communicator.h"
 
-#include "core/parallel/shard.h"
+#include "core/util/range.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 size_t element_bytes(ElementType type) {
   switch (type) {
@@ -26,7 +26,7 @@ void Communicator::count(uint64_t bytes_sent, std::chrono::steady_clock::time_po
 uint64_t all_reduce_bytes_sent(size_t count, ElementType type, int size, int rank) {
   if (size <= 1) return 0;
   // Its input's other parts to their owners, then its own part's sum to every other rank.
-  const int64_t mine = model::split(static_cast<int64_t>(count), size, rank).size();
+  const int64_t mine = util::split(static_cast<int64_t>(count), size, rank).size();
   const uint64_t others = count - static_cast<uint64_t>(mine);
   return (others + static_cast<uint64_t>(mine) * (size - 1)) * element_bytes(type);
 }
@@ -39,4 +39,4 @@ uint64_t broadcast_bytes_sent(size_t count, ElementType type, int size, int rank
   return rank == root ? static_cast<uint64_t>(count) * (size - 1) * element_bytes(type) : 0;
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -1,4 +1,4 @@
-#include "core/exec/mpi_group.h"
+#include "core/comm/mpi_group.h"
 
 #include <mpi.h>
 #include <sched.h>
@@ -12,10 +12,10 @@
 #include <mutex>
 #include <thread>
 
-#include "core/parallel/shard.h"
+#include "core/util/range.h"
 #include "kernels/cpu/convert.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -75,8 +75,8 @@ class MpiCommunicator : public Communicator {
     const auto start = Clock::now();
     const size_t bytes = element_bytes(type);
     char* base = static_cast<char*>(data);
-    auto part = [&](int r) { return model::split(static_cast<int64_t>(n), size_, r); };
-    const model::Range mine = part(rank_);
+    auto part = [&](int r) { return util::split(static_cast<int64_t>(n), size_, r); };
+    const util::Range mine = part(rank_);
     // Reduce-scatter: every rank's copy of my part arrives here, and my copies of the others'
     // parts go to their owners.
     staging_.resize(static_cast<size_t>(mine.size()) * bytes * size_);
@@ -88,7 +88,7 @@ class MpiCommunicator : public Communicator {
           !s.ok()) {
         return s;
       }
-      const model::Range theirs = part(q);
+      const util::Range theirs = part(q);
       if (Status s = post_send(base + theirs.begin * bytes, theirs.size() * bytes, q,
                                kTagReduceScatter);
           !s.ok()) {
@@ -122,7 +122,7 @@ class MpiCommunicator : public Communicator {
     begin();
     for (int q = 0; q < size_; ++q) {
       if (q == rank_) continue;
-      const model::Range theirs = part(q);
+      const util::Range theirs = part(q);
       if (Status s = post_recv(base + theirs.begin * bytes, theirs.size() * bytes, q,
                                kTagAllGatherSums);
           !s.ok()) {
@@ -427,4 +427,4 @@ int mpi_finish(int exit_code) {
   return exit_code;
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -4,7 +4,7 @@
 // MpiGroup: one rank per process) and keeps using that group's communicators for host buffers,
 // so the engine's commands, statuses and logits travel as before.
 //
-// What differs from the threads' and MPI's communicators (core/parallel/communicator.h):
+// What differs from the threads' and MPI's communicators (core/comm/communicator.h):
 // - Each call goes where its buffer lives (cudaPointerGetAttributes): device and managed memory
 //   through NCCL on the given stream (nullptr: the legacy default stream), host memory, pinned
 //   or not, through the inner communicator (broadcast_idle always). Every rank must pass the
@@ -24,13 +24,13 @@
 #include <memory>
 #include <vector>
 
-#include "core/parallel/tp_group.h"
+#include "core/comm/tp_group.h"
 #include "core/util/status.h"
 
 // nccl.h's ncclComm_t is a pointer to this: users of this header need no NCCL include.
 struct ncclComm;
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 class NcclGroup : public TpGroup {
  public:
@@ -89,4 +89,4 @@ class NcclGroup : public TpGroup {
   std::unique_ptr<bool[]> failed_;
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

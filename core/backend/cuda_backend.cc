@@ -1,4 +1,4 @@
-#include "core/exec/cuda_backend.h"
+#include "core/backend/cuda_backend.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/shared/rope.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 
 // Shared by a backend and each of its allocations, so that one freed after the backend is gone
 // still finds its count.
@@ -513,4 +513,4 @@ void CudaBackend::apply_rope_interleaved(float* x, int64_t tokens, int64_t heads
         "apply_rope_interleaved");
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

@@ -3,7 +3,7 @@
 // buffers through the same communicator (the engine's commands). NCCL sums in its own order, so
 // sums are compared within the bound of a reordered (and, for bf16, step-rounded) sum; sums
 // that are exact in any order must match bit for bit.
-#include "core/exec/nccl_group.h"
+#include "core/comm/nccl_group.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/exec/thread_communicator.h"
-#include "tests/core/exec/communicator_reference.h"
+#include "core/comm/thread_communicator.h"
+#include "tests/core/comm/communicator_reference.h"
 #include "tests/kernels/cuda/cuda_device.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 namespace {
 
 int cuda_devices() {
@@ -276,4 +276,4 @@ TEST(NcclGroupTest, RanksOnGpusGiveTheThreadsResults) {
 }
 
 }  // namespace
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

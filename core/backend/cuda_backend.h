@@ -25,10 +25,10 @@
 #include <tuple>
 #include <vector>
 
-#include "core/parallel/backend.h"
+#include "core/backend/backend.h"
 #include "core/util/status.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 
 struct CudaMemoryLedger;  // the bytes a backend holds (cuda_backend.cc)
 
@@ -49,7 +49,7 @@ class CudaBackend : public Backend {
     return {sizeof(kvrt_device), KVRT_DEVICE_CUDA, ordinal_, 0};
   }
   // The cudaStream_t every op is queued on.
-  Stream stream() const override { return stream_; }
+  comm::Stream stream() const override { return stream_; }
   void begin_step() override;
   void end_step() override;
   void bind_device() override { begin_step(); }
@@ -131,4 +131,4 @@ class CudaBackend : public Backend {
   std::vector<float> inv_freq_;  // plain RoPE's frequencies, computed as the CPU's
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

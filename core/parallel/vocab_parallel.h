@@ -9,35 +9,35 @@
 #include <span>
 #include <vector>
 
-#include "core/parallel/backend.h"
-#include "core/parallel/communicator.h"
+#include "core/backend/backend.h"
+#include "core/comm/communicator.h"
 #include "core/parallel/shard.h"
 #include "core/util/status.h"
 
-namespace kvrt::model {
+namespace kvrt::parallel {
 
 class VocabParallel {
  public:
   // `embed` and `lm_head` are this rank's rows ([vocab.size()][hidden] each, the vocab range
   // of split(vocab_size, tp, rank)); `final_norm` is [hidden].
-  VocabParallel(exec::Backend& backend, int rank, int tp, int64_t vocab_size, int64_t hidden,
+  VocabParallel(backend::Backend& backend, int rank, int tp, int64_t vocab_size, int64_t hidden,
                 const std::vector<float>& embed, std::vector<float> lm_head,
                 const std::vector<float>& final_norm);
 
   // x[T][hidden] = the embedding rows of `ids`, on every rank.
-  Status embed(exec::Backend& be, exec::Communicator& comm, std::span<const int32_t> ids,
+  Status embed(backend::Backend& be, comm::Communicator& comm, std::span<const int32_t> ids,
                float* x);
   // Rank 0's `logits` = [rows][vocab] of the rows `last_rows` of x, after the final norm.
-  Status logits(exec::Backend& be, exec::Communicator& comm, const float* x,
+  Status logits(backend::Backend& be, comm::Communicator& comm, const float* x,
                 std::span<const int64_t> last_rows, float eps, std::vector<float>* logits);
 
  private:
   int rank_, tp_;
   int64_t vocab_size_, hidden_;
   Range vocab_;
-  exec::Buffer embed_, final_norm_;
-  std::unique_ptr<exec::Matrix> lm_head_;
-  exec::Buffer last_, local_, gathered_;
+  backend::Buffer embed_, final_norm_;
+  std::unique_ptr<backend::Matrix> lm_head_;
+  backend::Buffer last_, local_, gathered_;
 };
 
-}  // namespace kvrt::model
+}  // namespace kvrt::parallel

@@ -11,7 +11,7 @@
 #include "core/plugin/host.h"
 #include "core/util/status.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 
 class CudaMemory : public plugin::DeviceMemory {
  public:
@@ -33,4 +33,4 @@ Result<CudaDeviceInfo> cuda_device_info(int ordinal);
 // (one process per rank under mpirun shares a host's devices that way).
 Result<int> cuda_device_for_rank(int first, int rank);
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

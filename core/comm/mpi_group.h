@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "core/parallel/tp_group.h"
+#include "core/comm/tp_group.h"
 #include "core/util/status.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 // The number of processes an MPI launcher started this job with, read from the launcher's
 // environment (Open MPI's OMPI_COMM_WORLD_SIZE, PMIx's PMIX_SIZE... MPICH's PMI_SIZE), or 0
@@ -67,4 +67,4 @@ bool mpi_group_broken();
 // exit_code; nothing is done when MPI was never initialised.
 int mpi_finish(int exit_code);
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -1,7 +1,7 @@
 // A communicator is one rank's handle on its tensor-parallel group, in the shape of NCCL's and
 // MPI's: created once per rank, collectives over typed buffers with a count and a stream. The
 // forward pass only sees this interface; threads in one process
-// (core/exec/thread_communicator.h) are one implementation, MPI across processes and NCCL across
+// (core/comm/thread_communicator.h) are one implementation, MPI across processes and NCCL across
 // GPUs are others.
 //
 // Every rank of the group must call the same collectives in the same order with the same counts
@@ -16,7 +16,7 @@
 
 #include "core/util/status.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 enum class ElementType : uint8_t {
   kF32,   // float
@@ -81,4 +81,4 @@ uint64_t all_reduce_bytes_sent(size_t count, ElementType type, int size, int ran
 uint64_t all_gather_bytes_sent(std::span<const size_t> counts, ElementType type, int rank);
 uint64_t broadcast_bytes_sent(size_t count, ElementType type, int size, int rank, int root);
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

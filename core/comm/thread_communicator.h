@@ -7,10 +7,10 @@
 #include <memory>
 #include <vector>
 
-#include "core/parallel/communicator.h"
-#include "core/parallel/tp_group.h"
+#include "core/comm/communicator.h"
+#include "core/comm/tp_group.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 // A reusable barrier for `size` threads that spins briefly before sleeping. Collectives run
 // twice per layer; std::barrier put waiting ranks to sleep in the kernel at once, and waking
@@ -67,4 +67,4 @@ class ThreadCommunicator : public Communicator {
   std::vector<float> sums_;  // a bf16 all-reduce's sums before rounding
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
-#include "core/exec/thread_communicator.h"
+#include "core/comm/thread_communicator.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 
 // Rank r's input of n floats for the collective `seed`: values of very different magnitudes,
 // so the order of a sum shows in its bits.
@@ -55,4 +55,4 @@ std::vector<T> threads_reference(int size, const std::vector<std::vector<T>>& in
   return out[0];
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -1,8 +1,8 @@
-#include "core/exec/cuda_memory.h"
+#include "core/backend/cuda_memory.h"
 
 #include <cuda_runtime.h>
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 namespace {
 
 std::string describe(cudaError_t e) {
@@ -92,4 +92,4 @@ Result<int> cuda_device_for_rank(int first, int rank) {
   return (first + rank) % count;
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

@@ -1,4 +1,4 @@
-#include "core/exec/nccl_group.h"
+#include "core/comm/nccl_group.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -13,7 +13,7 @@
 
 #include "kernels/cuda/pointer.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 namespace {
 
 std::string where(int rank, int device) {
@@ -359,4 +359,4 @@ std::unique_ptr<Communicator> NcclGroup::communicator(int rank) {
                                             &failed_[i]);
 }
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm

@@ -1,7 +1,7 @@
 // The compute backend interface: where one rank's tensors live and the operations a layer's
 // forward is written in. An architecture (core/model/architecture.h) composes these ops and
 // never touches a BLAS, OpenMP or device memory itself, so a CUDA backend is an implementation
-// of this interface, not a change to the models. The CPU backend is core/exec/cpu_backend.h.
+// of this interface, not a change to the models. The CPU backend is core/backend/cpu_backend.h.
 //
 // Buffers and matrices are the backend's (device memory on a GPU); pointers into them are only
 // passed back to the backend, to the communicator and to the plugins. Host-side arrays (token
@@ -15,10 +15,10 @@
 #include <span>
 #include <vector>
 
-#include "core/parallel/communicator.h"
+#include "core/comm/communicator.h"
 #include "kvrt/abi.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 
 // n floats in the backend's memory.
 class Buffer {
@@ -67,7 +67,7 @@ class Backend {
 
   virtual kvrt_device device() const = 0;
   // What the communicator and the attention plugin are given for this rank's work.
-  virtual Stream stream() const = 0;
+  virtual comm::Stream stream() const = 0;
   // Called on the rank's thread before each step's first op.
   virtual void begin_step() = 0;
   // Makes the backend's device the calling thread's (what a plugin allocates on that thread
@@ -149,4 +149,4 @@ class Backend {
                                       int64_t row_stride, const float* cos, const float* sin) = 0;
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

@@ -6,9 +6,9 @@
 #include <memory>
 #include <vector>
 
-#include "core/parallel/backend.h"
+#include "core/backend/backend.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 
 class CpuBackend : public Backend {
  public:
@@ -19,7 +19,7 @@ class CpuBackend : public Backend {
   CpuBackend(bool bf16_weights, int threads, bool bf16_activations = false);
 
   kvrt_device device() const override { return {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0}; }
-  Stream stream() const override { return nullptr; }
+  comm::Stream stream() const override { return nullptr; }
   void begin_step() override;
 
   Buffer allocate(size_t n) override;
@@ -63,4 +63,4 @@ class CpuBackend : public Backend {
   std::vector<float> rope_pair_;  // one head's values while interleaved RoPE rotates it
 };
 
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend

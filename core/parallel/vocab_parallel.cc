@@ -1,10 +1,10 @@
-#include "core/model/vocab_parallel.h"
+#include "core/parallel/vocab_parallel.h"
 
 #include <algorithm>
 
-namespace kvrt::model {
+namespace kvrt::parallel {
 
-VocabParallel::VocabParallel(exec::Backend& backend, int rank, int tp, int64_t vocab_size,
+VocabParallel::VocabParallel(backend::Backend& backend, int rank, int tp, int64_t vocab_size,
                              int64_t hidden, const std::vector<float>& embed,
                              std::vector<float> lm_head, const std::vector<float>& final_norm)
     : rank_(rank),
@@ -16,14 +16,14 @@ VocabParallel::VocabParallel(exec::Backend& backend, int rank, int tp, int64_t v
       final_norm_(backend.upload(final_norm)),
       lm_head_(backend.upload_matrix(std::move(lm_head), vocab_.size(), hidden)) {}
 
-Status VocabParallel::embed(exec::Backend& be, exec::Communicator& comm,
+Status VocabParallel::embed(backend::Backend& be, comm::Communicator& comm,
                             std::span<const int32_t> ids, float* x) {
   const auto T = static_cast<int64_t>(ids.size());
   be.embed(embed_, vocab_.begin, ids, hidden_, x);
-  return comm.all_reduce_sum(x, T * hidden_, exec::ElementType::kF32, be.stream());
+  return comm.all_reduce_sum(x, T * hidden_, comm::ElementType::kF32, be.stream());
 }
 
-Status VocabParallel::logits(exec::Backend& be, exec::Communicator& comm, const float* x,
+Status VocabParallel::logits(backend::Backend& be, comm::Communicator& comm, const float* x,
                              std::span<const int64_t> last_rows, float eps,
                              std::vector<float>* logits) {
   const int64_t B = static_cast<int64_t>(last_rows.size()), H = hidden_, V = vocab_size_;
@@ -39,7 +39,7 @@ Status VocabParallel::logits(exec::Backend& be, exec::Communicator& comm, const 
     std::vector<size_t> counts(tp_);
     for (int r = 0; r < tp_; ++r) counts[r] = B * split(V, tp_, r).size();
     be.reserve(&gathered_, B * V);
-    s = comm.all_gather(local_.data(), counts, gathered_.data(), exec::ElementType::kF32,
+    s = comm.all_gather(local_.data(), counts, gathered_.data(), comm::ElementType::kF32,
                         be.stream());
     all = gathered_.data();
   }
@@ -60,4 +60,4 @@ Status VocabParallel::logits(exec::Backend& be, exec::Communicator& comm, const 
   return s;
 }
 
-}  // namespace kvrt::model
+}  // namespace kvrt::parallel

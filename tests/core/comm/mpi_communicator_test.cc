@@ -9,10 +9,10 @@
 #include <random>
 #include <thread>
 
-#include "core/exec/mpi_group.h"
-#include "tests/core/exec/communicator_reference.h"
+#include "core/comm/mpi_group.h"
+#include "tests/core/comm/communicator_reference.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 namespace {
 
 MpiGroup* world() {
@@ -115,10 +115,10 @@ TEST_F(MpiCommunicatorTest, CountsTheBytesItSends) {
 }
 
 }  // namespace
-}  // namespace kvrt::exec
+}  // namespace kvrt::comm
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
-  return kvrt::exec::mpi_finish(rc);
+  return kvrt::comm::mpi_finish(rc);
 }

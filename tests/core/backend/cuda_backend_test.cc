@@ -3,7 +3,7 @@
 // add, RoPE application) must match bit for bit; the others within a bound stated at each test.
 // Needs a GPU, except that asking for a device that is not there must fail anywhere: without a
 // GPU every other test skips, saying why.
-#include "core/exec/cuda_backend.h"
+#include "core/backend/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "core/exec/cpu_backend.h"
+#include "core/backend/cpu_backend.h"
 #include "kernels/shared/fp8_e4m3.h"
 #include "tests/kernels/cuda/cuda_device.h"
 
-namespace kvrt::exec {
+namespace kvrt::backend {
 namespace {
 
 constexpr float kUlp = 1.0f / (1 << 24);  // f32's unit roundoff, 2^-24
@@ -403,4 +403,4 @@ TEST(CudaBackend, MatmulBf16WeightsKeepsF32Activations) {
 }
 
 }  // namespace
-}  // namespace kvrt::exec
+}  // namespace kvrt::backend
