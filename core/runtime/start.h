@@ -17,7 +17,7 @@
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 class MpiGroup;
 }
 
