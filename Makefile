@@ -107,7 +107,8 @@ test-tsan: deps
 	  -DKVRT_BUILD_BENCH=OFF $(CMAKE_ARGS)
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target kvrt-conformance kv_host_tiered_test \
 	  engine_test stories260k_test stories260k_scheduler_test tiny_deepseek_v3_test kv_bf16_paged \
-	  kv_fp8_e4m3 kv_f32_paged kv_int4 kv_host_tiered attn_cpu file_test server_test hf_tokenizer_test
+	  kv_fp8_e4m3 kv_f32_paged kv_int4 kv_host_tiered attn_cpu file_test server_test hf_tokenizer_test \
+	  thread_communicator_test
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
 	  -R '^(conformance\.kv_(bf16|f32|fp8|int4|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest|HfTokenizerReference)'

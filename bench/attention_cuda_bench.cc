@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/cuda_memory.h"
 #include "core/capacity/capacity.h"
-#include "core/exec/cuda_memory.h"
 #include "core/plugin/registry.h"
 
 namespace {
@@ -37,7 +37,7 @@ constexpr uint32_t kPageSize = 16, kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 Registry& registry() {
   static Registry* r = [] {
     auto* reg = new Registry({sizeof(kvrt_device), KVRT_DEVICE_CUDA, 0, 0});
-    static kvrt::exec::CudaMemory memory;
+    static kvrt::backend::CudaMemory memory;
     reg->set_device_memory(&memory);
     return reg;
   }();

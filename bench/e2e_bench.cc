@@ -44,7 +44,7 @@
 #include "core/capacity/stores.h"
 #include "core/exec/engine.h"
 #include "core/exec/generate.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/model/weights.h"
 #include "core/plugin/registry.h"
 #include "kernels/cpu/gemm.h"
@@ -262,12 +262,12 @@ void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
   double decode_seconds = 0;
   int64_t tokens = 0;
   for (auto _ : state) {
-    std::vector<exec::Sampler> samplers;
+    std::vector<sampling::Sampler> samplers;
     samplers.reserve(static_cast<size_t>(seqs));
     exec::Batch batch;
     std::vector<std::vector<int32_t>> history(static_cast<size_t>(seqs));
     for (int s = 0; s < seqs; ++s) {
-      exec::SamplingParams p;
+      sampling::SamplingParams p;
       if (sampled) p.temperature = 0.7f, p.top_p = 0.95f;
       p.seed = static_cast<uint64_t>(s);
       samplers.emplace_back(p);

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "bench/roofline.h"
-#include "core/exec/cpu_backend.h"
+#include "core/backend/cpu_backend.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/gemm.h"
 
@@ -81,14 +81,14 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   const int64_t m = state.range(0), n = shape.n, k = shape.k;
   const int threads = omp_get_num_procs();
   openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
-  exec::CpuBackend backend(/*bf16_weights=*/true, threads,
-                           /*bf16_activations=*/mode == Mode::kMemoryBf16X);
+  backend::CpuBackend backend(/*bf16_weights=*/true, threads,
+                              /*bf16_activations=*/mode == Mode::kMemoryBf16X);
   // Enough copies of the weights that cycling through them reads memory (64 MiB of bf16).
   const int64_t copies =
       mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0, 0.02f);
-  std::vector<std::unique_ptr<exec::Matrix>> w;
+  std::vector<std::unique_ptr<backend::Matrix>> w;
   std::vector<std::vector<uint16_t>> rows;  // the baseline's row-major bf16 weights
   for (int64_t c = 0; c < copies; ++c) {
     std::vector<float> data(static_cast<size_t>(n * k));

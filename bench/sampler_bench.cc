@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "kernels/cpu/sampling.h"
 
 namespace {
 
-using kvrt::exec::Sampler;
-using kvrt::exec::SamplingParams;
+using kvrt::sampling::Sampler;
+using kvrt::sampling::SamplingParams;
 
 std::vector<float> logits_row(size_t vocab, float sigma) {
   std::mt19937 rng(7);

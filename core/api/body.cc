@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::api {

@@ -10,6 +10,7 @@
 #include "core/api/responses.h"
 #include "core/api/service.h"
 #include "core/serve/eos.h"
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::api {
@@ -171,8 +172,8 @@ void Call::end_responses_stream(const Pending& p) {
 }
 
 // The sampling of pending_[k]'s request: the call's, its seed its choice's own.
-exec::SamplingParams Call::sampling_of(const Pending& p) const {
-  exec::SamplingParams sampling = call_.sampling;
+sampling::SamplingParams Call::sampling_of(const Pending& p) const {
+  sampling::SamplingParams sampling = call_.sampling;
   sampling.seed = choice_seed(call_.sampling.seed, p.candidate);
   return sampling;
 }
@@ -344,7 +345,7 @@ std::vector<GenerateResult> Call::shown_results() const {
     if (per > n) {
       auto total = [](const GenerateResult* r) {
         double sum = 0;
-        for (const exec::SampledLogprobs& e : r->logprobs) sum += e.chosen.logprob;
+        for (const sampling::SampledLogprobs& e : r->logprobs) sum += e.chosen.logprob;
         return sum;
       };
       std::stable_sort(group.begin(), group.end(), [&](const GenerateResult* a,
@@ -392,8 +393,8 @@ void Call::stream_chunk(Pending& p) {
   const size_t offset = text::utf8_characters(std::string_view(p.result.text).substr(
       0, std::min(p.sent_text, p.result.text.size())));
   p.sent_text = p.result.text.size();
-  const std::span<const exec::SampledLogprobs> logprobs =
-      std::span<const exec::SampledLogprobs>(p.result.logprobs)
+  const std::span<const sampling::SampledLogprobs> logprobs =
+      std::span<const sampling::SampledLogprobs>(p.result.logprobs)
           .subspan(std::min(p.sent_logprobs, p.result.logprobs.size()));
   p.sent_logprobs = p.result.logprobs.size();
   const size_t index = p.prompt * static_cast<size_t>(std::max(call_.n, int32_t{1})) +

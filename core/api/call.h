@@ -83,7 +83,7 @@ class Call : public std::enable_shared_from_this<Call> {
   std::string message_id() const;
   void begin_responses_stream();
   void end_responses_stream(const Pending& p);
-  exec::SamplingParams sampling_of(const Pending& p) const;
+  sampling::SamplingParams sampling_of(const Pending& p) const;
   size_t candidates() const;
   std::pair<serve::GenerateRequest, serve::RequestSink> request_for(size_t k);
   void submit_rest(size_t prompt);

@@ -12,7 +12,7 @@ RequestDefaults request_defaults(const model::GenerationConfig& g) {
   RequestDefaults d;
   if (g.path.empty()) return d;
   d.source = g.path;
-  exec::SamplingParams& p = d.sampling;
+  sampling::SamplingParams& p = d.sampling;
   if (g.temperature) p.temperature = static_cast<float>(*g.temperature);
   if (g.top_p) p.top_p = static_cast<float>(*g.top_p);
   if (g.top_k) p.top_k = *g.top_k < 0 ? 0 : static_cast<int32_t>(*g.top_k);
@@ -28,7 +28,7 @@ RequestDefaults request_defaults(const model::GenerationConfig& g) {
 }
 
 json defaults_json(const RequestDefaults& d) {
-  const exec::SamplingParams& p = d.sampling;
+  const sampling::SamplingParams& p = d.sampling;
   // Each float as its shortest decimal (0.6, not 0.6000000238418579), as the file wrote it.
   const auto shortest = util::shortest_decimal;
   return {{"temperature", shortest(p.temperature)},

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/model/generation_config.h"
 
 namespace kvrt::api {
@@ -14,7 +14,7 @@ namespace kvrt::api {
 // model directory's generation_config.json where it says (request_defaults), else temperature 1
 // with no top-k, top-p or min-p cut (greedy only when asked for, with temperature 0).
 struct RequestDefaults {
-  exec::SamplingParams sampling{.temperature = 1.0f};
+  sampling::SamplingParams sampling{.temperature = 1.0f};
   // The length: /generate's max_new_tokens (SGLang's 128), completions' max_tokens (OpenAI's and
   // vLLM's 16); chat and the Responses API run to the end of the context (ModelLimits::
   // max_sequence_tokens less the prompt) as OpenAI's, vLLM's and SGLang's do, or at most

@@ -9,6 +9,7 @@
 #include "core/api/body.h"
 #include "core/api/logprobs.h"
 #include "core/api/prompt.h"
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::api {
@@ -333,7 +334,7 @@ json generate_meta(const GenerateCall& call, const GenerateResult& r, size_t ids
     for (size_t i = std::min(ids_from, r.logprobs.size()); i < r.logprobs.size(); ++i) {
       chosen.push_back(sglang_tuple(call, r.logprobs[i].chosen));
       json alternatives = json::array();
-      for (const exec::TokenLogprob& t : r.logprobs[i].top) {
+      for (const sampling::TokenLogprob& t : r.logprobs[i].top) {
         alternatives.push_back(sglang_tuple(call, t));
       }
       top.push_back(std::move(alternatives));
@@ -349,10 +350,10 @@ json generate_meta(const GenerateCall& call, const GenerateResult& r, size_t ids
                        call.logprob_text ? json(token_text(call, r.first_prompt_token)) : json()}));
       input_top.push_back(nullptr);
     }
-    for (const exec::SampledLogprobs& e : r.prompt_logprobs) {
+    for (const sampling::SampledLogprobs& e : r.prompt_logprobs) {
       input.push_back(sglang_tuple(call, e.chosen));
       json alternatives = json::array();
-      for (const exec::TokenLogprob& t : e.top) alternatives.push_back(sglang_tuple(call, t));
+      for (const sampling::TokenLogprob& t : e.top) alternatives.push_back(sglang_tuple(call, t));
       input_top.push_back(std::move(alternatives));
     }
     meta["input_token_logprobs"] = std::move(input);

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::api {
@@ -16,17 +17,17 @@ std::string token_text(const GenerateCall& call, int32_t id) {
   return call.tokenizer->decode(one, options);
 }
 
-json completions_logprobs(const GenerateCall& call, std::span<const exec::SampledLogprobs> entries,
+json completions_logprobs(const GenerateCall& call, std::span<const sampling::SampledLogprobs> entries,
                           size_t offset) {
   json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
        offsets = json::array();
-  for (const exec::SampledLogprobs& e : entries) {
+  for (const sampling::SampledLogprobs& e : entries) {
     const std::string text = token_text(call, e.chosen.id);
     tokens.push_back(text);
     token_logprobs.push_back(e.chosen.logprob);
     // The k likeliest and, always, the chosen one (up to k + 1 entries, as OpenAI's).
     json alternatives = json::object();
-    for (const exec::TokenLogprob& t : e.top) alternatives[token_text(call, t.id)] = t.logprob;
+    for (const sampling::TokenLogprob& t : e.top) alternatives[token_text(call, t.id)] = t.logprob;
     alternatives[text] = e.chosen.logprob;
     top.push_back(std::move(alternatives));
     offsets.push_back(offset);
@@ -40,7 +41,7 @@ json completions_logprobs(const GenerateCall& call, std::span<const exec::Sample
 
 namespace {
 
-json chat_logprob_entry(const GenerateCall& call, const exec::TokenLogprob& t) {
+json chat_logprob_entry(const GenerateCall& call, const sampling::TokenLogprob& t) {
   const std::string text = token_text(call, t.id);
   std::vector<int> bytes;
   for (char c : text) bytes.push_back(static_cast<unsigned char>(c));
@@ -49,19 +50,19 @@ json chat_logprob_entry(const GenerateCall& call, const exec::TokenLogprob& t) {
 
 }  // namespace
 
-json chat_logprobs(const GenerateCall& call, std::span<const exec::SampledLogprobs> entries) {
+json chat_logprobs(const GenerateCall& call, std::span<const sampling::SampledLogprobs> entries) {
   json content = json::array();
-  for (const exec::SampledLogprobs& e : entries) {
+  for (const sampling::SampledLogprobs& e : entries) {
     json entry = chat_logprob_entry(call, e.chosen);
     json top = json::array();
-    for (const exec::TokenLogprob& t : e.top) top.push_back(chat_logprob_entry(call, t));
+    for (const sampling::TokenLogprob& t : e.top) top.push_back(chat_logprob_entry(call, t));
     entry["top_logprobs"] = std::move(top);
     content.push_back(std::move(entry));
   }
   return {{"content", content}, {"refusal", nullptr}};
 }
 
-json sglang_tuple(const GenerateCall& call, const exec::TokenLogprob& t) {
+json sglang_tuple(const GenerateCall& call, const sampling::TokenLogprob& t) {
   return json::array({t.logprob, t.id, call.logprob_text ? json(token_text(call, t.id)) : json()});
 }
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/api/protocol.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 
 namespace kvrt::api {
 
@@ -17,12 +17,12 @@ namespace kvrt::api {
 std::string token_text(const GenerateCall& call, int32_t id);
 // OpenAI completions' logprobs object for `entries`, text_offset counted from `offset`.
 nlohmann::json completions_logprobs(const GenerateCall& call,
-                                    std::span<const exec::SampledLogprobs> entries,
+                                    std::span<const sampling::SampledLogprobs> entries,
                                     size_t offset);
 // OpenAI chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::json chat_logprobs(const GenerateCall& call,
-                             std::span<const exec::SampledLogprobs> entries);
+                             std::span<const sampling::SampledLogprobs> entries);
 // SGLang's (logprob, id, text or null) tuple.
-nlohmann::json sglang_tuple(const GenerateCall& call, const exec::TokenLogprob& t);
+nlohmann::json sglang_tuple(const GenerateCall& call, const sampling::TokenLogprob& t);
 
 }  // namespace kvrt::api

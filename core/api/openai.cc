@@ -7,6 +7,7 @@
 #include "core/api/generate.h"
 #include "core/api/logprobs.h"
 #include "core/api/prompt.h"
+#include "core/text/utf8.h"
 #include "core/util/text.h"
 
 namespace kvrt::api {
@@ -265,7 +266,7 @@ json openai_json(const GenerateCall& call, const std::vector<GenerateResult>& re
 
 json openai_chunk(const GenerateCall& call, const GenerateResult& r, const std::string& delta,
                   const std::string& id, int64_t created, size_t index,
-                  std::span<const exec::SampledLogprobs> logprobs, size_t text_offset) {
+                  std::span<const sampling::SampledLogprobs> logprobs, size_t text_offset) {
   const bool chat = call.dialect == Dialect::kChat;
   json choice = {{"index", index}};
   const char* finish = openai_finish(r);

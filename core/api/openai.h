@@ -38,7 +38,7 @@ ApiError openai_abort_error(const GenerateResult& result);
 // (stream_options.include_usage).
 nlohmann::json openai_chunk(const GenerateCall& call, const GenerateResult& result,
                             const std::string& delta, const std::string& id, int64_t created,
-                            size_t index, std::span<const exec::SampledLogprobs> logprobs = {},
+                            size_t index, std::span<const sampling::SampledLogprobs> logprobs = {},
                             size_t text_offset = 0);
 // The last chunk of a stream that asked for usage: no choices, the call's usage.
 nlohmann::json openai_usage_chunk(const GenerateCall& call,

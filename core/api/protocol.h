@@ -10,7 +10,7 @@
 
 #include "core/api/chat_prompt.h"
 #include "core/api/defaults.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/text/tokenizer.h"
 #include "core/serve/request.h"
 #include "core/util/status.h"
@@ -70,7 +70,7 @@ struct GenerateCall {
   bool text_prompt = false;       // text (or messages), not ids
   bool stream = false;            // server-sent events
   int32_t max_new_tokens = 128;
-  exec::SamplingParams sampling;
+  sampling::SamplingParams sampling;
   // The client gave a seed (seed, or /generate's sampling_seed): without one, the server draws
   // a fresh seed for the call, so that unseeded requests are not all the same draw.
   bool seeded = false;
@@ -119,9 +119,9 @@ struct GenerateResult {
   std::string matched_stop;    // kStopString
   std::string message;         // why it was aborted or failed
   double e2e_latency = 0;
-  std::vector<exec::SampledLogprobs> logprobs;  // one per output id, when asked for
+  std::vector<sampling::SampledLogprobs> logprobs;  // one per output id, when asked for
   // The prompt's, from max(prompt_logprobs_from, 1) on, when asked for; and its first token.
-  std::vector<exec::SampledLogprobs> prompt_logprobs;
+  std::vector<sampling::SampledLogprobs> prompt_logprobs;
   int32_t first_prompt_token = -1;
   bool keep_stop = false;  // GenerateCall::no_stop_trim: a matched stop string ends the text
   bool counts_prompt = true;  // false for a prompt's second and later choices (usage)

@@ -128,7 +128,7 @@ void Service::forget_rid(const std::string& rid, uint64_t id) {
 }
 
 void Service::record(std::chrono::steady_clock::time_point arrival, const GenerateResult& r,
-                     const exec::SamplingParams& sampling) {
+                     const sampling::SamplingParams& sampling) {
   if (!trace_.is_open() || r.output_ids.empty()) return;
   const double at = std::chrono::duration<double>(arrival - started_).count();
   json line = json::object();

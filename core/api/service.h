@@ -84,7 +84,7 @@ class Service {
   // One finished request, with the sampling it ran with (its seed drawn or given), so that a
   // replay samples as it did; nothing without record_trace.
   void record(std::chrono::steady_clock::time_point arrival, const GenerateResult& r,
-              const exec::SamplingParams& sampling);
+              const sampling::SamplingParams& sampling);
 
  private:
   std::shared_ptr<Call> generate(const Request& request, const std::shared_ptr<Exchange>& out);

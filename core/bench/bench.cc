@@ -156,7 +156,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
   WorkloadPlan plan(workload, vocab_size);
   BenchReport report;
   report.store = core.options().store;
-  const exec::Communicator* comm =
+  const comm::Communicator* comm =
       core.engine() != nullptr ? &core.engine()->communicator() : nullptr;
   report.max_total_num_tokens = core.max_total_num_tokens();
   report.requests = plan.total_requests();
@@ -265,7 +265,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
       }
       continue;
     }
-    const exec::CommStats comm_before = comm != nullptr ? comm->stats() : exec::CommStats{};
+    const comm::CommStats comm_before = comm != nullptr ? comm->stats() : comm::CommStats{};
     const Clock::time_point step_start = Clock::now();
     Result<sched::StepStats> st = core.step();
     if (!st.ok()) return st.status();
@@ -276,7 +276,7 @@ Result<BenchReport> drive(serve::ServingCore& core, int32_t vocab_size,
     if (!s.prefill) {
       report.decode.step_s += seconds(Clock::now() - step_start);
       if (comm != nullptr) {
-        const exec::CommStats& after = comm->stats();
+        const comm::CommStats& after = comm->stats();
         report.decode.comm_s += after.seconds - comm_before.seconds;
         report.decode.collectives +=
             static_cast<double>(after.collectives - comm_before.collectives);

@@ -164,9 +164,9 @@ const char* HttpDriver::path() const {
 
 // A trace request's sampling as the API's fields (the names /generate's sampling_params and
 // OpenAI's completions share); greedy, temperature 0 alone, for every other request.
-json sampling_fields(const std::optional<exec::SamplingParams>& sampling) {
+json sampling_fields(const std::optional<sampling::SamplingParams>& sampling) {
   if (!sampling) return {{"temperature", 0}};
-  const exec::SamplingParams& p = *sampling;
+  const sampling::SamplingParams& p = *sampling;
   json fields = {{"temperature", p.temperature},
                  {"top_p", p.top_p},
                  {"top_k", p.top_k},

@@ -57,7 +57,7 @@ Status read_float(const toml::table& t, const char* key, const std::string& path
 
 // [workload.sampling]: every generated request's sampling (its seed is set per request).
 Status read_sampling(const toml::table& parent, const std::string& source,
-                     std::optional<exec::SamplingParams>* out) {
+                     std::optional<sampling::SamplingParams>* out) {
   const toml::node* node = parent.get("sampling");
   if (node == nullptr) return Status::Ok();
   const toml::table* t = node->as_table();
@@ -88,7 +88,7 @@ Status read_sampling(const toml::table& parent, const std::string& source,
   }
   if (Status s = read_int(*t, "top_k", path, source, 0, INT32_MAX, &top_k); !s.ok()) return s;
   if (Status s = read_float(*t, "min_p", path, source, 0, 1, &min_p); !s.ok()) return s;
-  exec::SamplingParams p;
+  sampling::SamplingParams p;
   p.temperature = static_cast<float>(temperature);
   p.top_p = static_cast<float>(top_p);
   p.top_k = static_cast<int32_t>(top_k);
@@ -147,7 +147,7 @@ Status read_dist(const toml::table& parent, const char* key, const std::string& 
 // A trace line's sampling keys (`at` is "file:line: "), checked with the ranges the serving
 // core accepts so a replay is refused here, naming the line, rather than request by request.
 Status read_trace_sampling(const nlohmann::json& j, const std::string& at,
-                           std::optional<exec::SamplingParams>* out) {
+                           std::optional<sampling::SamplingParams>* out) {
   static const char* const kKeys[] = {"temperature",
                                       "top_p",
                                       "top_k",
@@ -160,7 +160,7 @@ Status read_trace_sampling(const nlohmann::json& j, const std::string& at,
                    [&j](const char* k) { return j.contains(k); })) {
     return Status::Ok();
   }
-  exec::SamplingParams p;
+  sampling::SamplingParams p;
   struct Real {
     const char* key;
     float* field;
@@ -497,9 +497,9 @@ bool WorkloadPlan::next_turn(int64_t conversation, int turn, PlannedRequest* out
   return true;
 }
 
-std::optional<exec::SamplingParams> WorkloadPlan::sampling_of(uint64_t id) const {
+std::optional<sampling::SamplingParams> WorkloadPlan::sampling_of(uint64_t id) const {
   if (!spec_.sampling) return std::nullopt;
-  exec::SamplingParams p = *spec_.sampling;
+  sampling::SamplingParams p = *spec_.sampling;
   // Seeds apart for every request, the same in every run of this workload.
   p.seed = spec_.seed ^ ((id + 1) * 0x9e3779b97f4a7c15ull);
   return p;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/util/status.h"
 
 namespace kvrt::bench {
@@ -46,7 +46,7 @@ struct TraceEntry {
   // How it sampled ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
   // "presence_penalty", "repetition_penalty", each optional, kvrt serve's record_trace writing
   // them); nullopt when the line has none of them: greedy, as traces recorded before them.
-  std::optional<exec::SamplingParams> sampling;
+  std::optional<sampling::SamplingParams> sampling;
 };
 
 struct WorkloadSpec {
@@ -67,7 +67,7 @@ struct WorkloadSpec {
   // [workload.sampling] (temperature, top_p, top_k, min_p): how every generated request samples,
   // each with its own seed from the workload's seed and the request's id, so a run (and every
   // combination of a --matrix) draws the same; nullopt: greedy. A trace's lines say their own.
-  std::optional<exec::SamplingParams> sampling;
+  std::optional<sampling::SamplingParams> sampling;
 };
 
 // [workload] with [workload.input] / [workload.output] tables. Every key is checked: an unknown
@@ -90,7 +90,7 @@ struct PlannedRequest {
   std::vector<int32_t> prompt;  // for a later turn: only the new input
   int32_t max_new_tokens = 0;
   // A trace's request's own sampling; nullopt: greedy (the drivers send temperature 0).
-  std::optional<exec::SamplingParams> sampling;
+  std::optional<sampling::SamplingParams> sampling;
   int64_t conversation = -1;  // -1: a single request
   int turn = 0;
 };
@@ -108,7 +108,7 @@ class WorkloadPlan {
  private:
   std::vector<int32_t> random_tokens(int64_t n);
   // A generated request's sampling: [workload.sampling] with a seed of its own, or greedy.
-  std::optional<exec::SamplingParams> sampling_of(uint64_t id) const;
+  std::optional<sampling::SamplingParams> sampling_of(uint64_t id) const;
   const WorkloadSpec spec_;
   int32_t vocab_size_;
   std::mt19937_64 rng_;

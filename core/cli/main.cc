@@ -22,25 +22,25 @@
 #include <iostream>
 #include <optional>
 
-#include "core/capacity/capacity.h"
-#include "core/capacity/model_shape.h"
-#include "core/capacity/stores.h"
 #include "core/bench/bench.h"
 #include "core/bench/bench_http.h"
 #include "core/bench/matrix.h"
+#include "core/capacity/capacity.h"
+#include "core/capacity/model_shape.h"
+#include "core/capacity/stores.h"
 #include "core/cli/serve.h"
 #include "core/cli/tokenize.h"
+#include "core/comm/mpi_group.h"
 #include "core/config/config.h"
 #include "core/eval/calibrate.h"
 #include "core/eval/eval.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 #include "core/report/matrix_report.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/serve/eos.h"
-#include "core/exec/mpi_group.h"
 
 namespace kvrt {
 namespace {
@@ -237,7 +237,7 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool verbose = false;
   int32_t max_new_tokens = 64;
-  exec::SamplingParams sampling;
+  sampling::SamplingParams sampling;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& text, const char* flag) {
@@ -560,14 +560,14 @@ int run_command_line(int argc, char** argv);
 // there, MPI_Abort (ending every rank) when the TP group broke.
 int main(int argc, char** argv) {
   try {
-    return kvrt::exec::mpi_finish(kvrt::run_command_line(argc, argv));
+    return kvrt::comm::mpi_finish(kvrt::run_command_line(argc, argv));
   } catch (const std::bad_alloc&) {
     std::cerr << "kvrt: out of memory\n";
   } catch (const std::exception& e) {
     std::cerr << "kvrt: internal error: " << e.what() << "\n";
   }
-  kvrt::exec::mpi_abandon("kvrt failed with an internal error");
-  return kvrt::exec::mpi_finish(1);
+  kvrt::comm::mpi_abandon("kvrt failed with an internal error");
+  return kvrt::comm::mpi_finish(1);
 }
 
 namespace kvrt {

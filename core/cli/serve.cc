@@ -14,10 +14,10 @@
 
 #include "core/api/chat_prompt.h"
 #include "core/api/server_info.h"
+#include "core/comm/mpi_group.h"
 #include "core/config/config.h"
-#include "core/plugin/registry.h"
-#include "core/exec/mpi_group.h"
 #include "core/http/server.h"
+#include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/serve/step_loop.h"
@@ -174,7 +174,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
     // rank exited and it is stopping the others, with SIGKILL a second later): the other ranks
     // are gone or going, so no request can finish. Their waits end now, and each gets a 500.
     grace = 0;
-    exec::mpi_abandon("kvrt serve: signal " + std::to_string(sig) +
+    comm::mpi_abandon("kvrt serve: signal " + std::to_string(sig) +
                       ": the MPI job is ending (under mpirun: another rank exited, or the job was "
                       "stopped)");
     spdlog::warn("kvrt serve: signal {} under mpirun: {} requests end now", sig,

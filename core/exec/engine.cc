@@ -9,8 +9,8 @@
 #include <functional>
 #include <thread>
 
+#include "core/backend/cpu_backend.h"
 #include "core/capacity/model_shape.h"
-#include "core/exec/cpu_backend.h"
 #include "core/sched/page_hash.h"
 
 namespace kvrt::exec {
@@ -155,7 +155,7 @@ size_t reply_bytes(uint64_t op, std::span<const uint8_t> payload) {
 }
 
 // Every rank's reply, on every rank.
-Status exchange(Communicator& comm, const Status& mine, std::span<const uint8_t> extra,
+Status exchange(comm::Communicator& comm, const Status& mine, std::span<const uint8_t> extra,
                 std::vector<uint8_t>* all) {
   const size_t record = kStatusBytes + extra.size();
   std::vector<uint8_t> own(record);
@@ -163,7 +163,7 @@ Status exchange(Communicator& comm, const Status& mine, std::span<const uint8_t>
   if (!extra.empty()) std::memcpy(own.data() + kStatusBytes, extra.data(), extra.size());
   all->resize(record * comm.size());
   const std::vector<size_t> counts(comm.size(), record);
-  return comm.all_gather(own.data(), counts, all->data(), ElementType::kU8, nullptr);
+  return comm.all_gather(own.data(), counts, all->data(), comm::ElementType::kU8, nullptr);
 }
 
 }  // namespace
@@ -176,23 +176,26 @@ Engine::~Engine() {
   // local_, create() failed before any follower started: there is nobody to stop.
   if (leads_ && local_ != nullptr && options_.tp > 1 && broken_.ok()) {
     uint64_t header[2] = {kStop, 0};
-    (void)local_->communicator().broadcast(header, sizeof(header), ElementType::kU8, 0, nullptr);
+    (void)local_->communicator().broadcast(header, sizeof(header), comm::ElementType::kU8, 0,
+                                           nullptr);
   }
   for (std::thread& t : followers_) t.join();
 }
 
 Status Engine::follow_loop(RankExecutor* rank) {
-  Communicator& comm = rank->communicator();
+  comm::Communicator& comm = rank->communicator();
   std::vector<uint8_t> payload, extra, all;
   TierState tier;
   while (true) {
     uint64_t header[2] = {0, 0};
-    if (Status s = comm.broadcast_idle(header, sizeof(header), ElementType::kU8, 0); !s.ok()) {
+    if (Status s = comm.broadcast_idle(header, sizeof(header), comm::ElementType::kU8, 0);
+        !s.ok()) {
       return s;
     }
     if (header[0] == kStop) return Status::Ok();
     payload.resize(header[1]);
-    if (Status s = comm.broadcast(payload.data(), payload.size(), ElementType::kU8, 0, nullptr);
+    if (Status s =
+            comm.broadcast(payload.data(), payload.size(), comm::ElementType::kU8, 0, nullptr);
         !s.ok()) {
       return s;
     }
@@ -220,19 +223,20 @@ Status Engine::lead(uint64_t op, std::span<const uint8_t> payload, size_t extra_
     if (out != nullptr) *out = std::move(extra);
     return s;
   }
-  Communicator& comm = local_->communicator();
-  // A collective that fails leaves the group unusable (core/parallel/communicator.h): later
+  comm::Communicator& comm = local_->communicator();
+  // A collective that fails leaves the group unusable (core/comm/communicator.h): later
   // commands say so instead of waiting on ranks that may have left.
   auto broke = [this](const Status& s) {
     broken_ = s.WithContext("the TP group failed; the engine cannot step again");
     return broken_;
   };
   uint64_t header[2] = {op, payload.size()};
-  if (Status s = comm.broadcast(header, sizeof(header), ElementType::kU8, 0, nullptr); !s.ok()) {
+  if (Status s = comm.broadcast(header, sizeof(header), comm::ElementType::kU8, 0, nullptr);
+      !s.ok()) {
     return broke(s);
   }
   if (Status s = comm.broadcast(const_cast<uint8_t*>(payload.data()), payload.size(),
-                                ElementType::kU8, 0, nullptr);
+                                comm::ElementType::kU8, 0, nullptr);
       !s.ok()) {
     return broke(s);
   }
@@ -275,15 +279,15 @@ void warn_if_blas_misdetected() {
 
 // size_pool's answer, the least over the group's processes when it spans several (one local
 // rank each: its communicator gathers every process's 8 bytes).
-Result<uint64_t> agreed_pages(const std::function<Result<uint64_t>()>& size_pool, TpGroup& group,
-                              RankExecutor& local) {
+Result<uint64_t> agreed_pages(const std::function<Result<uint64_t>()>& size_pool,
+                              comm::TpGroup& group, RankExecutor& local) {
   Result<uint64_t> mine = size_pool();
   if (!mine.ok()) return mine.status();
   if (group.local_ranks().size() == static_cast<size_t>(group.size())) return mine;
   std::vector<size_t> counts(group.size(), 8);
   std::vector<uint8_t> all(8 * counts.size());
   const uint64_t own = *mine;
-  if (Status s = local.communicator().all_gather(&own, counts, all.data(), ElementType::kU8,
+  if (Status s = local.communicator().all_gather(&own, counts, all.data(), comm::ElementType::kU8,
                                                  nullptr);
       !s.ok()) {
     return s.WithContext("agreeing on the KV pool's pages");
@@ -322,24 +326,24 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
   warn_if_blas_misdetected();
   std::unique_ptr<Engine> engine(new Engine(c, options));
   if (options.group == nullptr) {
-    engine->own_group_ = std::make_unique<ThreadGroup>(options.tp);
+    engine->own_group_ = std::make_unique<comm::ThreadGroup>(options.tp);
     engine->group_ = engine->own_group_.get();
   } else {
     engine->group_ = options.group;
   }
-  TpGroup& group = *engine->group_;
+  comm::TpGroup& group = *engine->group_;
   const int cores = options.threads > 0 ? options.threads : default_threads();
   engine->threads_ = cores;
   const int threads_per_rank = group.threads_per_rank(cores);
   for (int r : group.local_ranks()) {
-    std::unique_ptr<Backend> backend;
+    std::unique_ptr<backend::Backend> backend;
     if (options.make_backend) {
-      Result<std::unique_ptr<Backend>> made = options.make_backend(r);
+      Result<std::unique_ptr<backend::Backend>> made = options.make_backend(r);
       if (!made.ok()) return made.status().WithContext("TP rank " + std::to_string(r));
       backend = std::move(*made);
     } else {
-      backend = std::make_unique<CpuBackend>(options.bf16_weights, threads_per_rank,
-                                             options.bf16_activations);
+      backend = std::make_unique<backend::CpuBackend>(options.bf16_weights, threads_per_rank,
+                                                      options.bf16_activations);
     }
     Result<std::unique_ptr<RankExecutor>> rank =
         RankExecutor::load(**family, weights, std::move(backend), group.communicator(r));

@@ -1,6 +1,6 @@
 // The execution engine: a model sharded over TP ranks, each a RankExecutor (architecture +
 // backend + its KV store and attention handle + its communicator), stepping together. Where the
-// ranks run is the TP group's (core/parallel/tp_group.h): threads of this process, or one
+// ranks run is the TP group's (core/comm/tp_group.h): threads of this process, or one
 // process each under an MPI launcher. Rank 0 leads: it takes the caller's batches and KV-tier
 // requests and broadcasts each as a command (bytes) to the other ranks, which follow -- on
 // threads of their own here, or in follow() in their own processes -- so the same loop serves
@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/comm/thread_communicator.h"
 #include "core/exec/batch.h"
 #include "core/exec/rank_executor.h"
-#include "core/exec/sampler.h"
-#include "core/exec/thread_communicator.h"
+#include "core/sampling/sampler.h"
 #include "core/model/loaded_weights.h"
 #include "core/plugin/registry.h"
 
@@ -26,7 +26,7 @@ struct TierState;
 
 // What a step samples for one sequence of its batch (Engine::step_and_sample).
 struct SequenceSampling {
-  Sampler* sampler = nullptr;  // the request's; null: the sequence samples nothing
+  sampling::Sampler* sampler = nullptr;  // the request's; null: the sequence samples nothing
   // Its tokens so far (prompt first): the prompt's log-probabilities read the token at each
   // position from here.
   std::span<const int32_t> tokens;
@@ -46,11 +46,11 @@ struct EngineOptions {
   RankPlugins plugins;
   // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size
   // must be tp.
-  TpGroup* group = nullptr;
+  comm::TpGroup* group = nullptr;
   // Each local rank's compute backend, made on the creating thread before the rank loads its
   // weights into it (its store comes later, on the backend's device: Backend::bind_device);
   // empty: the CPU's. The composition root sets it for device.kind = "cuda".
-  std::function<Result<std::unique_ptr<Backend>>(int rank)> make_backend;
+  std::function<Result<std::unique_ptr<backend::Backend>>(int rank)> make_backend;
   // Called once this process's ranks hold their weights and before any KV pool exists: how
   // many pages each pool gets (on a GPU the runtime measures what the weights took); empty:
   // num_pages. When the ranks are several processes, every process's answer is gathered and
@@ -110,7 +110,7 @@ class Engine {
   // This process's first rank's KV store (every rank's has the same format and size).
   const plugin::KvStore& store() const { return local_->store(); }
   // This process's first rank's communicator: the collectives' time and bytes.
-  const Communicator& communicator() const { return local_->communicator(); }
+  const comm::Communicator& communicator() const { return local_->communicator(); }
   const model::ModelConfig& config() const { return config_; }
   int tp() const { return options_.tp; }
   uint32_t page_size() const { return options_.page_size; }
@@ -135,8 +135,8 @@ class Engine {
 
   model::ModelConfig config_;
   EngineOptions options_;
-  std::unique_ptr<ThreadGroup> own_group_;  // when options.group is null
-  TpGroup* group_ = nullptr;
+  std::unique_ptr<comm::ThreadGroup> own_group_;  // when options.group is null
+  comm::TpGroup* group_ = nullptr;
   bool leads_ = true;
   std::vector<std::unique_ptr<RankExecutor>> ranks_;  // this process's, ascending
   RankExecutor* local_ = nullptr;  // ranks_[0]: rank 0 when leading

@@ -21,7 +21,7 @@ Result<GenerateResult> generate(Engine& engine, std::span<const int32_t> prompt,
   seq.pages.resize(pages_needed);
   std::iota(seq.pages.begin(), seq.pages.end(), 0);
   const int64_t vocab = engine.config().vocab_size;
-  Sampler sampler(options.sampling);
+  sampling::Sampler sampler(options.sampling);
   GenerateResult result;
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t) {

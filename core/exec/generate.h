@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "core/exec/engine.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 
 namespace kvrt::exec {
 
 struct GenerateOptions {
   int32_t max_new_tokens = 64;
-  SamplingParams sampling;
+  sampling::SamplingParams sampling;
   std::vector<int32_t> stop_ids;  // generation ends after emitting one of these
   int64_t prefill_chunk = 2048;   // tokens per prefill step; <= 0: the whole prompt at once
 };

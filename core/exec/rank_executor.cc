@@ -11,8 +11,8 @@ RankExecutor::~RankExecutor() = default;
 
 Result<std::unique_ptr<RankExecutor>> RankExecutor::load(const model::ArchitectureFamily& family,
                                                          const model::LoadedWeights& weights,
-                                                         std::unique_ptr<Backend> backend,
-                                                         std::unique_ptr<Communicator> comm) {
+                                                         std::unique_ptr<backend::Backend> backend,
+                                                         std::unique_ptr<comm::Communicator> comm) {
   const int rank = comm->rank(), tp = comm->size();
   std::unique_ptr<RankExecutor> r(new RankExecutor(std::move(backend), std::move(comm)));
   Result<std::unique_ptr<model::Architecture>> arch =
@@ -33,7 +33,10 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
   store_ = std::move(*store);
 
   const model::AttentionShape shape = arch_->attention_shape();
-  if (shape.q_heads == 0) return Status::Ok();
+  if (shape.q_heads == 0) {  // it writes its KV heads and never attends
+    step_attention_ = std::make_unique<plugin::StepAttention>(store_.get(), nullptr);
+    return Status::Ok();
+  }
   kvrt_attention_params p{};
   p.struct_size = sizeof(p);
   p.num_q_heads = static_cast<uint32_t>(shape.q_heads);
@@ -59,6 +62,7 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
           native.message(), store_->name());
     }
   }
+  step_attention_ = std::make_unique<plugin::StepAttention>(store_.get(), attention_.get());
   return Status::Ok();
 }
 
@@ -88,35 +92,6 @@ Status RankExecutor::plan_attention(const Batch& batch) {
   return attention_->plan(b);
 }
 
-Status RankExecutor::write(uint32_t layer, const float* k, const float* v, int64_t row_stride) {
-  if (!plan_status_.ok()) return plan_status_;
-  kvrt_kv_write w{};
-  w.struct_size = sizeof(w);
-  w.layer = layer;
-  w.dtype = KVRT_DTYPE_F32;
-  w.num_tokens = static_cast<uint32_t>(slots_.size());
-  w.slots = slots_.data();
-  w.k = k;
-  w.v = v;
-  w.k_token_stride = w.v_token_stride = row_stride;
-  w.device_slots = device_slots_;
-  w.stream = backend_->stream();
-  return store_->write(w);
-}
-
-Status RankExecutor::attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
-                            int64_t out_row_stride) {
-  kvrt_attention_run_args args{};
-  args.layer = layer;
-  args.q_dtype = args.out_dtype = KVRT_DTYPE_F32;
-  args.q = q;
-  args.out = out;
-  args.q_row_stride = q_row_stride;
-  args.out_row_stride = out_row_stride;
-  args.stream = backend_->stream();
-  return attention_->run(*store_, store_->checked_layout(layer), args);
-}
-
 Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
   // A backend whose device fails mid-step (a CUDA launch or allocation error) throws; the step
   // then fails with the reason instead of ending the process, after waiting (best effort) for
@@ -140,11 +115,14 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
       const int64_t end = static_cast<int64_t>(ids_.size());
       for (int64_t row = end - s.logit_rows(); row < end; ++row) last_rows_.push_back(row);
     }
-    // A failed plan still runs the forward, with its collectives: the first KV write of each
-    // layer returns the failure, and the forward returns it at the end.
-    plan_status_ = plan_attention(batch);
-    device_slots_ = backend_->stage_slots(slots_);  // once a step, for every layer's writes
-    Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *this, logits);
+    // A failed plan still runs the forward, with its collectives: each layer's attention
+    // returns the failure, and the forward returns it at the end. The slots are staged on the
+    // device once a step, for every layer's writes.
+    Status plan = plan_attention(batch);
+    const int64_t* device_slots = backend_->stage_slots(slots_);
+    step_attention_->begin_step(slots_, device_slots, backend_->stream(), std::move(plan));
+    Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *step_attention_,
+                              logits);
     backend_->end_step();
     return s;
   } catch (const std::exception& e) {

@@ -1,19 +1,20 @@
 // One TP rank: the pairing of an architecture (the model's shard and its forward, core/model)
 // with a compute backend (where the tensors live and the ops run), this rank's KV store and
 // attention handle (through the plugin wrappers) and its communicator. It owns the step's
-// host-side bookkeeping -- the new tokens' slots and the attention plan -- and gives the
-// architecture's layers their KV writes and attention calls.
+// host-side bookkeeping -- the new tokens' slots and the attention plan -- and hands the
+// architecture the step's plugin::StepAttention, which each layer calls once.
 #pragma once
 
 #include <memory>
 #include <vector>
 
+#include "core/backend/backend.h"
+#include "core/comm/communicator.h"
 #include "core/exec/batch.h"
 #include "core/model/architecture.h"
-#include "core/parallel/backend.h"
-#include "core/parallel/communicator.h"
 #include "core/plugin/attention.h"
 #include "core/plugin/kv_store.h"
+#include "core/plugin/step_attention.h"
 #include "core/util/status.h"
 
 namespace kvrt::exec {
@@ -26,21 +27,21 @@ struct RankPlugins {
   const kvrt_config* attention_config = nullptr;
 };
 
-class RankExecutor : private model::KvAttention {
+class RankExecutor {
  public:
   // Builds this rank's share of `weights` with `family` in `backend`. The rank has no KV store
   // until attach(), so the engine can size the pools once every rank's weights are in place.
   static Result<std::unique_ptr<RankExecutor>> load(const model::ArchitectureFamily& family,
                                                     const model::LoadedWeights& weights,
-                                                    std::unique_ptr<Backend> backend,
-                                                    std::unique_ptr<Communicator> comm);
+                                                    std::unique_ptr<backend::Backend> backend,
+                                                    std::unique_ptr<comm::Communicator> comm);
   // Creates the rank's KV store (`geometry`, num_pages pages) on its backend's device and its
   // attention handle. The attention plugin is asked whether it reads the store's layout
   // natively (supports()); when it does not and the store has no gather() to fall back on, the
   // pairing is refused with both reasons. Once, on the thread that loaded the rank.
   Status attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
-  const Backend& backend() const { return *backend_; }
-  ~RankExecutor() override;
+  const backend::Backend& backend() const { return *backend_; }
+  ~RankExecutor();
   RankExecutor(const RankExecutor&) = delete;
   RankExecutor& operator=(const RankExecutor&) = delete;
 
@@ -50,28 +51,25 @@ class RankExecutor : private model::KvAttention {
   Status forward(const Batch& batch, std::vector<float>* logits);
 
   int rank() const { return comm_->rank(); }
-  Communicator& communicator() { return *comm_; }
+  comm::Communicator& communicator() { return *comm_; }
   plugin::KvStore& store() { return *store_; }
 
  private:
-  RankExecutor(std::unique_ptr<Backend> backend, std::unique_ptr<Communicator> comm)
+  RankExecutor(std::unique_ptr<backend::Backend> backend, std::unique_ptr<comm::Communicator> comm)
       : backend_(std::move(backend)), comm_(std::move(comm)) {}
   Status plan_attention(const Batch& batch);
-  Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride) override;
-  Status attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
-                int64_t out_row_stride) override;
 
-  std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<backend::Backend> backend_;
+  std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<model::Architecture> arch_;
   std::unique_ptr<plugin::KvStore> store_;
   std::unique_ptr<plugin::Attention> attention_;  // null on a rank without query heads
+  // What each layer of the forward calls, once a layer: the store's write, then attention.
+  std::unique_ptr<plugin::StepAttention> step_attention_;
   uint32_t page_size_ = 0;
-  Status plan_status_;  // this step's attention plan
   // The step: its new tokens' ids, positions and slots, and the planned batch as CSR.
   std::vector<int32_t> ids_, positions_;
   std::vector<int64_t> slots_, last_rows_;
-  const int64_t* device_slots_ = nullptr;  // slots_ in the backend's memory (null on the CPU)
   std::vector<int32_t> qo_indptr_, kv_page_indptr_, kv_page_indices_, kv_last_page_len_;
 };
 

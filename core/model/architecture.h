@@ -1,5 +1,5 @@
 // The architecture interface: one model family's tensors, how they shard over TP ranks, and a
-// step's forward written in a compute backend's ops (core/parallel/backend.h). One instance holds
+// step's forward written in a compute backend's ops (core/backend/backend.h). One instance holds
 // one rank's shard. Llama-family models (Llama, Mistral, Qwen2, Qwen3) are llama.h, DeepSeek-V3's
 // MLA + MoE deepseek_v3.h; a new family is a new file registered in architecture.cc, with no
 // change to the others or to the backends.
@@ -12,10 +12,11 @@
 #include <string_view>
 #include <vector>
 
+#include "core/backend/backend.h"
+#include "core/comm/communicator.h"
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
-#include "core/parallel/backend.h"
-#include "core/parallel/communicator.h"
+#include "core/plugin/step_attention.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
@@ -27,19 +28,6 @@ struct StepInputs {
   // The rows whose logits are wanted, in order: per sequence its last new token's, or each of
   // its new tokens' (exec::SequenceStep::all_logits).
   std::span<const int64_t> last_rows;
-};
-
-// This rank's KV store and attention plugin, as a layer's forward uses them. The step's KV slots
-// and its attention plan are the rank executor's; a layer only hands over rows.
-class KvAttention {
- public:
-  virtual ~KvAttention() = default;
-  // Stores the step's new K and V rows of `layer` (this rank's KV heads; row i at k + i *
-  // row_stride floats, the same for v).
-  virtual Status write(uint32_t layer, const float* k, const float* v, int64_t row_stride) = 0;
-  // Attention of the step's query rows over the layer's KV (the new rows included).
-  virtual Status attend(uint32_t layer, const float* q, int64_t q_row_stride, float* out,
-                        int64_t out_row_stride) = 0;
 };
 
 // This rank's attention shape, for the attention plugin and the KV geometry.
@@ -59,8 +47,9 @@ class Architecture {
   // collectives; rank 0 fills `logits` with [rows][vocab] of the inputs' last_rows, the others
   // leave it alone. A failure (a plugin call) still takes part in every collective,
   // so no rank is left waiting, and is returned at the end.
-  virtual Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
-                         KvAttention& kv, std::vector<float>* logits) = 0;
+  virtual Status forward(const StepInputs& inputs, backend::Backend& backend,
+                         comm::Communicator& comm, plugin::StepAttention& kv,
+                         std::vector<float>* logits) = 0;
 };
 
 // A model family: which tensors it has (its LoadedWeights type, and their names in a
@@ -78,7 +67,7 @@ struct ArchitectureFamily {
   // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's, and must be
   // this family's type) into `backend`'s memory.
   Result<std::unique_ptr<Architecture>> (*create)(const LoadedWeights& weights, int rank, int tp,
-                                                  exec::Backend& backend);
+                                                  backend::Backend& backend);
 };
 
 // The family serving config.architecture, or an error naming it and the families there are.

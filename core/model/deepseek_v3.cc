@@ -6,11 +6,19 @@
 #include <numeric>
 
 #include "core/model/safetensors.h"
-#include "core/model/vocab_parallel.h"
 #include "core/model/weights.h"
+#include "core/parallel/linear.h"
+#include "core/parallel/vocab_parallel.h"
 #include "kernels/shared/rope.h"
 
 namespace kvrt::model {
+
+using parallel::ColumnParallelLinear;
+using parallel::Range;
+using parallel::RowParallelLinear;
+using parallel::RowsOf;
+using parallel::split;
+
 namespace {
 
 double yarn_mscale(double scale, double mscale) {
@@ -129,48 +137,50 @@ void route(const ModelConfig::Moe& m, const float* logits, const float* bias, in
 class DeepseekV3 : public Architecture {
  public:
   DeepseekV3(const DeepseekV3Weights& weights, const DeepseekV3Shard& shard,
-             exec::Backend& backend);
+             backend::Backend& backend);
   AttentionShape attention_shape() const override;
-  Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
-                 KvAttention& kv, std::vector<float>* logits) override;
+  Status forward(const StepInputs& inputs, backend::Backend& backend, comm::Communicator& comm,
+                 plugin::StepAttention& kv, std::vector<float>* logits) override;
 
  private:
   struct Mlp {
-    std::unique_ptr<exec::Matrix> gate_up;  // [2 I_r][H]: gate rows, then up rows
-    std::unique_ptr<exec::Matrix> down;     // [H][I_r]
-    int64_t width = 0;                      // I_r
+    ColumnParallelLinear gate_up;  // [2 I_r][H]: gate rows, then up rows
+    RowParallelLinear down;        // [H][I_r]
+    int64_t width = 0;             // I_r
   };
   struct Layer {
-    exec::Buffer input_norm, post_norm, q_a_norm, kv_a_norm;
-    std::unique_ptr<exec::Matrix> q_a;  // null without q_lora_rank
+    backend::Buffer input_norm, post_norm, q_a_norm, kv_a_norm;
+    std::unique_ptr<backend::Matrix> q_a;  // null without q_lora_rank
     // [n_r N + n_r R][Lq or H]: the rank's heads' nope rows, then their rope rows, so the
     // rope parts are contiguous heads.
-    std::unique_ptr<exec::Matrix> q_b;
-    std::unique_ptr<exec::Matrix> kv_a;             // [L+R][H]
-    std::vector<std::unique_ptr<exec::Matrix>> uk;  // per head [L][N]: W_UK^T
-    std::vector<std::unique_ptr<exec::Matrix>> uv;  // per head [V][L]
-    std::unique_ptr<exec::Matrix> o;                // [H][n_r V]
+    ColumnParallelLinear q_b;
+    std::unique_ptr<backend::Matrix> kv_a;             // [L+R][H]
+    std::vector<std::unique_ptr<backend::Matrix>> uk;  // per head [L][N]: W_UK^T
+    std::vector<std::unique_ptr<backend::Matrix>> uv;  // per head [V][L]
+    RowParallelLinear o;                               // [H][n_r V]
     bool moe = false;
     Mlp mlp;                                   // dense
-    std::unique_ptr<exec::Matrix> router;      // [E][H]
+    std::unique_ptr<backend::Matrix> router;   // [E][H]
     std::vector<float> router_bias;            // host
     std::vector<Mlp> experts;
     Mlp shared;
   };
 
-  Mlp upload_mlp(exec::Backend& be, const MlpWeights& w, Range keep, bool whole);
-  Status attention(Layer& l, uint32_t layer, int64_t T, exec::Backend& be, KvAttention& kv);
-  void moe(Layer& l, int64_t T, exec::Backend& be);
-  void mlp(const Mlp& m, const float* x, int64_t rows, exec::Backend& be, float* out);
+  Mlp upload_mlp(backend::Backend& be, const MlpWeights& w, Range keep, bool whole);
+  Status attention(Layer& l, uint32_t layer, int64_t T, backend::Backend& be,
+                   plugin::StepAttention& kv);
+  void moe(Layer& l, int64_t T, backend::Backend& be);
+  // silu(gate) * up of `rows` rows of x, in act_: the input of m.down.
+  const float* activation(const Mlp& m, const float* x, int64_t rows, backend::Backend& be);
 
   ModelConfig config_;
   int64_t nh_ = 0, N_ = 0, R_ = 0, V_ = 0, L_ = 0, Lq_ = 0;
   std::vector<Layer> layers_;
-  std::unique_ptr<VocabParallel> vocab_;
+  std::unique_ptr<parallel::VocabParallel> vocab_;
   std::vector<float> inv_freq_;
   float rope_scale_ = 1, softmax_scale_ = 1;
   // Activations, grown to the largest step seen.
-  exec::Buffer x_, h_, cos_, sin_, qa_, q_, lat_, qatt_, olat_, attn_, partial_, gate_up_, act_,
+  backend::Buffer x_, h_, cos_, sin_, qa_, q_, lat_, qatt_, olat_, attn_, partial_, gate_up_, act_,
       rows_, out_, router_;
   std::vector<float> router_logits_;
   RouteScratch route_;
@@ -181,7 +191,7 @@ class DeepseekV3 : public Architecture {
 };
 
 DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
-                       exec::Backend& be)
+                       backend::Backend& be)
     : config_(w.config), route_(w.config.moe) {
   const ModelConfig& c = config_;
   const ModelConfig::Mla& mla = c.mla;
@@ -213,7 +223,7 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
         q_b.insert(q_b.end(), lw.q_b.begin() + row * q_in, lw.q_b.begin() + (row + width) * q_in);
       }
     }
-    l.q_b = be.upload_matrix(std::move(q_b), nh_ * (N_ + R_), q_in);
+    l.q_b = ColumnParallelLinear(be, std::move(q_b), nh_ * (N_ + R_), q_in);
     l.kv_a = be.upload_matrix(lw.kv_a, L_ + R_, H);
     l.kv_a_norm = be.upload(lw.kv_a_norm);
     for (int64_t h = first_head; h < first_head + nh_; ++h) {
@@ -226,8 +236,8 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       const float* v_part = k_part + N_ * L_;  // [V][L]
       l.uv.push_back(be.upload_matrix(std::vector<float>(v_part, v_part + V_ * L_), V_, L_));
     }
-    l.o = be.upload_matrix(
-        columns_of(lw.o, held_heads * V_, {first_head * V_, (first_head + nh_) * V_}), H, nh_ * V_);
+    l.o =
+        RowParallelLinear(be, lw.o, H, held_heads * V_, {first_head * V_, (first_head + nh_) * V_});
     l.moe = c.moe_layer(static_cast<int64_t>(li));
     if (l.moe) {
       l.router = be.upload_matrix(lw.router, c.moe.n_routed_experts, H);
@@ -242,27 +252,24 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
     layers_.push_back(std::move(l));
   }
   const Range vocab = w.whole ? shard.vocab : Range{0, shard.vocab.size()};
-  vocab_ = std::make_unique<VocabParallel>(
-      be, shard.rank, shard.tp, c.vocab_size, H, rows_of(w.embed, H, vocab),
-      rows_of(w.lm_head.empty() ? w.embed : w.lm_head, H, vocab), w.final_norm);
+  vocab_ = std::make_unique<parallel::VocabParallel>(
+      be, shard.rank, shard.tp, c.vocab_size, H, parallel::rows_of(w.embed, H, vocab),
+      parallel::rows_of(w.lm_head.empty() ? w.embed : w.lm_head, H, vocab), w.final_norm);
   rope_frequencies(c, R_, &inv_freq_, &rope_scale_);
   softmax_scale_ = mla_softmax_scale(c);
   expert_rows_.resize(c.moe.n_routed_experts);
   expert_weights_.resize(c.moe.n_routed_experts);
 }
 
-DeepseekV3::Mlp DeepseekV3::upload_mlp(exec::Backend& be, const MlpWeights& w, Range keep,
+DeepseekV3::Mlp DeepseekV3::upload_mlp(backend::Backend& be, const MlpWeights& w, Range keep,
                                        bool whole) {
   const int64_t H = config_.hidden_size;
   const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
   const Range cols = whole ? keep : Range{0, keep.size()};
   Mlp m;
   m.width = keep.size();
-  std::vector<float> gate_up = rows_of(w.gate, H, cols);
-  const std::vector<float> up = rows_of(w.up, H, cols);
-  gate_up.insert(gate_up.end(), up.begin(), up.end());
-  m.gate_up = be.upload_matrix(std::move(gate_up), 2 * m.width, H);
-  m.down = be.upload_matrix(columns_of(w.down, held, cols), H, m.width);
+  m.gate_up = ColumnParallelLinear(be, {{&w.gate, cols}, {&w.up, cols}}, H);
+  m.down = RowParallelLinear(be, w.down, H, held, cols);
   return m;
 }
 
@@ -276,16 +283,17 @@ AttentionShape DeepseekV3::attention_shape() const {
   return s;
 }
 
-void DeepseekV3::mlp(const Mlp& m, const float* x, int64_t rows, exec::Backend& be, float* out) {
+const float* DeepseekV3::activation(const Mlp& m, const float* x, int64_t rows,
+                                    backend::Backend& be) {
   be.reserve(&gate_up_, rows * 2 * m.width);
   be.reserve(&act_, rows * m.width);
-  be.matmul(x, rows, *m.gate_up, gate_up_.data());
+  m.gate_up.forward(be, x, rows, gate_up_.data());
   be.silu_mul(gate_up_.data(), rows, m.width, act_.data());
-  be.matmul(act_.data(), rows, *m.down, out);
+  return act_.data();
 }
 
-Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, exec::Backend& be,
-                             KvAttention& kv) {
+Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, backend::Backend& be,
+                             plugin::StepAttention& kv) {
   const int64_t q_width = nh_ * (N_ + R_), row = L_ + R_;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = h_.data();
@@ -295,9 +303,9 @@ Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, exec::Backend&
     be.reserve(&qa_, T * Lq_);
     be.matmul(h, T, *l.q_a, qa_.data());
     be.rms_norm(qa_.data(), l.q_a_norm, qa_.data(), T, Lq_, eps);
-    be.matmul(qa_.data(), T, *l.q_b, q_.data());
+    l.q_b.forward(be, qa_.data(), T, q_.data());
   } else {
-    be.matmul(h, T, *l.q_b, q_.data());
+    l.q_b.forward(be, h, T, q_.data());
   }
   // The latent row: [kv_a_layernorm(c) | rope(k_pe)], stored for every head.
   be.reserve(&lat_, T * row);
@@ -311,7 +319,6 @@ Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, exec::Backend&
     be.apply_rope(lat_.data() + L_, T, 1, R_, row, cos_.data(), sin_.data());
     be.apply_rope(q_rope, T, nh_, R_, q_width, cos_.data(), sin_.data());
   }
-  if (Status s = kv.write(layer, lat_.data(), nullptr, row); !s.ok()) return s;
   // Absorbed queries: per head [W_UK^T q_nope | rope(q_pe)].
   be.reserve(&qatt_, T * nh_ * row);
   for (int64_t hd = 0; hd < nh_; ++hd) {
@@ -319,21 +326,23 @@ Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, exec::Backend&
                       nh_ * row);
     be.copy_rows(q_rope + hd * R_, q_width, qatt_.data() + hd * row + L_, nh_ * row, T, R_);
   }
+  // The latent row stored (no separate values), then attention over the layer's latents.
   be.reserve(&olat_, T * nh_ * L_);
-  if (Status s = kv.attend(layer, qatt_.data(), nh_ * row, olat_.data(), nh_ * L_); !s.ok()) {
+  if (Status s = kv.attention(layer, qatt_.data(), nh_ * row, lat_.data(), nullptr, row,
+                              olat_.data(), nh_ * L_);
+      !s.ok()) {
     return s;
   }
-  // Out of the latent space by each head's W_UV, then o_proj's columns of this rank's heads.
+  // Out of the latent space by each head's W_UV, into attn_ (o_proj's input on this rank).
   be.reserve(&attn_, T * nh_ * V_);
   for (int64_t hd = 0; hd < nh_; ++hd) {
     be.matmul_strided(olat_.data() + hd * L_, T, nh_ * L_, *l.uv[hd], attn_.data() + hd * V_,
                       nh_ * V_);
   }
-  be.matmul(attn_.data(), T, *l.o, partial_.data());
   return Status::Ok();
 }
 
-void DeepseekV3::moe(Layer& l, int64_t T, exec::Backend& be) {
+void DeepseekV3::moe(Layer& l, int64_t T, backend::Backend& be) {
   const ModelConfig::Moe& m = config_.moe;
   const int64_t H = config_.hidden_size, E = m.n_routed_experts, K = m.num_experts_per_tok;
   const float* h = h_.data();
@@ -363,32 +372,30 @@ void DeepseekV3::moe(Layer& l, int64_t T, exec::Backend& be) {
     be.reserve(&rows_, n * H);
     be.reserve(&out_, n * H);
     be.gather_rows(h, expert_rows_[e], H, rows_.data());
-    mlp(l.experts[e], rows_.data(), n, be, out_.data());
+    l.experts[e].down.partial(be, activation(l.experts[e], rows_.data(), n, be), n, out_.data());
     be.scatter_add_rows(out_.data(), expert_rows_[e], expert_weights_[e], H, partial);
   }
   if (l.shared.width > 0) {
     be.reserve(&out_, T * H);
-    mlp(l.shared, h, T, be, out_.data());
+    l.shared.down.partial(be, activation(l.shared, h, T, be), T, out_.data());
     be.add(partial, out_.data(), T * H);
   }
 }
 
-Status DeepseekV3::forward(const StepInputs& in, exec::Backend& be, exec::Communicator& comm,
-                           KvAttention& kv, std::vector<float>* logits) {
+Status DeepseekV3::forward(const StepInputs& in, backend::Backend& be, comm::Communicator& comm,
+                           plugin::StepAttention& kv, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, T = static_cast<int64_t>(in.ids.size());
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const exec::Stream stream = be.stream();
   Status status;  // the first failure; collectives go on regardless
   auto check = [&status](Status s) {
     if (status.ok() && !s.ok()) status = s;
     return status.ok();
   };
-  using exec::ElementType;
 
   be.reserve(&x_, T * H);
   check(vocab_->embed(be, comm, in.ids, x_.data()));
-  for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * R_ / 2);
+  for (backend::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * R_ / 2);
   be.rope_tables_from(in.positions, inv_freq_, rope_scale_, cos_.data(), sin_.data());
   be.reserve(&h_, T * H);
   be.reserve(&partial_, T * H);
@@ -397,19 +404,25 @@ Status DeepseekV3::forward(const StepInputs& in, exec::Backend& be, exec::Commun
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
     be.rms_norm(x, l.input_norm, h_.data(), T, H, eps);
-    be.fill_zero(partial, T * H);
-    if (nh_ > 0 && status.ok()) check(attention(l, static_cast<uint32_t>(li), T, be, kv));
-    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    // o_proj's input: none on a rank without heads, or after a failure.
+    const float* attn = nullptr;
+    if (nh_ > 0 && status.ok() && check(attention(l, static_cast<uint32_t>(li), T, be, kv))) {
+      attn = attn_.data();
+    }
+    check(l.o.forward(be, comm, attn, T, partial));
     be.add(x, partial, T * H);
 
     be.rms_norm(x, l.post_norm, h_.data(), T, H, eps);
-    be.fill_zero(partial, T * H);
     if (l.moe) {
+      // The experts' row-parallel products (and the shared experts'), added here and summed
+      // over the group once.
+      be.fill_zero(partial, T * H);
       moe(l, T, be);
-    } else if (l.mlp.width > 0) {
-      mlp(l.mlp, h_.data(), T, be, partial);
+      check(RowParallelLinear::reduce(be, comm, partial, T, H));
+    } else {
+      const float* act = l.mlp.width > 0 ? activation(l.mlp, h_.data(), T, be) : nullptr;
+      check(l.mlp.down.forward(be, comm, act, T, partial));
     }
-    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
     be.add(x, partial, T * H);
   }
   check(vocab_->logits(be, comm, x, in.last_rows, eps, logits));
@@ -437,7 +450,7 @@ Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& c, uint64_t s
 }
 
 Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int rank, int tp,
-                                             exec::Backend& backend) {
+                                             backend::Backend& backend) {
   const auto* w = dynamic_cast<const DeepseekV3Weights*>(&loaded);
   if (w == nullptr) {
     return Status::Internal("the deepseek_v3 family was given another family's weights (" +

@@ -41,11 +41,12 @@ namespace kvrt::model {
 struct DeepseekV3Shard {
   int rank = 0;
   int tp = 1;
-  Range heads;         // query heads
-  Range intermediate;  // the dense MLP's columns
-  Range expert;        // each routed expert's columns (of moe_intermediate_size)
-  Range shared;        // the shared experts' columns (of n_shared * moe_intermediate_size)
-  Range vocab;         // embedding and LM head rows
+  parallel::Range heads;         // query heads
+  parallel::Range intermediate;  // the dense MLP's columns
+  parallel::Range expert;        // each routed expert's columns (of moe_intermediate_size)
+  // The shared experts' columns (of n_shared * moe_intermediate_size).
+  parallel::Range shared;
+  parallel::Range vocab;         // embedding and LM head rows
 };
 
 Result<DeepseekV3Shard> deepseek_v3_shard(const ModelConfig& config, int rank, int tp);

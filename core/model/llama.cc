@@ -3,29 +3,37 @@
 #include <cmath>
 #include <numbers>
 
-#include "core/model/vocab_parallel.h"
 #include "core/model/weights.h"
+#include "core/parallel/linear.h"
+#include "core/parallel/vocab_parallel.h"
 #include "kernels/shared/rope.h"
 
 namespace kvrt::model {
+
+using parallel::append_rows;
+using parallel::ColumnParallelLinear;
+using parallel::Range;
+using parallel::RowParallelLinear;
+using parallel::RowsOf;
+using parallel::split;
+
 namespace {
 
 class Llama : public Architecture {
  public:
-  Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend);
+  Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& backend);
   AttentionShape attention_shape() const override;
-  Status forward(const StepInputs& inputs, exec::Backend& backend, exec::Communicator& comm,
-                 KvAttention& kv, std::vector<float>* logits) override;
+  Status forward(const StepInputs& inputs, backend::Backend& backend, comm::Communicator& comm,
+                 plugin::StepAttention& kv, std::vector<float>* logits) override;
 
  private:
   struct Layer {
-    exec::Buffer input_norm, post_norm;
-    std::unique_ptr<exec::Matrix> qkv;      // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows
-    exec::Buffer qkv_bias;                  // [(nq + 2 nkv) * D], or empty
-    exec::Buffer q_norm, k_norm;            // [D] each (Qwen3), or empty
-    std::unique_ptr<exec::Matrix> o;        // [H][nq * D]: this rank's columns of o_proj
-    std::unique_ptr<exec::Matrix> gate_up;  // [2 I_r][H]: this rank's gate rows, then up rows
-    std::unique_ptr<exec::Matrix> down;     // [H][I_r]: this rank's columns of down_proj
+    backend::Buffer input_norm, post_norm;
+    ColumnParallelLinear qkv;        // [(nq + 2 nkv) * D][H]: this rank's q, k, v rows (+ biases)
+    backend::Buffer q_norm, k_norm;  // [D] each (Qwen3), or empty
+    RowParallelLinear o;             // [H][nq * D]: this rank's columns of o_proj
+    ColumnParallelLinear gate_up;    // [2 I_r][H]: this rank's gate rows, then up rows
+    RowParallelLinear down;          // [H][I_r]: this rank's columns of down_proj
   };
 
   ModelConfig config_;
@@ -33,12 +41,12 @@ class Llama : public Architecture {
   int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;           // [D / 2]
-  std::unique_ptr<VocabParallel> vocab_;  // the embedding, the final norm and the LM head
+  std::unique_ptr<parallel::VocabParallel> vocab_;  // the embedding, final norm and LM head
   // Activations, grown to the largest step seen.
-  exec::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_;
+  backend::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_;
 };
 
-Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& backend)
+Llama::Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& backend)
     : config_(weights.config), shard_(shard) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
@@ -60,38 +68,33 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, exec::Backend& bac
   const int64_t o_cols =
       held.whole ? c.num_attention_heads * head_dim_ : held.q_heads.size() * head_dim_;
   const int64_t down_cols = held.whole ? c.intermediate_size : held.intermediate.size();
-  const int64_t qkv_rows = (nq_ + 2 * nkv_) * head_dim_, I = shard.intermediate.size();
   for (const LayerWeights& lw : weights.layers) {
     Layer l;
     l.input_norm = backend.upload(lw.input_norm);
     l.post_norm = backend.upload(lw.post_norm);
-    std::vector<float> qkv, gate_up, bias;
-    append_rows(lw.q, hidden, q_rows, &qkv);
-    append_rows(lw.k, hidden, kv_rows, &qkv);
-    append_rows(lw.v, hidden, kv_rows, &qkv);
-    l.qkv = backend.upload_matrix(std::move(qkv), qkv_rows, hidden);
-    if (!lw.q_bias.empty()) {
-      append_rows(lw.q_bias, 1, q_rows, &bias);
-      append_rows(lw.k_bias, 1, kv_rows, &bias);
-      append_rows(lw.v_bias, 1, kv_rows, &bias);
-      l.qkv_bias = backend.upload(bias);
-    }
+    // Column-parallel q, k and v fused (with their biases where the model has them); row-parallel
+    // o over this rank's heads' columns.
+    const std::initializer_list<RowsOf> no_bias{};
+    const std::initializer_list<RowsOf> qkv_bias{
+        {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
+    l.qkv = ColumnParallelLinear(backend, {{&lw.q, q_rows}, {&lw.k, kv_rows}, {&lw.v, kv_rows}},
+                                 hidden, lw.q_bias.empty() ? no_bias : qkv_bias);
     if (!lw.q_norm.empty()) {
       l.q_norm = backend.upload(lw.q_norm);
       l.k_norm = backend.upload(lw.k_norm);
     }
-    l.o = backend.upload_matrix(columns_of(lw.o, o_cols, q_rows), hidden, nq_ * head_dim_);
-    append_rows(lw.gate, hidden, mlp, &gate_up);
-    append_rows(lw.up, hidden, mlp, &gate_up);
-    l.gate_up = backend.upload_matrix(std::move(gate_up), 2 * I, hidden);
-    l.down = backend.upload_matrix(columns_of(lw.down, down_cols, mlp), hidden, I);
+    l.o = RowParallelLinear(backend, lw.o, hidden, o_cols, q_rows);
+    // The MLP: column-parallel gate and up fused, row-parallel down.
+    l.gate_up = ColumnParallelLinear(backend, {{&lw.gate, mlp}, {&lw.up, mlp}}, hidden);
+    l.down = RowParallelLinear(backend, lw.down, hidden, down_cols, mlp);
     layers_.push_back(std::move(l));
   }
   std::vector<float> embed, lm_head;
   append_rows(weights.embed, hidden, vocab, &embed);
   append_rows(weights.output_embedding(), hidden, vocab, &lm_head);
-  vocab_ = std::make_unique<VocabParallel>(backend, shard.rank, shard.tp, c.vocab_size, hidden,
-                                           embed, std::move(lm_head), weights.final_norm);
+  vocab_ =
+      std::make_unique<parallel::VocabParallel>(backend, shard.rank, shard.tp, c.vocab_size, hidden,
+                                                embed, std::move(lm_head), weights.final_norm);
 }
 
 AttentionShape Llama::attention_shape() const {
@@ -103,25 +106,23 @@ AttentionShape Llama::attention_shape() const {
   return s;
 }
 
-Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicator& comm,
-                      KvAttention& kv, std::vector<float>* logits) {
+Status Llama::forward(const StepInputs& in, backend::Backend& be, comm::Communicator& comm,
+                      plugin::StepAttention& kv, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, D = head_dim_, T = static_cast<int64_t>(in.ids.size());
   const int64_t qkv_width = (nq_ + 2 * nkv_) * D, I = shard_.intermediate.size();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const exec::Stream stream = be.stream();
   Status status;  // the first failure; collectives go on regardless
   auto check = [&status](Status s) {
     if (status.ok() && !s.ok()) status = s;
     return status.ok();
   };
-  using exec::ElementType;
 
   // Vocab-parallel embedding: each rank fills its rows, the all-reduce completes them.
   be.reserve(&x_, T * H);
   check(vocab_->embed(be, comm, in.ids, x_.data()));
 
-  for (exec::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
+  for (backend::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
   be.rope_tables_from(in.positions, inv_freq_, 1.0f, cos_.data(), sin_.data());
   be.reserve(&h_, T * H);
   be.reserve(&qkv_, T * qkv_width);
@@ -137,10 +138,9 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
     const Layer& l = layers_[li];
     const auto layer = static_cast<uint32_t>(li);
     be.rms_norm(x, l.input_norm, h, T, H, eps);
-    be.fill_zero(partial, T * H);
+    const float* attn = nullptr;  // none on a rank without query heads, or after a failure
     if (nq_ > 0 && status.ok()) {
-      be.matmul(h, T, *l.qkv, qkv);
-      if (l.qkv_bias.size() > 0) be.add_bias(qkv, T, qkv_width, l.qkv_bias);
+      l.qkv.forward(be, h, T, qkv);
       if (l.q_norm.size() > 0) {
         // Qwen3: each head of q and of k normalised on its own, before RoPE.
         for (int64_t head = 0; head < nq_ + nkv_; ++head) {
@@ -150,19 +150,18 @@ Status Llama::forward(const StepInputs& in, exec::Backend& be, exec::Communicato
         }
       }
       be.apply_rope(qkv, T, nq_ + nkv_, D, qkv_width, cos_.data(), sin_.data());
-      if (check(kv.write(layer, qkv + nq_ * D, qkv + (nq_ + nkv_) * D, qkv_width)) &&
-          check(kv.attend(layer, qkv, qkv_width, attn_.data(), nq_ * D))) {
-        be.matmul(attn_.data(), T, *l.o, partial);
+      if (check(kv.attention(layer, qkv, qkv_width, qkv + nq_ * D, qkv + (nq_ + nkv_) * D,
+                             qkv_width, attn_.data(), nq_ * D))) {
+        attn = attn_.data();
       }
     }
-    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    check(l.o.forward(be, comm, attn, T, partial));
     be.add(x, partial, T * H);
 
     be.rms_norm(x, l.post_norm, h, T, H, eps);
-    be.matmul(h, T, *l.gate_up, gate_up_.data());
+    l.gate_up.forward(be, h, T, gate_up_.data());
     be.silu_mul(gate_up_.data(), T, I, act_.data());
-    be.matmul(act_.data(), T, *l.down, partial);
-    check(comm.all_reduce_sum(partial, T * H, ElementType::kF32, stream));
+    check(l.down.forward(be, comm, act_.data(), T, partial));
     be.add(x, partial, T * H);
   }
 
@@ -197,7 +196,7 @@ Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& config, uint6
 }
 
 Result<std::unique_ptr<Architecture>> create(const LoadedWeights& loaded, int rank, int tp,
-                                             exec::Backend& backend) {
+                                             backend::Backend& backend) {
   const auto* llama = dynamic_cast<const Weights*>(&loaded);
   if (llama == nullptr) {
     return Status::Internal("the llama family was given another family's weights (" +

@@ -16,10 +16,10 @@ namespace kvrt::model {
 struct LlamaShard {
   int rank = 0;
   int tp = 1;
-  Range q_heads;       // global query heads computed here
-  Range kv_heads;      // global KV heads stored here
-  Range intermediate;  // MLP columns
-  Range vocab;         // embedding and LM head rows
+  parallel::Range q_heads;       // global query heads computed here
+  parallel::Range kv_heads;      // global KV heads stored here
+  parallel::Range intermediate;  // MLP columns
+  parallel::Range vocab;         // embedding and LM head rows
 };
 
 // The shard of `rank`, or an error naming the head counts when they cannot be split (KV heads

@@ -11,6 +11,8 @@
 
 namespace kvrt::model {
 
+using parallel::Range;
+
 namespace {
 
 // ---- Synthetic presets ----

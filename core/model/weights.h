@@ -33,7 +33,7 @@ struct LayerWeights {
 // intermediate, embed and lm_head rows of vocab. The ranges are global heads and rows.
 struct HeldPart {
   bool whole = true;
-  Range q_heads, kv_heads, intermediate, vocab;
+  parallel::Range q_heads, kv_heads, intermediate, vocab;
 };
 
 struct Weights : LoadedWeights {
@@ -64,7 +64,8 @@ class SafetensorsCheckpoint;
 // tensor `name` of `shape` in `ck`, as f32, row-major [rows][cols]. Only that block is
 // converted. A missing tensor or another shape is an error naming the tensor (and `dir`).
 Status load_block(const SafetensorsCheckpoint& ck, const std::string& dir, const std::string& name,
-                  std::vector<int64_t> shape, Range rows, Range cols, std::vector<float>& out);
+                  std::vector<int64_t> shape, parallel::Range rows, parallel::Range cols,
+                  std::vector<float>& out);
 
 // For each family's presets: n seeded values of mean 0 and standard deviation `stddev` (see
 // below), the stream a function of (seed, name) only.

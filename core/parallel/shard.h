@@ -8,20 +8,13 @@
 #include <cstdint>
 #include <vector>
 
-namespace kvrt::model {
+#include "core/util/range.h"
 
-struct Range {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
+namespace kvrt::parallel {
 
-// Part `index` of `parts` near-equal parts of [0, total): the first total % parts get one more.
-inline Range split(int64_t total, int parts, int index) {
-  const int64_t base = total / parts, extra = total % parts;
-  const int64_t begin = index * base + std::min<int64_t>(index, extra);
-  return {begin, begin + base + (index < extra ? 1 : 0)};
-}
+// Near-equal splits of a dimension over TP ranks (core/util/range.h).
+using util::Range;
+using util::split;
 
 // Taking a rank's shard out of a row-major matrix with `cols` columns ([out][in], as
 // checkpoints store it): rows [begin, end) appended to `out`, or columns [begin, end) of every
@@ -45,4 +38,4 @@ inline std::vector<float> columns_of(const std::vector<float>& m, int64_t cols, 
   return out;
 }
 
-}  // namespace kvrt::model
+}  // namespace kvrt::parallel

@@ -61,7 +61,7 @@ using KvStoreOpener =
                          const kvrt_host_api** store_host, const toml::table** config)>;
 
 // Where device and pinned host memory come from, and how bytes move, when the device is not
-// the CPU (a CUDA device: core/exec/cuda_memory.h). Without one every kind is host RAM and a
+// the CPU (a CUDA device: core/backend/cuda_memory.h). Without one every kind is host RAM and a
 // copy is a memcpy. Called from any thread; the accounting stays MemoryAccount's.
 class DeviceMemory {
  public:

@@ -18,12 +18,12 @@
 #include "sdk/conformance/verify.h"
 
 #ifdef KVRT_HAVE_CUDA
-#include "core/exec/cuda_backend.h"
-#include "core/exec/cuda_memory.h"
-#include "core/exec/thread_communicator.h"
+#include "core/backend/cuda_backend.h"
+#include "core/backend/cuda_memory.h"
+#include "core/comm/thread_communicator.h"
 #endif
 #ifdef KVRT_HAVE_NCCL
-#include "core/exec/nccl_group.h"
+#include "core/comm/nccl_group.h"
 #endif
 
 namespace kvrt::runtime {
@@ -51,7 +51,7 @@ void set_device_budget(plugin::Registry& registry, const Runtime& rt, int tp) {
 // rank's own device is read again when its backend is made (make_backend below).
 Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
 #ifdef KVRT_HAVE_CUDA
-  Result<exec::CudaDeviceInfo> info = exec::cuda_device_info(cfg.device.ordinal);
+  Result<backend::CudaDeviceInfo> info = backend::cuda_device_info(cfg.device.ordinal);
   if (!info.ok()) return info.status();
   spdlog::info("CUDA device {}: {}, {:.2f} GiB free of {:.2f} GiB", cfg.device.ordinal, info->name,
                static_cast<double>(info->free_bytes) / (1 << 30),
@@ -67,8 +67,8 @@ Result<uint64_t> cuda_free_memory(const config::Config& cfg) {
 
 #ifdef KVRT_HAVE_CUDA
 // The plugins' device and pinned memory on a GPU; lives as long as the process, as plugins do.
-exec::CudaMemory& cuda_memory() {
-  static exec::CudaMemory memory;
+backend::CudaMemory& cuda_memory() {
+  static backend::CudaMemory memory;
   return memory;
 }
 
@@ -84,7 +84,7 @@ Result<uint64_t> replan_after_weights(Runtime& rt, const config::Config& cfg,
   std::optional<capacity::StoreCapacity> tightest;
   capacity::Budget tightest_budget;
   for (const auto& [device, before] : free_before) {
-    Result<exec::CudaDeviceInfo> after = exec::cuda_device_info(device);
+    Result<backend::CudaDeviceInfo> after = backend::cuda_device_info(device);
     if (!after.ok()) return after.status();
     capacity::Budget b = rt.budget;
     b.device_memory = std::min(cfg.device.memory_bytes, before);
@@ -114,19 +114,19 @@ Result<uint64_t> replan_after_weights(Runtime& rt, const config::Config& cfg,
 // TP ranks on GPUs: device buffers go between them through NCCL, over this process's threads
 // (`group` null) or the MPI group's processes, whose communicators still carry the engine's
 // host-side commands. The runtime owns what it makes.
-Result<exec::TpGroup*> device_group(Runtime& rt, exec::TpGroup* group, int tp, int first_device) {
+Result<comm::TpGroup*> device_group(Runtime& rt, comm::TpGroup* group, int tp, int first_device) {
 #ifdef KVRT_HAVE_NCCL
   if (group == nullptr) {
-    rt.thread_group = std::make_unique<exec::ThreadGroup>(tp);
+    rt.thread_group = std::make_unique<comm::ThreadGroup>(tp);
     group = rt.thread_group.get();
   }
   std::vector<int> devices;
   for (int r : group->local_ranks()) {
-    Result<int> device = exec::cuda_device_for_rank(first_device, r);
+    Result<int> device = backend::cuda_device_for_rank(first_device, r);
     if (!device.ok()) return device.status();
     devices.push_back(*device);
   }
-  Result<std::unique_ptr<exec::NcclGroup>> nccl = exec::NcclGroup::create(*group, devices);
+  Result<std::unique_ptr<comm::NcclGroup>> nccl = comm::NcclGroup::create(*group, devices);
   if (!nccl.ok()) return nccl.status();
   rt.device_group = std::move(*nccl);
   return rt.device_group.get();
@@ -290,7 +290,7 @@ Status check_runtime(const config::Config& cfg, plugin::Registry& registry) {
 }
 
 Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry,
-                              exec::TpGroup* group) {
+                              comm::TpGroup* group) {
   Runtime rt;
   Planned planned;
   if (Status s = plan(cfg, registry, rt, planned); !s.ok()) return s;
@@ -356,15 +356,16 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     // Each device's free memory before its rank's backend and weights, for size_pool.
     auto free_before = std::make_shared<std::map<int, uint64_t>>();
     options.make_backend = [first, bf16,
-                            free_before](int rank) -> Result<std::unique_ptr<exec::Backend>> {
-      Result<int> device = exec::cuda_device_for_rank(first, rank);
+                            free_before](int rank) -> Result<std::unique_ptr<backend::Backend>> {
+      Result<int> device = backend::cuda_device_for_rank(first, rank);
       if (!device.ok()) return device.status();
-      Result<exec::CudaDeviceInfo> info = exec::cuda_device_info(*device);
+      Result<backend::CudaDeviceInfo> info = backend::cuda_device_info(*device);
       if (!info.ok()) return info.status();
       free_before->emplace(*device, info->free_bytes);
-      Result<std::unique_ptr<exec::CudaBackend>> backend = exec::CudaBackend::create(*device, bf16);
+      Result<std::unique_ptr<backend::CudaBackend>> backend =
+          backend::CudaBackend::create(*device, bf16);
       if (!backend.ok()) return backend.status();
-      return std::unique_ptr<exec::Backend>(std::move(*backend));
+      return std::unique_ptr<backend::Backend>(std::move(*backend));
     };
     options.size_pool = [&rt, &cfg, &registry, free_before, store = planned.plugins.store,
                          tp]() -> Result<uint64_t> {
@@ -373,7 +374,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     // TP 1 has no collective over device memory (the threads' one-rank communicator touches
     // none, and the logits need no gather), so it needs no NCCL.
     if (tp > 1) {
-      Result<exec::TpGroup*> ranks = device_group(rt, group, tp, first);
+      Result<comm::TpGroup*> ranks = device_group(rt, group, tp, first);
       if (!ranks.ok()) return ranks.status().WithContext("tp.size");
       options.group = *ranks;
     }

@@ -40,7 +40,7 @@ struct Runtime {
   kvrt_kv_geometry geometry{};
   // On CUDA with TP > 1, where the ranks run: NCCL (device_group) over this process's threads
   // (thread_group) or the caller's MPI group. Declared before the engine, which uses them.
-  std::unique_ptr<exec::TpGroup> thread_group, device_group;
+  std::unique_ptr<comm::TpGroup> thread_group, device_group;
   std::unique_ptr<exec::Engine> engine;
 };
 
@@ -53,7 +53,7 @@ void wire_plugins(plugin::Registry& registry, const config::Config& cfg);
 // the runtime and already know the config's plugin tables (set_config_source).
 // `group` is where the TP ranks run (null: threads of this process); it must outlive the runtime.
 Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& registry,
-                              exec::TpGroup* group = nullptr);
+                              comm::TpGroup* group = nullptr);
 // build_runtime's checks without reading or generating weights and without allocating: the
 // device, the model's shape, the plugins and their tables (verified when asked), TP and the
 // capacity plan. OK when build_runtime would get as far as loading the weights.

@@ -9,7 +9,7 @@
 #include <thread>
 #include <toml++/toml.h>
 
-#include "core/exec/mpi_group.h"
+#include "core/comm/mpi_group.h"
 
 namespace kvrt::runtime {
 namespace {
@@ -86,7 +86,7 @@ std::vector<std::pair<std::string, std::string>> lines(const std::string& text) 
 
 // Every rank's record on every rank, then the same verdict on every rank. `host` is where this
 // rank runs (MpiGroup::host).
-Status handshake(exec::Communicator& comm, const std::string& host, const Status& mine,
+Status handshake(comm::Communicator& comm, const std::string& host, const Status& mine,
                  const std::string& print) {
   const int rank = comm.rank(), size = comm.size();
   std::vector<uint8_t> record(kRecordBytes, 0), all(kRecordBytes * size);
@@ -100,7 +100,7 @@ Status handshake(exec::Communicator& comm, const std::string& host, const Status
   }
   std::memcpy(record.data() + print_at, print.data(), print.size());
   const std::vector<size_t> counts(size, kRecordBytes);
-  if (Status s = comm.all_gather(record.data(), counts, all.data(), exec::ElementType::kU8,
+  if (Status s = comm.all_gather(record.data(), counts, all.data(), comm::ElementType::kU8,
                                  nullptr);
       !s.ok()) {
     return s.WithContext("TP start-up");
@@ -149,7 +149,7 @@ Status handshake(exec::Communicator& comm, const std::string& host, const Status
 int Session::rank() const { return mpi != nullptr ? mpi->rank() : 0; }
 
 Status refuse_under_launcher(const std::string& what) {
-  const int n = exec::launcher_world_size();
+  const int n = comm::launcher_world_size();
   if (n <= 1) return Status::Ok();
   return Status::Unsupported(what + " runs in one process, but an MPI launcher started " +
                              std::to_string(n) +
@@ -161,7 +161,7 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
                                        const std::vector<std::string>& overrides) {
   auto session = std::make_unique<Session>();
   config::Config& cfg = session->cfg;
-  const int launched = exec::launcher_world_size();
+  const int launched = comm::launcher_world_size();
   Status s = Status::Ok();
   if (Result<config::Config> loaded = config::load(config_path, overrides); loaded.ok()) {
     cfg = std::move(*loaded);
@@ -185,11 +185,11 @@ Result<std::unique_ptr<Session>> start(const std::string& config_path,
   }
 
   // One rank of an MPI job: every rank gets to the handshake, whatever failed before it.
-  Result<exec::MpiGroup*> group = exec::MpiGroup::world(s.ok() ? cfg.tp.timeout_s : 60);
+  Result<comm::MpiGroup*> group = comm::MpiGroup::world(s.ok() ? cfg.tp.timeout_s : 60);
   if (!group.ok()) return group.status();
-  exec::MpiGroup& g = **group;
+  comm::MpiGroup& g = **group;
   session->mpi = &g;
-  std::unique_ptr<exec::Communicator> startup = g.startup_communicator();
+  std::unique_ptr<comm::Communicator> startup = g.startup_communicator();
   if (s.ok() && cfg.tp.size != g.size()) {
     if (cfg.tp.size == 1) {
       cfg.tp.size = g.size();  // one TP rank per process

@@ -17,7 +17,7 @@
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 
-namespace kvrt::exec {
+namespace kvrt::comm {
 class MpiGroup;
 }
 
@@ -27,7 +27,7 @@ struct Session {
   config::Config cfg;         // tp.size filled in from the launcher under MPI
   plugin::Registry registry;  // knows cfg's plugin tables
   Runtime rt;
-  exec::MpiGroup* mpi = nullptr;  // this process's MPI group; null with threads
+  comm::MpiGroup* mpi = nullptr;  // this process's MPI group; null with threads
   int rank() const;
   bool leads() const { return rt.engine->leads(); }
 };

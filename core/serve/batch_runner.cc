@@ -3,7 +3,7 @@
 namespace kvrt::serve {
 
 Status EngineRunner::run(const sched::ScheduledBatch& batch,
-                         std::span<exec::Sampler* const> samplers, std::vector<int32_t>* next) {
+                         std::span<sampling::Sampler* const> samplers, std::vector<int32_t>* next) {
   const size_t n = batch.sequences.size();
   exec_batch_.sequences.resize(n);
   sampling_.resize(n);
@@ -15,7 +15,7 @@ Status EngineRunner::run(const sched::ScheduledBatch& batch,
     e.pages.assign(s.pages.begin(), s.pages.end());
     // A prefill chunk whose rows predict prompt tokens the request wants log-probabilities of
     // (row j predicts position start + j + 1) gets every row's logits.
-    const exec::Sampler& sampler = *samplers[i];
+    const sampling::Sampler& sampler = *samplers[i];
     const int32_t wanted = sampler.next_prompt_position();
     const int32_t last_predicted = s.start + static_cast<int32_t>(s.tokens.size());
     e.all_logits = sampler.params().prompt_logprobs_from >= 0 && wanted < s.request->prompt_len &&

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/exec/engine.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/sched/scheduler.h"
 #include "core/util/status.h"
 
@@ -19,7 +19,7 @@ class BatchRunner {
   // Runs the batch: next[i] = the token sampled for batch.sequences[i] where it samples (anything
   // elsewhere), with samplers[i], its request's sampler. A failure leaves the batch unapplied:
   // the caller hands it back to the scheduler (Scheduler::fail).
-  virtual Status run(const sched::ScheduledBatch& batch, std::span<exec::Sampler* const> samplers,
+  virtual Status run(const sched::ScheduledBatch& batch, std::span<sampling::Sampler* const> samplers,
                      std::vector<int32_t>* next) = 0;
 };
 
@@ -29,7 +29,7 @@ class BatchRunner {
 class EngineRunner : public BatchRunner {
  public:
   explicit EngineRunner(exec::Engine* engine) : engine_(engine) {}
-  Status run(const sched::ScheduledBatch& batch, std::span<exec::Sampler* const> samplers,
+  Status run(const sched::ScheduledBatch& batch, std::span<sampling::Sampler* const> samplers,
              std::vector<int32_t>* next) override;
 
  private:

@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/text/tokenizer.h"
 #include "core/sched/scheduler.h"
 #include "core/text/detokenizer.h"
@@ -29,7 +29,7 @@ class OutputProcessor {
   bool contains(uint64_t id) const { return live_.count(id) != 0; }
   size_t size() const { return live_.size(); }
   std::vector<uint64_t> ids() const;
-  exec::Sampler& sampler(uint64_t id) { return live_.at(id).sampler; }
+  sampling::Sampler& sampler(uint64_t id) { return live_.at(id).sampler; }
 
   // One generated token: appended, with its log-probabilities, its text decoded. True when the
   // text now completes one of the request's stop strings: the caller ends it (Scheduler::stop).
@@ -50,10 +50,10 @@ class OutputProcessor {
           text(std::move(t)) {}
     // Shared, so a sink that submits or aborts (and rehashes live_) is not moved under itself.
     std::shared_ptr<const RequestSink> sink;
-    exec::Sampler sampler;
+    sampling::Sampler sampler;
     text::OutputText text;
     std::vector<int32_t> output;                  // every id sampled
-    std::vector<exec::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
+    std::vector<sampling::SampledLogprobs> logprobs;  // not yet in an output (sampling.logprobs)
     size_t sent_ids = 0;                          // of output, in an earlier output
     bool stream = true;                           // GenerateRequest::stream
     bool no_output = false;                       // max_new_tokens 0: the prefill's token is dropped

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/exec/sampler.h"
+#include "core/sampling/params.h"
 
 namespace kvrt::serve {
 
@@ -27,7 +27,7 @@ struct GenerateRequest {
   // 0: no tokens (SGLang's answer to max_new_tokens 0): the prompt is prefilled, and the request
   // ends with kLength and no ids.
   int32_t max_new_tokens = 128;
-  exec::SamplingParams sampling;
+  sampling::SamplingParams sampling;
   // Generation ends after one of these (the model's EOS ids are the caller's to add).
   std::vector<int32_t> stop_token_ids;
   // Generation ends when the decoded output contains one of these; the text is cut before it.
@@ -73,11 +73,11 @@ struct RequestOutput {
   uint64_t id = 0;
   std::vector<int32_t> new_ids;  // the ids sampled since the last output
   // One per new id when the request asked for log-probabilities (sampling.logprobs >= 0; see
-  // exec/sampler.h for which distribution they are of).
-  std::vector<exec::SampledLogprobs> new_logprobs;
+  // sampling/sampler.h for which distribution they are of).
+  std::vector<sampling::SampledLogprobs> new_logprobs;
   // The prompt's (sampling.prompt_logprobs_from >= 0), for positions max(from, 1) on, in the
   // first output.
-  std::vector<exec::SampledLogprobs> prompt_logprobs;
+  std::vector<sampling::SampledLogprobs> prompt_logprobs;
   // The text since the last output: whole characters only, and never any part of a stop string
   // (text that may be the start of one is held back until it is known not to be), so the
   // streamed pieces add up to the finished answer. Empty without a tokenizer.

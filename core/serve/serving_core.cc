@@ -46,7 +46,7 @@ Status ServingCore::check_request(const GenerateRequest& r) const {
   // A request for no tokens runs as one for 1 whose token is dropped (submit): it must fit so.
   spec.max_new_tokens = std::max(r.max_new_tokens, 1);
   if (Status s = sched::check_request(options_.scheduler, spec); !s.ok()) return s;
-  const exec::SamplingParams& p = r.sampling;
+  const sampling::SamplingParams& p = r.sampling;
   if (!(std::isfinite(p.temperature) && p.temperature >= 0)) {
     return Status::BadField("temperature", "expected a finite number >= 0 (0 = greedy), found " +
                                                std::to_string(p.temperature));

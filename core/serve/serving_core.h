@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/exec/engine.h"
-#include "core/exec/sampler.h"
+#include "core/sampling/sampler.h"
 #include "core/metrics/diagnosis.h"
 #include "core/metrics/metrics.h"
 #include "core/sched/scheduler.h"
@@ -122,7 +122,7 @@ class ServingCore {
   BatchRunner* runner_;
   sched::Scheduler scheduler_;
   OutputProcessor outputs_;
-  std::vector<exec::Sampler*> samplers_;  // the batch's, per sequence
+  std::vector<sampling::Sampler*> samplers_;  // the batch's, per sequence
   std::vector<int32_t> next_;
   std::vector<uint64_t> failed_;  // the failed batch's requests
   metrics::Registry registry_;

@@ -1,5 +1,6 @@
 // One small Status / Result type for the core: free when OK, built by factories, tested by
 // predicates. Messages are one line a user can act on: they name the file, key, plugin or field.
+// Declared in kvrt::util and used everywhere as kvrt::Status / kvrt::Result.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +12,7 @@
 #include <utility>
 #include <variant>
 
-namespace kvrt {
+namespace kvrt::util {
 
 class Status {
  public:
@@ -116,4 +117,11 @@ class Result {
   std::variant<T, Status> v_;
 };
 
+}  // namespace kvrt::util
+
+namespace kvrt {
+using util::Result;
+using util::Status;
+using util::status_from_record;
+using util::status_to_record;
 }  // namespace kvrt

@@ -1,5 +1,5 @@
-// The CUDA backend's elementwise and row kernels (core/exec/cuda_backend.h), with the CPU
-// backend's semantics (core/exec/cpu_backend.cc, kernels/cpu/ops.h). Where the CPU rounds in a
+// The CUDA backend's elementwise and row kernels (core/backend/cuda_backend.h), with the CPU
+// backend's semantics (core/backend/cpu_backend.cc, kernels/cpu/ops.h). Where the CPU rounds in a
 // fixed order (row copies, scatter-add, RoPE application, bf16 rounding) these round the same
 // way, unfused, so the results are bit-identical; reductions (rms_norm) and transcendental
 // functions (silu, the RoPE tables' cos and sin) agree to within their rounding.

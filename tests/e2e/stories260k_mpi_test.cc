@@ -13,8 +13,8 @@
 #include <map>
 #include <tuple>
 
+#include "core/comm/mpi_group.h"
 #include "core/exec/generate.h"
-#include "core/exec/mpi_group.h"
 #include "core/runtime/start.h"
 #include "tests/e2e/stories260k_continuations.h"
 
@@ -130,7 +130,7 @@ class Stories260kMpiScheduler : public ::testing::TestWithParam<std::string> {};
 TEST_P(Stories260kMpiScheduler, EveryRequestGetsTheReferenceIds) {
   if (!have_model()) GTEST_SKIP() << model_dir() << " not found";
   const std::string store = GetParam();
-  const int tp = exec::launcher_world_size();
+  const int tp = comm::launcher_world_size();
   // The f32 weights split over the ranks, the reserve, and a KV budget of a few KiB per rank: a
   // pool of about 64 tokens (the weights' share is what changes with the rank count).
   const std::string memory = tp == 2 ? "590KiB" : tp == 4 ? "295KiB" : "156KiB";
@@ -204,5 +204,5 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   spdlog::set_level(spdlog::level::warn);
   const int rc = RUN_ALL_TESTS();
-  return kvrt::exec::mpi_finish(rc);
+  return kvrt::comm::mpi_finish(rc);
 }

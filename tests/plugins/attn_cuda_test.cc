@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/cuda_memory.h"
 #include "core/capacity/capacity.h"
-#include "core/exec/cuda_memory.h"
 #include "core/plugin/registry.h"
 #include "tests/kernels/cuda/cuda_device.h"
 
@@ -42,7 +42,7 @@ struct Loaded {
 };
 
 Loaded load(const kvrt_device& device, const std::string& store, const std::string& attention) {
-  static exec::CudaMemory cuda_memory;
+  static backend::CudaMemory cuda_memory;
   setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
   Loaded l;
   l.registry = std::make_unique<Registry>(device);

@@ -215,7 +215,7 @@ TEST(Workload, ATraceCarriesEachRequestsSampling) {
   ASSERT_EQ(w->trace.size(), 3u);
   EXPECT_FALSE(w->trace[0].sampling.has_value());
   ASSERT_TRUE(w->trace[1].sampling.has_value());
-  const exec::SamplingParams& p = *w->trace[1].sampling;
+  const sampling::SamplingParams& p = *w->trace[1].sampling;
   EXPECT_EQ(p.temperature, 0.7f);
   EXPECT_EQ(p.top_p, 0.9f);
   EXPECT_EQ(p.top_k, 0);  // -1: every token
@@ -252,7 +252,7 @@ TEST(Workload, ATraceCarriesEachRequestsSampling) {
 // the conversation, so they hit the prefix cache; every request completes.
 class Instant : public serve::BatchRunner {
  public:
-  Status run(const sched::ScheduledBatch& b, std::span<exec::Sampler* const>,
+  Status run(const sched::ScheduledBatch& b, std::span<sampling::Sampler* const>,
              std::vector<int32_t>* next) override {
     for (size_t i = 0; i < b.sequences.size(); ++i) (*next)[i] = 7;
     return Status::Ok();

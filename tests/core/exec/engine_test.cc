@@ -5,8 +5,6 @@
 
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -17,8 +15,7 @@
 #include <vector>
 
 #include "core/exec/generate.h"
-#include "core/exec/sampler.h"
-#include "core/exec/thread_communicator.h"
+#include "core/sampling/sampler.h"
 #include "core/model/architecture.h"
 #include "core/model/llama.h"
 #include "core/model/weights.h"
@@ -27,6 +24,8 @@
 
 namespace kvrt::exec {
 namespace {
+
+using sampling::Sampler;
 
 // An engine over `weights` with attn_cpu and a pool of 64 pages.
 std::unique_ptr<Engine> make_engine(plugin::Registry& registry, const model::LoadedWeights& weights,
@@ -223,43 +222,6 @@ TEST_F(EngineTest, RequestLongerThanThePoolIsRefused) {
       << out.status().message();
 }
 
-TEST(Communicator, CollectivesAcrossRankThreads) {
-  const int tp = 4;
-  ThreadGroup group(tp);
-  std::vector<std::vector<float>> reduced(tp), gathered(tp), broadcast(tp);
-  std::vector<std::vector<uint16_t>> reduced_bf16(tp);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < tp; ++r) {
-    ranks.emplace_back([&, r] {
-      std::unique_ptr<Communicator> comm = group.communicator(r);
-      ASSERT_EQ(comm->rank(), r);
-      ASSERT_EQ(comm->size(), tp);
-      reduced[r] = {1.0f * r, 10.0f * r, 1.0f};
-      EXPECT_TRUE(comm->all_reduce_sum(reduced[r].data(), 3, ElementType::kF32, nullptr).ok());
-      // bf16 1.0 (0x3f80) and 0.5 + r (exact in bf16): sums 4 and 8 on every rank.
-      const float halves[] = {0.5f, 1.5f, 2.5f, 3.5f};
-      reduced_bf16[r] = {0x3f80, static_cast<uint16_t>(std::bit_cast<uint32_t>(halves[r]) >> 16)};
-      EXPECT_TRUE(
-          comm->all_reduce_sum(reduced_bf16[r].data(), 2, ElementType::kBF16, nullptr).ok());
-      const std::vector<size_t> counts = {1, 2, 0, 1};  // uneven, one rank empty
-      std::vector<float> mine(counts[r], static_cast<float>(r));
-      gathered[r].resize(4);
-      EXPECT_TRUE(
-          comm->all_gather(mine.data(), counts, gathered[r].data(), ElementType::kF32, nullptr)
-              .ok());
-      broadcast[r] = {static_cast<float>(r), static_cast<float>(r)};
-      EXPECT_TRUE(comm->broadcast(broadcast[r].data(), 2, ElementType::kF32, 2, nullptr).ok());
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  for (int r = 0; r < tp; ++r) {
-    EXPECT_EQ(reduced[r], (std::vector<float>{6, 60, 4}));
-    EXPECT_EQ(reduced_bf16[r], (std::vector<uint16_t>{0x4080, 0x4100}));  // 4.0, 8.0
-    EXPECT_EQ(gathered[r], (std::vector<float>{0, 1, 1, 3}));
-    EXPECT_EQ(broadcast[r], (std::vector<float>{2, 2}));
-  }
-}
-
 TEST(Batch, SerialisesAndRefusesTruncatedWords) {
   Batch batch{{{{5, 6, 7}, 0, {3}, /*all_logits=*/true}, {{9}, 12, {0, 1, 2, 4}}}};
   std::vector<int32_t> words;
@@ -283,34 +245,6 @@ TEST(Batch, SerialisesAndRefusesTruncatedWords) {
 // Nobody passes a phase before everyone has arrived, and every phase reuses the barrier: each
 // thread stamps its slot with the phase, then checks every slot after the barrier. Spinning
 // and sleeping waits, with as many threads as cores and more.
-TEST(SpinBarrier, NoThreadPassesAPhaseEarly) {
-  for (bool spin : {true, false}) {
-    for (int threads : {2, 8}) {
-      SCOPED_TRACE(std::string(spin ? "spinning" : "sleeping") + ", " + std::to_string(threads) +
-                   " threads");
-      SpinBarrier barrier(threads, spin);
-      std::vector<std::atomic<int>> stamp(threads);
-      std::atomic<int> early{0};
-      constexpr int kPhases = 2000;
-      std::vector<std::thread> pool;
-      for (int t = 0; t < threads; ++t) {
-        pool.emplace_back([&, t] {
-          for (int phase = 1; phase <= kPhases; ++phase) {
-            stamp[t].store(phase);
-            barrier.arrive_and_wait();
-            for (int u = 0; u < threads; ++u) {
-              if (stamp[u].load() < phase) early.fetch_add(1);
-            }
-            barrier.arrive_and_wait();  // nobody stamps the next phase before all have checked
-          }
-        });
-      }
-      for (std::thread& t : pool) t.join();
-      EXPECT_EQ(early.load(), 0);
-    }
-  }
-}
-
 TEST(Shard, UnevenAndReplicated) {
   // stories260k at TP 8: 8 heads, 4 KV heads, MLP 172, vocab 512.
   int64_t mlp = 0, vocab = 0;

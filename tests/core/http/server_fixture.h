@@ -81,7 +81,7 @@ inline Reply post(uint16_t port, const std::string& target, const json& body) {
 class FaultyExecutor : public serve::BatchRunner {
  public:
   FaultyExecutor(exec::Engine* engine, int32_t poison) : inner_(engine), poison_(poison) {}
-  Status run(const sched::ScheduledBatch& batch, std::span<exec::Sampler* const>,
+  Status run(const sched::ScheduledBatch& batch, std::span<sampling::Sampler* const>,
              std::vector<int32_t>* next) override {
     for (const sched::ScheduledSequence& s : batch.sequences) {
       if (!s.request->tokens.empty() && s.request->tokens[0] == poison_) {
@@ -93,8 +93,8 @@ class FaultyExecutor : public serve::BatchRunner {
   }
 
  private:
-  exec::Sampler greedy_{exec::SamplingParams{}};
-  std::vector<exec::Sampler*> greedy_of_;
+  sampling::Sampler greedy_{sampling::SamplingParams{}};
+  std::vector<sampling::Sampler*> greedy_of_;
   serve::EngineRunner inner_;
   int32_t poison_;
 };

@@ -155,10 +155,10 @@ TEST(DeepseekV3Weights, EachRanksPartIsThatSliceOfTheWhole) {
   ASSERT_EQ(whole->layers.size(), 3u);
   EXPECT_EQ(whole->layers[0].experts.size(), 0u);
   EXPECT_EQ(whole->layers[1].experts.size(), 8u);
-  auto rows = [](const std::vector<float>& m, int64_t cols, Range r) {
+  auto rows = [](const std::vector<float>& m, int64_t cols, parallel::Range r) {
     return std::vector<float>(m.begin() + r.begin * cols, m.begin() + r.end * cols);
   };
-  auto columns = [](const std::vector<float>& m, int64_t cols, Range c) {
+  auto columns = [](const std::vector<float>& m, int64_t cols, parallel::Range c) {
     std::vector<float> out;
     for (size_t i = 0; i < m.size() / cols; ++i) {
       out.insert(out.end(), m.begin() + i * cols + c.begin, m.begin() + i * cols + c.end);
@@ -172,7 +172,7 @@ TEST(DeepseekV3Weights, EachRanksPartIsThatSliceOfTheWhole) {
       ASSERT_TRUE(shard.ok());
       Result<DeepseekV3Weights> part = load_deepseek_v3(tiny_dir(), &*shard);
       ASSERT_TRUE(part.ok()) << part.status().message();
-      const Range heads = shard->heads;
+      const parallel::Range heads = shard->heads;
       EXPECT_EQ(part->embed, rows(whole->embed, 64, shard->vocab));
       EXPECT_EQ(part->lm_head, rows(whole->lm_head, 64, shard->vocab));
       for (size_t i = 0; i < 3; ++i) {

@@ -733,10 +733,10 @@ TEST(WeightsTest, LoadsOneRanksPartOfStories260k) {
   auto whole = load_hf(dir);
   ASSERT_TRUE(whole.ok()) << whole.status().message();
   const int64_t d = 8, h = 64;
-  auto rows = [](const std::vector<float>& m, int64_t cols, Range r) {
+  auto rows = [](const std::vector<float>& m, int64_t cols, parallel::Range r) {
     return std::vector<float>(m.begin() + r.begin * cols, m.begin() + r.end * cols);
   };
-  auto columns = [](const std::vector<float>& m, int64_t nrows, int64_t cols, Range c) {
+  auto columns = [](const std::vector<float>& m, int64_t nrows, int64_t cols, parallel::Range c) {
     std::vector<float> out;
     for (int64_t i = 0; i < nrows; ++i) {
       out.insert(out.end(), m.begin() + i * cols + c.begin, m.begin() + i * cols + c.end);
@@ -748,15 +748,15 @@ TEST(WeightsTest, LoadsOneRanksPartOfStories260k) {
       SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(tp));
       HeldPart part;
       part.whole = false;
-      part.kv_heads = split(4, tp, rank);
+      part.kv_heads = parallel::split(4, tp, rank);
       part.q_heads = {part.kv_heads.begin * 2, part.kv_heads.end * 2};
-      part.intermediate = split(172, tp, rank);
-      part.vocab = split(512, tp, rank);
+      part.intermediate = parallel::split(172, tp, rank);
+      part.vocab = parallel::split(512, tp, rank);
       auto w = load_hf(dir, &part);
       ASSERT_TRUE(w.ok()) << w.status().message();
       EXPECT_FALSE(w->held.whole);
-      const Range q{part.q_heads.begin * d, part.q_heads.end * d};
-      const Range kv{part.kv_heads.begin * d, part.kv_heads.end * d};
+      const parallel::Range q{part.q_heads.begin * d, part.q_heads.end * d};
+      const parallel::Range kv{part.kv_heads.begin * d, part.kv_heads.end * d};
       EXPECT_EQ(w->embed, rows(whole->embed, h, part.vocab));
       EXPECT_EQ(w->final_norm, whole->final_norm);
       for (size_t i = 0; i < w->layers.size(); ++i) {

@@ -22,7 +22,7 @@ namespace {
 class Scripted : public BatchRunner {
  public:
   explicit Scripted(std::vector<int32_t> script = {}) : script_(std::move(script)) {}
-  Status run(const sched::ScheduledBatch& b, std::span<exec::Sampler* const>,
+  Status run(const sched::ScheduledBatch& b, std::span<sampling::Sampler* const>,
              std::vector<int32_t>* next) override {
     if (++calls_ == fail_at) return Status::Internal("the device fell over");
     for (size_t i = 0; i < b.sequences.size(); ++i) {
