@@ -6,7 +6,7 @@
 
 namespace kvrt::exec {
 
-Result<GenerateResult> generate(Engine& engine, std::span<const int32_t> prompt,
+Result<Generation> generate(Engine& engine, std::span<const int32_t> prompt,
                                 const GenerateOptions& options) {
   if (prompt.empty()) return Status::InvalidArgument("the prompt is empty");
   const int64_t total = static_cast<int64_t>(prompt.size()) + options.max_new_tokens;
@@ -22,7 +22,7 @@ Result<GenerateResult> generate(Engine& engine, std::span<const int32_t> prompt,
   std::iota(seq.pages.begin(), seq.pages.end(), 0);
   const int64_t vocab = engine.config().vocab_size;
   sampling::Sampler sampler(options.sampling);
-  GenerateResult result;
+  Generation result;
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();

@@ -20,7 +20,7 @@ struct GenerateOptions {
   int64_t prefill_chunk = 2048;   // tokens per prefill step; <= 0: the whole prompt at once
 };
 
-struct GenerateResult {
+struct Generation {
   std::vector<int32_t> ids;         // generated, excluding the prompt
   std::vector<float> first_logits;  // logits that chose ids[0]
   std::string stop_reason;          // "length" or "stop"
@@ -29,7 +29,7 @@ struct GenerateResult {
 
 // A request longer than the pool (prompt + max_new_tokens tokens) is refused up front, naming
 // both sizes.
-Result<GenerateResult> generate(Engine& engine, std::span<const int32_t> prompt,
+Result<Generation> generate(Engine& engine, std::span<const int32_t> prompt,
                                 const GenerateOptions& options);
 
 }  // namespace kvrt::exec

@@ -62,7 +62,7 @@ inline void expect_reference_ids(exec::Engine& engine, const std::vector<GreedyR
     exec::GenerateOptions options;
     options.max_new_tokens = static_cast<int32_t>(n);
     options.prefill_chunk = 3;
-    Result<exec::GenerateResult> out = exec::generate(engine, r.prompt, options);
+    Result<exec::Generation> out = exec::generate(engine, r.prompt, options);
     ASSERT_TRUE(out.ok()) << out.status().message();
     EXPECT_EQ(out->ids, std::vector<int32_t>(r.ids.begin(), r.ids.begin() + n));
   }

@@ -42,7 +42,7 @@ std::vector<Prompt> prompts(const std::string& name) {
 }
 
 std::vector<float> next_logits(e2e::ModelRun& run, const std::vector<int32_t>& ids) {
-  Result<exec::GenerateResult> out = e2e::greedy(run, ids, 1);
+  Result<exec::Generation> out = e2e::greedy(run, ids, 1);
   EXPECT_TRUE(out.ok()) << out.status().message();
   return out.ok() ? out->first_logits : std::vector<float>{};
 }
@@ -64,8 +64,8 @@ TEST_P(MatmulPrecision, MediumKeepsTheGreedyIds) {
   ASSERT_FALSE(h.runtime->bf16_activations);
   for (const Prompt& p : prompts(name)) {
     SCOPED_TRACE("prompt of " + std::to_string(p.ids.size()) + " ids");
-    Result<exec::GenerateResult> gh = e2e::greedy(h, p.ids, p.steps);
-    Result<exec::GenerateResult> gm = e2e::greedy(m, p.ids, p.steps);
+    Result<exec::Generation> gh = e2e::greedy(h, p.ids, p.steps);
+    Result<exec::Generation> gm = e2e::greedy(m, p.ids, p.steps);
     ASSERT_TRUE(gh.ok() && gm.ok());
     EXPECT_EQ(gm->ids, gh->ids);
 

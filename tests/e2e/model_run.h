@@ -49,7 +49,7 @@ struct ModelRun {
 
 // n greedy ids after `prompt`, prefilled in chunks of 3 (so prefill also runs over earlier
 // pages).
-inline Result<exec::GenerateResult> greedy(ModelRun& s, const std::vector<int32_t>& prompt,
+inline Result<exec::Generation> greedy(ModelRun& s, const std::vector<int32_t>& prompt,
                                            int n) {
   exec::GenerateOptions options;
   options.max_new_tokens = n;

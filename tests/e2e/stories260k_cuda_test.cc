@@ -33,7 +33,7 @@ std::vector<int32_t> greedy_ids(const std::string& store, int tp, int page_size,
   e2e::ModelRun run(model_dir(), variant->store, tp, page_size, sets);
   EXPECT_TRUE(run.runtime.ok()) << run.runtime.status().message();
   if (!run.runtime.ok()) return {};
-  Result<GenerateResult> out = e2e::greedy(run, kPrompt, static_cast<int>(kExpected.size()));
+  Result<Generation> out = e2e::greedy(run, kPrompt, static_cast<int>(kExpected.size()));
   EXPECT_TRUE(out.ok()) << out.status().message();
   return out.ok() ? out->ids : std::vector<int32_t>{};
 }

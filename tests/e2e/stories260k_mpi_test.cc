@@ -62,7 +62,7 @@ std::vector<int32_t> tp1_ids(const std::string& store, int page_size) {
   if (!rt.ok()) return {};
   exec::GenerateOptions options;
   options.max_new_tokens = static_cast<int32_t>(kExpected.size());
-  Result<exec::GenerateResult> out = exec::generate(*rt->engine, kPrompt, options);
+  Result<exec::Generation> out = exec::generate(*rt->engine, kPrompt, options);
   EXPECT_TRUE(out.ok()) << out.status().message();
   return out.ok() ? out->ids : std::vector<int32_t>{};
 }

@@ -23,7 +23,7 @@ using stories260k::kExpected;
 using stories260k::kPrompt;
 using stories260k::model_dir;
 
-Result<GenerateResult> greedy(e2e::ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
+Result<Generation> greedy(e2e::ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
 
 // A runtime for stories260k.
 struct ModelRun : e2e::ModelRun {
@@ -44,7 +44,7 @@ TEST_P(Stories260k, GreedyIdsMatchTheReference) {
   const auto& [store, tp, page_size] = GetParam();
   ModelRun s(store, tp, page_size);
   ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
-  Result<GenerateResult> out = greedy(s, static_cast<int>(kExpected.size()));
+  Result<Generation> out = greedy(s, static_cast<int>(kExpected.size()));
   ASSERT_TRUE(out.ok()) << out.status().message();
   EXPECT_EQ(out->ids, kExpected);
   EXPECT_EQ(s.runtime->tokenizer->decode(out->ids),
@@ -76,7 +76,7 @@ TEST(Stories260kFp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
   ModelRun fp8("kv_fp8_e4m3", 1, 16);
   ASSERT_TRUE(bf16.runtime.ok()) << bf16.runtime.status().message();
   ASSERT_TRUE(fp8.runtime.ok()) << fp8.runtime.status().message();
-  Result<GenerateResult> a = greedy(bf16, 60), b = greedy(fp8, 60);
+  Result<Generation> a = greedy(bf16, 60), b = greedy(fp8, 60);
   ASSERT_TRUE(a.ok() && b.ok());
   const double relative = e2e::relative_l2(a->first_logits, b->first_logits);
   int same = 0;

@@ -36,7 +36,7 @@ struct ModelRun : e2e::ModelRun {
       : e2e::ModelRun(model_dir(), store, tp, page_size, std::move(extra)) {}
 };
 
-Result<exec::GenerateResult> greedy(ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
+Result<exec::Generation> greedy(ModelRun& s, int n) { return e2e::greedy(s, kPrompt, n); }
 
 class TinyDeepseekV3 : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {
  protected:
@@ -55,7 +55,7 @@ TEST_P(TinyDeepseekV3, GreedyIdsMatchTheReference) {
   EXPECT_EQ(g.k_head_dim, 40u);
   EXPECT_EQ(g.v_head_dim, 0u);
   EXPECT_EQ(g.v_width, 32u);
-  Result<exec::GenerateResult> out = greedy(s, static_cast<int>(kExpected.size()));
+  Result<exec::Generation> out = greedy(s, static_cast<int>(kExpected.size()));
   ASSERT_TRUE(out.ok()) << out.status().message();
   EXPECT_EQ(out->ids, kExpected);
 }
@@ -79,14 +79,14 @@ TEST(TinyDeepseekV3Fp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
   if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
   ModelRun bf16("kv_bf16_paged", 1, 16);
   ASSERT_TRUE(bf16.runtime.ok()) << bf16.runtime.status().message();
-  Result<exec::GenerateResult> a = greedy(bf16, 12);
+  Result<exec::Generation> a = greedy(bf16, 12);
   ASSERT_TRUE(a.ok());
   for (const char* scales : {"per_token_head", "per_tensor"}) {
     SCOPED_TRACE(scales);
     ModelRun fp8("kv_fp8_e4m3", 1, 16,
                  {std::string("kv.kv_fp8_e4m3.scale_mode=\"") + scales + "\""});
     ASSERT_TRUE(fp8.runtime.ok()) << fp8.runtime.status().message();
-    Result<exec::GenerateResult> b = greedy(fp8, 12);
+    Result<exec::Generation> b = greedy(fp8, 12);
     ASSERT_TRUE(b.ok());
     const double relative = e2e::relative_l2(a->first_logits, b->first_logits);
     int same = 0;

@@ -86,7 +86,7 @@ void expect_tp_ranks_agree(const std::function<std::unique_ptr<Engine>(int)>& en
   for (int tp : {1, 2, 4, 8}) {
     std::unique_ptr<Engine> e = engine(tp);
     ASSERT_NE(e, nullptr);
-    Result<GenerateResult> out = generate(*e, kPrompt, options);
+    Result<Generation> out = generate(*e, kPrompt, options);
     ASSERT_TRUE(out.ok()) << out.status().message();
     if (tp == 1) {
       *reference = out->ids;
@@ -214,7 +214,7 @@ TEST_F(EngineTest, RequestLongerThanThePoolIsRefused) {
   ASSERT_NE(e, nullptr);
   GenerateOptions options;
   options.max_new_tokens = 64 * 4;
-  Result<GenerateResult> out = generate(*e, kPrompt, options);
+  Result<Generation> out = generate(*e, kPrompt, options);
   ASSERT_FALSE(out.ok());
   EXPECT_NE(out.status().message().find("the request needs 268 tokens (67 pages) but the KV pool "
                                         "holds 256 tokens (64 pages)"),
