@@ -60,7 +60,13 @@ for t in "${targets[@]}"; do
   if [ "$rc" != 0 ]; then
     result="FAILED (rc $rc, see $log)"
     failed=1
-    grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
+    # What a reader of CI's output needs to reproduce it: the report and the input itself.
+    grep -v -E '^(#[0-9]+|INFO:|  NEW_FUNC)' "$log" | tail -40
+    for a in "$work/fuzz-artifacts/$t"-*; do
+      [ -f "$a" ] || continue
+      echo "input $(basename "$a") ($(stat -c %s "$a") bytes), base64:"
+      head -c 4096 "$a" | base64 -w 100
+    done
   fi
   printf '%-20s %12s %12s %10s\n' "$t" "${execs:-?}" "${rate:-?}" "$result"
   total=$((total + ${execs:-0}))
