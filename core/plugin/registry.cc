@@ -118,7 +118,9 @@ std::string validate_attention_table(const void* raw, kvrt_attention_api* out) {
                       {"workspace_size", reinterpret_cast<const void*>(t.workspace_size)},
                       {"plan", reinterpret_cast<const void*>(t.plan)},
                       {"run", reinterpret_cast<const void*>(t.run)}},
-                     {}, "");
+                     {{"plan_sharded", reinterpret_cast<const void*>(t.plan_sharded)},
+                      {"run_lse", reinterpret_cast<const void*>(t.run_lse)}},
+                     "context-parallel");
 }
 
 std::string device_name(const kvrt_device& device) {

@@ -17,6 +17,10 @@
 // over all KV heads (address order in a token-major page), score every query head of a group
 // against its K row once and add each V row once to all of the group's outputs.
 // run() allocates nothing: all scratch lives in the workspace.
+// Context parallelism (ABI 1.4): plan_sharded() plans a batch of which this rank keeps one shard
+// of each sequence's tokens; a row's causal limit is then the number of its shard's tokens at or
+// before its global position. run_lse() also writes each row's log-sum-exp per head (a row that
+// sees no token here: zeros and -inf), from the same running max and sum.
 #include <omp.h>
 
 #include <algorithm>
@@ -68,10 +72,11 @@ KvElem kv_elem(kvrt_dtype d) {
 
 // One block of query rows of one sequence over KV positions [kv_begin, kv_end).
 struct WorkItem {
-  int32_t row_begin;    // index of its first query row in Q and out
-  int32_t rows;         // query rows
-  int32_t first_limit;  // last KV position its first row sees; row r sees first_limit + r
-                        // when causal, the same as row 0 otherwise
+  int32_t row_begin;  // index of its first query row in Q and out
+  int32_t rows;       // query rows
+  int32_t first_pos;  // causal: its first row's global position (row r's is first_pos + r; it
+                      // sees the shard's tokens up to there); otherwise the last KV position
+                      // every row sees
   int32_t kv_begin;
   int32_t kv_end;
   int32_t page_base;  // index in kv_page_indices of the sequence's first page
@@ -107,6 +112,10 @@ struct PlanHeader {
   uint32_t threads;         // threads planned for: OpenMP's max for the planning thread
   uint32_t batch_size;
   uint64_t total_bytes;
+  uint32_t shard_count;  // 1 unless planned by plan_sharded()
+  uint32_t shard_index;
+  uint32_t shard_interleave;
+  uint32_t reserved;
 };
 
 class CpuAttention : public sdk::AttentionBase {
@@ -156,13 +165,20 @@ class CpuAttention : public sdk::AttentionBase {
     if (!readable(layout)) sdk::fail(KVRT_ERR_UNSUPPORTED, not_native(layout));
   }
 
+  // Bounds plan() and plan_sharded() of the batch alike.
   uint64_t workspace_size(const kvrt_attention_batch& batch) const {
-    return layout_plan(count(batch)).total_bytes + kAlign;  // kAlign: room to align the start
+    // kAlign: room to align the start
+    return layout_plan(count(batch, sdk::Shard::any())).total_bytes + kAlign;
   }
 
   void plan(const kvrt_attention_batch& batch, void* workspace, uint64_t workspace_bytes) {
+    plan_sharded(batch, sdk::Shard{}, workspace, workspace_bytes);
+  }
+
+  void plan_sharded(const kvrt_attention_batch& batch, const sdk::Shard& shard, void* workspace,
+                    uint64_t workspace_bytes) {
     plan_ = nullptr;  // a failed plan leaves nothing to run
-    const Counts counts = count(batch);
+    const Counts counts = count(batch, shard);
     PlanHeader header = layout_plan(counts);
     const uint64_t needed = header.total_bytes + kAlign;
     if (workspace == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "workspace is NULL");
@@ -176,6 +192,9 @@ class CpuAttention : public sdk::AttentionBase {
     header.page_size = batch.page_size;
     header.causal = batch.causal != 0;
     header.batch_size = batch.batch_size;
+    header.shard_count = shard.count;
+    header.shard_index = shard.index;
+    header.shard_interleave = shard.interleave;
     header.page_indices = batch.kv_page_indices;
     if (batch.batch_size > 0) {
       header.first_page = batch.kv_page_indptr[0];
@@ -187,7 +206,7 @@ class CpuAttention : public sdk::AttentionBase {
     uint64_t partial = header.merges_offset + align_up(sizeof(Merge) * counts.merges);
     uint32_t num_items = 0, num_merges = 0;
     walk(
-        batch,
+        batch, shard,
         [&](const WorkItem& item) {
           WorkItem& w = items[num_items++];
           w = item;
@@ -208,7 +227,10 @@ class CpuAttention : public sdk::AttentionBase {
     plan_ = base;
   }
 
-  void run(const kvrt_attention_run_args& args) {
+  void run(const kvrt_attention_run_args& args) { run_lse(args, nullptr, 0); }
+
+  // lse null: run() alone.
+  void run_lse(const kvrt_attention_run_args& args, float* lse, int64_t lse_row_stride) {
     if (plan_ == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "run() without a successful plan()");
     PlanHeader header;
     std::memcpy(&header, plan_, sizeof(header));
@@ -217,6 +239,13 @@ class CpuAttention : public sdk::AttentionBase {
     }
     const kvrt_kv_layout& layout = *args.layout;
     Layer layer = prepare(args, layout, header);
+    layer.lse = lse;
+    layer.lse_stride = lse_row_stride == 0 ? q_heads_ : lse_row_stride;
+    if (lse != nullptr && layer.lse_stride < q_heads_) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "lse_row_stride " + std::to_string(lse_row_stride) +
+                                               " is shorter than a row's " +
+                                               std::to_string(q_heads_) + " heads");
+    }
     const auto* items = reinterpret_cast<const WorkItem*>(plan_ + header.items_offset);
     const auto* merges = reinterpret_cast<const Merge*>(plan_ + header.merges_offset);
     // Work items write disjoint rows or partials, so they run in parallel, each thread in its
@@ -273,6 +302,8 @@ class CpuAttention : public sdk::AttentionBase {
     bool token_scales;  // per-token-head scales
     int64_t q_stride, out_stride;
     uint8_t* scratch;
+    float* lse;          // run_lse's output, or null
+    int64_t lse_stride;  // floats between rows of lse
   };
 
   // A query row block's running max [rows][q_heads], sum (likewise) and output
@@ -328,10 +359,10 @@ class CpuAttention : public sdk::AttentionBase {
     scratch_.total = at;
   }
 
-  Counts count(const kvrt_attention_batch& batch) const {
+  Counts count(const kvrt_attention_batch& batch, const sdk::Shard& shard) const {
     Counts counts;
     walk(
-        batch, [&](const WorkItem&) { ++counts.items; },
+        batch, shard, [&](const WorkItem&) { ++counts.items; },
         [&](const Merge& m) {
           ++counts.merges;
           counts.partial_bytes += partial_bytes(static_cast<uint32_t>(m.rows)) * m.num_items;
@@ -351,21 +382,27 @@ class CpuAttention : public sdk::AttentionBase {
   }
 
   // Validates the batch and reports its work items and merges in order: a merge right after
-  // its chunks. The same walk sizes the workspace and fills it.
+  // its chunks. The same walk sizes the workspace (over any shard: each item then reaches the
+  // sequence's last local token, the most it can) and fills it.
   template <class OnItem, class OnMerge>
-  void walk(const kvrt_attention_batch& b, OnItem&& on_item, OnMerge&& on_merge) const {
+  void walk(const kvrt_attention_batch& b, const sdk::Shard& shard, OnItem&& on_item,
+            OnMerge&& on_merge) const {
     const int64_t chunk =
         b.page_size == 0 ? 0 : kernels::shared::split_chunk(chunk_tokens_, b.page_size);
-    sdk::check_batch(b, [&](const sdk::BatchSequence& seq) {
+    const bool causal = b.causal != 0 && shard.count != 0;
+    sdk::check_batch(b, shard, [&](const sdk::BatchSequence& seq) {
       const int32_t q_begin = seq.q_begin, q_len = seq.q_len, kv_len = seq.kv_len;
       for (int32_t r0 = 0; r0 < q_len; r0 += static_cast<int32_t>(kRowBlock)) {
         WorkItem item{};
         item.row_begin = q_begin + r0;
         item.rows = std::min<int32_t>(static_cast<int32_t>(kRowBlock), q_len - r0);
-        item.first_limit = b.causal != 0 ? kv_len - q_len + r0 : kv_len - 1;
+        item.first_pos = causal ? seq.first_pos + r0 : kv_len - 1;
         item.page_base = seq.page_begin;
         item.merge = -1;
-        const int32_t end = b.causal != 0 ? item.first_limit + item.rows : kv_len;
+        // The local positions its last row sees.
+        const int32_t end =
+            causal ? static_cast<int32_t>(shard.tokens_before(int64_t{item.first_pos} + item.rows))
+                   : kv_len;
         if (static_cast<uint32_t>(item.rows) <= kSplitMaxRows && end > chunk) {
           Merge merge{item.row_begin, item.rows, 0, 0};
           for (int64_t c = 0; c < end; c += chunk) {
@@ -662,7 +699,7 @@ class CpuAttention : public sdk::AttentionBase {
       }
       for (int32_t r = 0; r < item.rows; ++r) {
         // Causal rows see positions up to their limit; later rows of a block see more.
-        const int32_t limit = header.causal != 0 ? item.first_limit + r : item.first_limit;
+        const int32_t limit = row_limit(header, item, r);
         const int32_t valid = std::clamp(limit + 1 - t0, 0, n);
         if (valid == 0) continue;
         const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_;
@@ -709,8 +746,32 @@ class CpuAttention : public sdk::AttentionBase {
     for (int32_t r = 0; r < item.rows; ++r) {
       for (uint32_t j = 0; j < q_heads_; ++j) {
         const size_t at = size_t{static_cast<uint32_t>(r)} * q_heads_ + j;
-        write_out(layer, item.row_begin + r, j, st.acc + at * v_dim_, layer.out_scale / st.sum[at]);
+        finish_row(layer, item.row_begin + r, j, st.acc + at * v_dim_, st.max[at], st.sum[at]);
       }
+    }
+  }
+
+  // The last local KV position query row r of `item` sees.
+  static int32_t row_limit(const PlanHeader& header, const WorkItem& item, int32_t r) {
+    if (header.causal == 0) return item.first_pos;
+    if (header.shard_count <= 1) return item.first_pos + r;
+    const sdk::Shard shard{header.shard_count, header.shard_index, header.shard_interleave};
+    return static_cast<int32_t>(shard.tokens_before(int64_t{item.first_pos} + r + 1)) - 1;
+  }
+
+  // A row and head done: its output acc / sum (times a per-tensor V scale) and, for run_lse, its
+  // log-sum-exp max + log(sum). A row that saw no token (sum 0, only in a shard) gets zeros and
+  // -inf.
+  void finish_row(const Layer& layer, int64_t row, uint32_t head, float* acc, float max,
+                  float sum) const {
+    if (sum > 0.0f) {
+      write_out(layer, row, head, acc, layer.out_scale / sum);
+    } else {
+      std::fill(acc, acc + v_dim_, 0.0f);
+      write_out(layer, row, head, acc, 1.0f);
+    }
+    if (layer.lse != nullptr) {
+      layer.lse[row * layer.lse_stride + head] = sum > 0.0f ? max + std::log(sum) : kNegInf;
     }
   }
 
@@ -727,7 +788,7 @@ class CpuAttention : public sdk::AttentionBase {
           max = std::max(max, state_at(plan_ + item.partial, item.rows).max[at]);
         }
         std::fill(out_row, out_row + v_dim_, 0.0f);
-        float sum = 0;
+        float sum = 0;  // of the chunks' sums, in units of exp(max)
         for (int32_t c = 0; c < merge.num_items; ++c) {
           const WorkItem& item = items[merge.first_item + c];
           const State st = state_at(plan_ + item.partial, item.rows);
@@ -737,7 +798,7 @@ class CpuAttention : public sdk::AttentionBase {
           const void* row = st.acc + at * v_dim_;
           kernels::pv_accumulate(KvElem::kF32, &w, 1, 1, &row, 1, v_dim_, nullptr, out_row, v_dim_);
         }
-        write_out(layer, merge.row_begin + r, j, out_row, layer.out_scale / sum);
+        finish_row(layer, merge.row_begin + r, j, out_row, max, sum);
       }
     }
   }

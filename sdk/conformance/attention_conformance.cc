@@ -69,7 +69,11 @@ std::string describe(const AttentionCase& c) {
          ", page " +
          std::to_string(c.page_size) + ", kv/q " + seqs + (c.causal ? "" : ", non-causal") +
          (c.q_dtype == KVRT_DTYPE_BF16 ? ", bf16 Q" : "") +
-         (c.out_dtype == KVRT_DTYPE_BF16 ? ", bf16 out" : "");
+         (c.out_dtype == KVRT_DTYPE_BF16 ? ", bf16 out" : "") +
+         (c.shards > 1 ? ", " + std::to_string(c.shards) + " shards of runs of " +
+                             std::to_string(c.interleave)
+                       : "") +
+         (c.lse ? ", run_lse" : "");
 }
 
 // Throws CaseFailure on a mismatch or a failed call, Skip when a store is missing.
@@ -115,24 +119,55 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
   g.device = {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0};
   const kvrt_config* store_config = plugin::as_config(
       c.store_config != nullptr ? c.store_config : registry.plugin_config(c.store));
-  kvrt_kv_store* raw_store = nullptr;
-  check(kv.create(store_plugin.host_api(), &g, num_pages, store_config, &raw_store),
-        c.store + " create");
-  StorePtr store(raw_store, StoreDeleter{&kv});
+  // One store per shard (one unsharded). Shard s keeps the runs of c.interleave positions whose
+  // index is s modulo the shard count, in its own store, at the same page ids: a sequence's
+  // first pages, as many as its share needs.
+  const uint32_t shards = std::max(1u, c.shards), interleave = std::max(1u, c.interleave);
+  const bool sharded = shards > 1, lse = sharded || c.lse;
+  if (lse && (attention.attention.plan_sharded == nullptr || attention.attention.run_lse == nullptr)) {
+    throw Skip("the plugin has no plan_sharded / run_lse (ABI 1.4)");
+  }
+  const auto shard_of = [&](uint32_t t) { return t / interleave % shards; };
+  const auto local_of = [&](uint32_t t) {  // the token's index among its shard's
+    return t / (interleave * shards) * interleave + t % interleave;
+  };
+  std::vector<StorePtr> stores;
+  for (uint32_t s = 0; s < shards; ++s) {
+    kvrt_kv_store* raw_store = nullptr;
+    check(kv.create(store_plugin.host_api(), &g, num_pages, store_config, &raw_store),
+          c.store + " create");
+    stores.emplace_back(raw_store, StoreDeleter{&kv});
+  }
 
-  // The batch, CSR.
+  // The batch, CSR: the query rows, and each shard's pages.
   const auto batch_size = static_cast<uint32_t>(c.sequences.size());
-  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, indices, last_len;
-  std::vector<int64_t> slots;  // every sequence's slots by position, back to back
+  std::vector<int32_t> qo_indptr{0}, indices, kv_len;
+  std::vector<std::vector<int32_t>> kv_indptr(shards, {0}), shard_indices(shards),
+      last_len(shards);
+  // Every sequence's tokens by position, back to back: the shard that keeps each, and its slot
+  // there.
+  std::vector<uint32_t> token_shard;
+  std::vector<int64_t> slots;
   for (uint32_t b = 0; b < batch_size; ++b) {
-    const AttentionSequence& s = c.sequences[b];
+    const AttentionSequence& seq = c.sequences[b];
+    const size_t first_page = indices.size();
     for (uint32_t p = 0; p < pages_of[b]; ++p) indices.push_back(pool[indices.size()]);
-    for (uint32_t t = 0; t < s.kv_len; ++t) {
-      slots.push_back(int64_t{indices[kv_indptr.back() + t / ps]} * ps + t % ps);
+    std::vector<uint32_t> kept(shards, 0);
+    for (uint32_t t = 0; t < seq.kv_len; ++t) {
+      const uint32_t j = local_of(t);
+      token_shard.push_back(shard_of(t));
+      slots.push_back(int64_t{indices[first_page + j / ps]} * ps + j % ps);
+      ++kept[shard_of(t)];
     }
-    qo_indptr.push_back(qo_indptr.back() + static_cast<int32_t>(s.q_len));
-    kv_indptr.push_back(static_cast<int32_t>(indices.size()));
-    last_len.push_back(s.kv_len == 0 ? 0 : static_cast<int32_t>((s.kv_len - 1) % ps + 1));
+    for (uint32_t s = 0; s < shards; ++s) {
+      const uint32_t pages = (kept[s] + ps - 1) / ps;
+      shard_indices[s].insert(shard_indices[s].end(), indices.begin() + first_page,
+                              indices.begin() + first_page + pages);
+      kv_indptr[s].push_back(static_cast<int32_t>(shard_indices[s].size()));
+      last_len[s].push_back(kept[s] == 0 ? 0 : static_cast<int32_t>((kept[s] - 1) % ps + 1));
+    }
+    qo_indptr.push_back(qo_indptr.back() + static_cast<int32_t>(seq.q_len));
+    kv_len.push_back(static_cast<int32_t>(seq.kv_len));
   }
   const size_t total_rows = static_cast<size_t>(qo_indptr.back());
 
@@ -148,20 +183,43 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
       for (size_t j = 0; j < k_row; ++j) k[i * k_row + j] = normal(rng) * magnitude;
       for (size_t j = 0; j < v_row; ++j) v[i * v_row + j] = normal(rng) * magnitude;
     }
-    kvrt_kv_write w{};
-    w.struct_size = sizeof(w);
-    w.layer = layer;
-    w.dtype = KVRT_DTYPE_F32;
-    w.num_tokens = static_cast<uint32_t>(slots.size());
-    w.slots = slots.data();
-    w.k = k.data();
-    w.v = c.v_head_dim != 0 ? v.data() : nullptr;
-    check(kv.write(store.get(), &w), c.store + " write");
     ref_k[layer].assign(k.size(), NAN);
     ref_v[layer].assign(v.size(), NAN);
-    check(kv.gather(store.get(), layer, w.num_tokens, slots.data(), ref_k[layer].data(),
-                    c.v_head_dim != 0 ? ref_v[layer].data() : nullptr),
-          c.store + " gather");
+    for (uint32_t s = 0; s < shards; ++s) {
+      // The shard's tokens, written to its store and read back to where they are in the whole.
+      std::vector<size_t> mine;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (token_shard[i] == s) mine.push_back(i);
+      }
+      std::vector<int64_t> shard_slots;
+      std::vector<float> sk(mine.size() * k_row), sv(mine.size() * v_row);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        shard_slots.push_back(slots[mine[i]]);
+        std::copy_n(k.begin() + static_cast<ptrdiff_t>(mine[i] * k_row), k_row,
+                    sk.begin() + static_cast<ptrdiff_t>(i * k_row));
+        std::copy_n(v.begin() + static_cast<ptrdiff_t>(mine[i] * v_row), v_row,
+                    sv.begin() + static_cast<ptrdiff_t>(i * v_row));
+      }
+      if (mine.empty()) continue;
+      kvrt_kv_write w{};
+      w.struct_size = sizeof(w);
+      w.layer = layer;
+      w.dtype = KVRT_DTYPE_F32;
+      w.num_tokens = static_cast<uint32_t>(mine.size());
+      w.slots = shard_slots.data();
+      w.k = sk.data();
+      w.v = c.v_head_dim != 0 ? sv.data() : nullptr;
+      check(kv.write(stores[s].get(), &w), c.store + " write");
+      check(kv.gather(stores[s].get(), layer, w.num_tokens, shard_slots.data(), sk.data(),
+                      c.v_head_dim != 0 ? sv.data() : nullptr),
+            c.store + " gather");
+      for (size_t i = 0; i < mine.size(); ++i) {
+        std::copy_n(sk.begin() + static_cast<ptrdiff_t>(i * k_row), k_row,
+                    ref_k[layer].begin() + static_cast<ptrdiff_t>(mine[i] * k_row));
+        std::copy_n(sv.begin() + static_cast<ptrdiff_t>(i * v_row), v_row,
+                    ref_v[layer].begin() + static_cast<ptrdiff_t>(mine[i] * v_row));
+      }
+    }
     if (c.v_head_dim == 0) ref_v[layer] = ref_k[layer];
   }
 
@@ -202,35 +260,59 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
     return;
   }
   check(created, "create");
-  AttentionPtr attn(raw, AttentionDeleter{&api});
+  // One handle per shard, as on the ranks of a context-parallel group.
+  std::vector<AttentionPtr> attns;
+  attns.emplace_back(raw, AttentionDeleter{&api});
+  for (uint32_t s = 1; s < shards; ++s) {
+    check(api.create(attention.host_api(), &params, attention_config, &raw), "create");
+    attns.emplace_back(raw, AttentionDeleter{&api});
+  }
 
-  kvrt_attention_batch batch{};
-  batch.struct_size = sizeof(batch);
-  batch.batch_size = batch_size;
-  batch.page_size = ps;
-  batch.causal = c.causal ? 1 : 0;
-  batch.qo_indptr = qo_indptr.data();
-  batch.kv_page_indptr = kv_indptr.data();
-  batch.kv_page_indices = indices.data();
-  batch.kv_last_page_len = last_len.data();
-  uint64_t ws_bytes = 0;
-  check(api.workspace_size(attn.get(), &batch, &ws_bytes), "workspace_size");
-  // Offset by 8 bytes: the caller's workspace need not be more aligned than malloc's.
-  std::vector<uint8_t> workspace(ws_bytes + 8);
-  check(api.plan(attn.get(), &batch, workspace.data() + 8, ws_bytes), "plan");
+  std::vector<kvrt_attention_batch> batches(shards);
+  std::vector<std::vector<uint8_t>> workspaces(shards);
+  for (uint32_t s = 0; s < shards; ++s) {
+    kvrt_attention_batch& batch = batches[s];
+    batch.struct_size = sizeof(batch);
+    batch.batch_size = batch_size;
+    batch.page_size = ps;
+    batch.causal = c.causal ? 1 : 0;
+    batch.qo_indptr = qo_indptr.data();
+    batch.kv_page_indptr = kv_indptr[s].data();
+    batch.kv_page_indices = shard_indices[s].data();
+    batch.kv_last_page_len = last_len[s].data();
+    uint64_t ws_bytes = 0;
+    check(api.workspace_size(attns[s].get(), &batch, &ws_bytes), "workspace_size");
+    // Offset by 8 bytes: the caller's workspace need not be more aligned than malloc's.
+    workspaces[s].resize(ws_bytes + 8);
+    if (sharded) {
+      const kvrt_attention_shard shard{sizeof(kvrt_attention_shard), shards, s, interleave,
+                                       kv_len.data()};
+      check(api.plan_sharded(attns[s].get(), &batch, &shard, workspaces[s].data() + 8, ws_bytes),
+            "plan_sharded (shard " + std::to_string(s) + ")");
+    } else {
+      check(api.plan(attns[s].get(), &batch, workspaces[s].data() + 8, ws_bytes), "plan");
+    }
+  }
 
   const float sentinel = 1536.0f;  // exact in bf16 too
   for (uint32_t layer = 0; layer < c.layers; ++layer) {
+   // Each shard's output and log-sum-exps, merged (in double) into `out` and `got_lse`.
+   std::vector<float> out(total_rows * out_stride, sentinel);
+   std::vector<double> got_lse(total_rows * c.num_q_heads, -INFINITY);
+   std::vector<double> merged(total_rows * out_row, 0.0);
+   for (uint32_t shard = 0; shard < shards; ++shard) {
+    const kvrt_kv_store* store = stores[shard].get();
+    kvrt_attention* attn = attns[shard].get();
     kvrt_kv_layout layout{};
     layout.struct_size = sizeof(layout);
-    check(kv.layout(store.get(), layer, &layout), c.store + " layout");
+    check(kv.layout(store, layer, &layout), c.store + " layout");
     if (c.force_gather) {
       layout.k_dtype = layout.v_dtype = KVRT_DTYPE_INT8;
       layout.scale_mode = KVRT_SCALE_PER_TOKEN_HEAD;
       layout.k_base = layout.v_base = nullptr;
       layout.k_scale = layout.v_scale = nullptr;
       take_last_error();
-      const kvrt_status s = api.supports(attn.get(), &layout);
+      const kvrt_status s = api.supports(attn, &layout);
       const std::string why = take_last_error();
       if (s != KVRT_ERR_UNSUPPORTED || why.empty()) {
         throw CaseFailure{"supports() of an INT8 layout with NULL pointers returned " +
@@ -238,8 +320,9 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
                           (why.empty() ? " without a reason (set_error)" : "")};
       }
     }
-    std::vector<float> out(total_rows * out_stride, sentinel);
-    std::vector<uint16_t> out16(out.size(), to_bf16(sentinel));
+    std::vector<float> part(total_rows * out_stride, sentinel);
+    std::vector<uint16_t> out16(part.size(), to_bf16(sentinel));
+    std::vector<float> part_lse(total_rows * c.num_q_heads, NAN);
     kvrt_attention_run_args args{};
     args.struct_size = sizeof(args);
     args.layer = layer;
@@ -247,15 +330,67 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
     args.out_dtype = c.out_dtype;
     args.layout = &layout;
     args.store_api = &kv;
-    args.store = store.get();
+    args.store = store;
     args.q = c.q_dtype == KVRT_DTYPE_BF16 ? static_cast<const void*>(q16.data()) : q.data();
-    args.out = c.out_dtype == KVRT_DTYPE_BF16 ? static_cast<void*>(out16.data()) : out.data();
+    args.out = c.out_dtype == KVRT_DTYPE_BF16 ? static_cast<void*>(out16.data()) : part.data();
     args.q_row_stride = static_cast<int64_t>(q_stride);
     args.out_row_stride = static_cast<int64_t>(out_stride);
-    check(api.run(attn.get(), &args), "run (layer " + std::to_string(layer) + ")");
-    if (c.out_dtype == KVRT_DTYPE_BF16) {
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_value(out16[i]);
+    const std::string call = "(layer " + std::to_string(layer) +
+                             (sharded ? ", shard " + std::to_string(shard) : "") + ")";
+    if (lse) {
+      check(api.run_lse(attn, &args, part_lse.data(), 0), "run_lse " + call);
+    } else {
+      check(api.run(attn, &args), "run " + call);
     }
+    if (c.out_dtype == KVRT_DTYPE_BF16) {
+      for (size_t i = 0; i < part.size(); ++i) part[i] = bf16_value(out16[i]);
+    }
+    for (size_t r = 0; r < total_rows; ++r) {
+      for (size_t i = out_row; i < out_stride; ++i) {
+        if (part[r * out_stride + i] != sentinel) {
+          throw CaseFailure{"run wrote into the padding between output rows (row " +
+                            std::to_string(r) + ")"};
+        }
+      }
+    }
+    if (!lse) {
+      out = part;
+      continue;
+    }
+    // Merged as the core merges a context-parallel group's: with L = log sum_s exp(lse_s),
+    // out = sum_s exp(lse_s - L) out_s, one shard at a time (a running L).
+    for (size_t r = 0; r < total_rows; ++r) {
+      for (uint32_t h = 0; h < c.num_q_heads; ++h) {
+        const double mine = part_lse[r * c.num_q_heads + h];
+        double& total = got_lse[r * c.num_q_heads + h];
+        if (std::isnan(mine)) {
+          throw CaseFailure{"run_lse left the log-sum-exp of row " + std::to_string(r) +
+                            ", head " + std::to_string(h) + " unwritten " + call};
+        }
+        if (mine == -INFINITY) {
+          for (uint32_t d = 0; d < v_dim; ++d) {
+            if (part[r * out_stride + size_t{h} * v_dim + d] != 0.0f) {
+              throw CaseFailure{"a row that sees no token here (log-sum-exp -inf) has a nonzero "
+                                "output: row " + std::to_string(r) + ", head " +
+                                std::to_string(h) + " " + call};
+            }
+          }
+          continue;
+        }
+        const double next = total == -INFINITY ? mine
+                                               : std::max(total, mine) +
+                                                     std::log1p(std::exp(-std::fabs(total - mine)));
+        const double keep = total == -INFINITY ? 0.0 : std::exp(total - next);
+        const double add = std::exp(mine - next);
+        double* m = merged.data() + r * out_row + size_t{h} * v_dim;
+        for (uint32_t d = 0; d < v_dim; ++d) {
+          m[d] = m[d] * keep + add * part[r * out_stride + size_t{h} * v_dim + d];
+          out[r * out_stride + size_t{h} * v_dim + d] = static_cast<float>(m[d]);
+        }
+        total = next;
+      }
+    }
+   }
 
     // The naive reference, row by row, in double (raw pointers: this runs in sanitizer builds
     // too).
@@ -309,17 +444,20 @@ void run_case(plugin::Registry& registry, const LoadedPlugin& attention, const A
                   " > " + std::to_string(allowed) + ")"};
             }
           }
+          // run_lse's log-sum-exp (merged over the shards): log sum_t exp(score_t).
+          if (lse) {
+            const double want_lse = max + std::log(sum);
+            const double got = got_lse[row * c.num_q_heads + h];
+            if (!(std::fabs(got - want_lse) <= 1e-4 * std::max(1.0, std::fabs(want_lse)))) {
+              throw CaseFailure{"layer " + std::to_string(layer) + ", sequence " +
+                                std::to_string(b) + ", row " + std::to_string(j) + ", head " +
+                                std::to_string(h) + ": log-sum-exp " + std::to_string(got) +
+                                ", want " + std::to_string(want_lse)};
+            }
+          }
         }
       }
       slot_base += s.kv_len;
-    }
-    for (size_t r = 0; r < total_rows; ++r) {
-      for (size_t i = out_row; i < out_stride; ++i) {
-        if (out[r * out_stride + i] != sentinel) {
-          throw CaseFailure{"run wrote into the padding between output rows (row " +
-                            std::to_string(r) + ")"};
-        }
-      }
     }
   }
 }
@@ -449,9 +587,78 @@ class Suite {
     }
   }
 
+  // ABI 1.4: run_lse's log-sum-exps against the reference's, unsharded.
+  void log_sum_exp() {
+    require_context_parallel();
+    AttentionCase c;
+    c.lse = true;
+    c.sequences = {{300, 1}, {1, 1}, {40, 12}, {3000, 1}};  // 3000: split by plugins that split
+    expect(c);
+    c.store = "kv_fp8_e4m3";
+    c.store_config = &per_tensor_;  // a K scale folded into the scores
+    expect(c);
+    c.store_config = &per_token_head_;
+    per_token_head_.insert_or_assign("scale_mode", "per_token_head");
+    expect(c);
+  }
+
+  // ABI 1.4: a sequence's tokens dealt out over N shards (single tokens, and runs of a page),
+  // each attended by its own handle over its own store with plan_sharded + run_lse, then merged
+  // by their log-sum-exps: the attention over the whole, with rows that see nothing on a shard
+  // (short sequences), prefill chunks, long decodes, GQA and MLA's latent.
+  void context_parallel() {
+    require_context_parallel();
+    AttentionCase c;
+    c.sequences = {{1, 1}, {2, 1}, {5, 5}, {37, 1}, {300, 1}, {70, 24}, {1200, 1}};
+    for (uint32_t shards : {2u, 3u, 4u, 8u}) {
+      for (uint32_t page_size : {1u, 16u}) {
+        for (uint32_t interleave : {1u, page_size}) {
+          c.shards = shards;
+          c.page_size = page_size;
+          c.interleave = interleave;
+          expect(c);
+        }
+      }
+    }
+    c.page_size = 16;
+    c.interleave = 1;
+    c.shards = 2;
+    per_token_head_.insert_or_assign("scale_mode", "per_token_head");
+    for (const toml::table* config : {&per_token_head_, &per_tensor_}) {
+      c.store = "kv_fp8_e4m3";
+      c.store_config = config;
+      expect(c);
+    }
+    c.store = "kv_bf16_paged";
+    c.store_config = nullptr;
+    c.causal = false;
+    expect(c);
+    c.causal = true;
+    // MLA: one latent, V its first 512 of 576.
+    c.num_q_heads = 16;
+    c.num_kv_heads = 1;
+    c.qk_head_dim = 576;
+    c.v_head_dim = 0;
+    c.v_width = 512;
+    c.sequences = {{1, 1}, {129, 1}, {70, 6}};
+    for (uint32_t shards : {2u, 4u}) {
+      c.shards = shards;
+      bool unsupported = false;
+      expect(c, &unsupported);
+      if (unsupported) return;  // mla_v_is_k says so
+    }
+  }
+
   void bad_arguments();
 
  private:
+  void require_context_parallel() const {
+    if (api_.plan_sharded == nullptr || api_.run_lse == nullptr) {
+      throw NotApplicable(
+          "no plan_sharded / run_lse (ABI 1.4): the plugin cannot serve tp.dcp_size > 1");
+    }
+  }
+
   void expect(const AttentionCase& c, bool* create_unsupported = nullptr) {
     try {
       run_case(registry_, plugin_, c, seed_++, create_unsupported);
@@ -663,6 +870,8 @@ const std::vector<Property>& properties() {
       {"gather_fallback", &Suite::gather_fallback},
       {"one_plan_many_layers", &Suite::one_plan_many_layers},
       {"mla_v_is_k", &Suite::mla_v_is_k},
+      {"log_sum_exp", &Suite::log_sum_exp},
+      {"context_parallel", &Suite::context_parallel},
       {"bad_arguments", &Suite::bad_arguments},
   };
   return all;

@@ -52,6 +52,14 @@ struct AttentionCase {
   uint32_t layers = 1;       // one plan(), then run() once per layer (each with its own K/V)
   float q_scale = 1.0f;      // Q magnitude; larger makes the softmax sharper
   uint32_t row_padding = 0;  // extra elements between Q rows and between output rows
+  // (ABI 1.4) Through run_lse: its log-sum-exps are checked too.
+  bool lse = false;
+  // (ABI 1.4) Over this many shards (> 1): each keeps the runs of `interleave` positions whose
+  // index is its own modulo `shards`, in a store of its own, planned with plan_sharded() and run
+  // with run_lse(); the outputs are merged by their log-sum-exps and checked against the
+  // attention over the whole.
+  uint32_t shards = 1;
+  uint32_t interleave = 1;
 };
 
 // Writes random K/V through the store's write() into the case's pages, runs the plugin, and

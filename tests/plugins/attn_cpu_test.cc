@@ -94,6 +94,33 @@ TEST_F(AttnCpu, DescribesItselfAsAnAttentionPluginTakingF32AndBf16Queries) {
   EXPECT_STREQ(attn_->options[0].name, "decode_chunk_tokens");
 }
 
+// Decode context parallelism (ABI 1.4): a random batch of prefill chunks and decodes whose tokens
+// are dealt out over 2 and 4 shards, each in a store of its own, attended with plan_sharded +
+// run_lse and merged by log-sum-exp, equals the attention over the whole within f32 rounding
+// (check_attention_case's bound, over each shard's own dequantized K/V), for every shipped store
+// -- the 4-bit one and the host tier included -- at page sizes 1 and 16.
+TEST_F(AttnCpu, ShardedAttentionMergedEqualsTheWholeForEveryStore) {
+  std::mt19937 rng(45);
+  for (const char* store :
+       {"kv_bf16_paged", "kv_f32_paged", "kv_fp8_e4m3", "kv_int4", "kv_host_tiered"}) {
+    for (uint32_t page_size : {1u, 16u}) {
+      for (uint32_t shards : {2u, 4u}) {
+        AttentionCase c;
+        c.store = store;
+        c.store_config = std::string(store) == "kv_fp8_e4m3" ? &per_token_head_ : nullptr;
+        c.page_size = page_size;
+        c.shards = shards;
+        c.sequences.clear();
+        for (int i = 0; i < 6; ++i) {  // decodes and prefill chunks of random lengths
+          const uint32_t kv = 1 + rng() % 400;
+          c.sequences.push_back({kv, i % 2 == 0 ? 1 : 1 + static_cast<uint32_t>(rng() % kv) % 40});
+        }
+        EXPECT_EQ(check(c), "") << store << ", page " << page_size << ", " << shards << " shards";
+      }
+    }
+  }
+}
+
 TEST_F(AttnCpu, SequenceLengthsAcrossPageBoundaries) {
   AttentionCase c;
   for (uint32_t page_size : {1u, 2u, 16u, 128u}) {

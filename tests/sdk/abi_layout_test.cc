@@ -259,7 +259,7 @@ TEST(AbiLayout, AttentionRunArgs) {
 }
 
 TEST(AbiLayout, AttentionApi) {
-  PIN_SIZE(kvrt_attention_api, 56);
+  PIN_SIZE(kvrt_attention_api, 72);
   PIN(kvrt_attention_api, struct_size, 0);
   PIN(kvrt_attention_api, reserved, 4);
   PIN(kvrt_attention_api, create, 8);
@@ -268,11 +268,23 @@ TEST(AbiLayout, AttentionApi) {
   PIN(kvrt_attention_api, workspace_size, 32);
   PIN(kvrt_attention_api, plan, 40);
   PIN(kvrt_attention_api, run, 48);
+  PIN(kvrt_attention_api, plan_sharded, 56);  // ABI 1.4
+  PIN(kvrt_attention_api, run_lse, 64);       // ABI 1.4
+}
+
+TEST(AbiLayout, AttentionShard) {  // ABI 1.4
+  PIN_SIZE(kvrt_attention_shard, 24);
+  PIN(kvrt_attention_shard, struct_size, 0);
+  PIN(kvrt_attention_shard, count, 4);
+  PIN(kvrt_attention_shard, index, 8);
+  PIN(kvrt_attention_shard, interleave, 12);
+  PIN(kvrt_attention_shard, kv_len, 16);
 }
 
 TEST(AbiLayout, Version) {
   EXPECT_EQ(KVRT_ABI_MAJOR, 1u);
   // 1.1: V width and offset, streams, tier_pages; 1.2: device writes; 1.3: formats (sub-byte,
-  // vendor codes, groups, zero points, error bounds, gather_thread_safe).
-  EXPECT_EQ(KVRT_ABI_MINOR, 3u);
+  // vendor codes, groups, zero points, error bounds, gather_thread_safe); 1.4: context
+  // parallelism (plan_sharded, run_lse, kvrt_attention_shard).
+  EXPECT_EQ(KVRT_ABI_MINOR, 4u);
 }

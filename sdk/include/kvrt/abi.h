@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define KVRT_ABI_MAJOR 1u
-#define KVRT_ABI_MINOR 3u
+#define KVRT_ABI_MINOR 4u
 
 #if defined(_WIN32)
 #define KVRT_EXPORT __declspec(dllexport)

@@ -9,6 +9,12 @@
  * Lifecycle: create once per layer shape; plan() once per batch (writes into a caller-owned
  * workspace); run() once per layer with that plan. run() never allocates.
  * Thread-safety: one handle is used by one thread at a time; distinct handles are independent.
+ *
+ * Context parallelism (ABI 1.4, optional): when a sequence's tokens are spread over N ranks
+ * (decode context parallelism: each of N ranks that would hold the same KV keeps every N-th
+ * token), each rank attends its own tokens with plan_sharded() and run_lse(), and the core
+ * merges the N partial outputs with their log-sum-exps (out = sum_i exp(lse_i - lse) out_i,
+ * lse = log sum_i exp(lse_i)), exactly.
  */
 #ifndef KVRT_ATTENTION_H
 #define KVRT_ATTENTION_H
@@ -52,6 +58,25 @@ typedef struct kvrt_attention_batch {
   const int32_t *kv_page_indices;  /* [kv_page_indptr[batch_size]] */
   const int32_t *kv_last_page_len; /* [batch_size] */
 } kvrt_attention_batch;
+
+/* (ABI 1.4) Which of a sequence's tokens this rank keeps, for plan_sharded(). The sequence's
+ * tokens are dealt out in runs of `interleave` positions: global run r (positions
+ * [r * interleave, (r + 1) * interleave)) is kept by shard r % count. The batch's pages and
+ * last-page lengths then describe only this shard's tokens, in position order: its local token j
+ * (counted over the sequence's pages, as usual) is the token at global position
+ *   (j / interleave * count + index) * interleave + j % interleave.
+ * A sequence may keep no token here: no pages (equal kv_page_indptr entries), and its
+ * kv_last_page_len is then 0. kv_len[b] is sequence b's length over all shards; with q_len query
+ * rows, row i is the token at global position kv_len[b] - q_len + i and, when causal, sees the
+ * tokens up to that position. The local lengths must be exactly what the shard keeps of
+ * kv_len[b] positions. */
+typedef struct kvrt_attention_shard {
+  uint32_t struct_size;
+  uint32_t count;      /* N >= 1 ranks share each sequence's tokens */
+  uint32_t index;      /* this rank's shard, 0 .. count - 1 */
+  uint32_t interleave; /* positions per run, >= 1 (kvrt deals out single tokens: 1) */
+  const int32_t *kv_len; /* [batch_size] each sequence's KV length over all shards */
+} kvrt_attention_shard;
 
 /* One layer's call. Q rows are [num_q_heads][qk_head_dim] of q_dtype; out rows
  * [num_q_heads][v_head_dim] of out_dtype; row i at base + i * *_row_stride elements (0 = dense).
@@ -100,6 +125,25 @@ typedef struct kvrt_attention_api {
 
   /* Computes attention for the planned batch. Never allocates. */
   kvrt_status (*run)(kvrt_attention *attn, const kvrt_attention_run_args *args);
+
+  /* ===== ABI 1.4 (optional, both or neither): context parallelism =====
+   * A plugin without them cannot serve tp.dcp_size > 1 (the core refuses it at start, naming
+   * the plugin). */
+
+  /* plan() for a batch of which this rank keeps the shard `shard` describes (see
+   * kvrt_attention_shard): query rows see only this shard's tokens, masked by their global
+   * positions. workspace_size(batch) bounds the workspace it needs. */
+  kvrt_status (*plan_sharded)(kvrt_attention *attn, const kvrt_attention_batch *batch,
+                              const kvrt_attention_shard *shard, void *workspace,
+                              uint64_t workspace_bytes);
+
+  /* run(), after plan() or plan_sharded(), that also writes each query row's log-sum-exp per
+   * head: lse[row * lse_row_stride + head] = log(sum over the KV tokens the row sees of
+   * exp(score)), score = (q . k) * softmax_scale over the dequantized K, natural log, f32 in the
+   * memory `out` is in (lse_row_stride in floats; 0 = num_q_heads). A row that sees no token (a shard that
+   * keeps none of those it may see) gets -INFINITY there and zeros in `out`. */
+  kvrt_status (*run_lse)(kvrt_attention *attn, const kvrt_attention_run_args *args, float *lse,
+                         int64_t lse_row_stride);
 } kvrt_attention_api;
 
 #ifdef __cplusplus

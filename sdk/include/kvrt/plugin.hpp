@@ -566,21 +566,58 @@ inline constexpr uint32_t kKvLayoutV1Size =
     offsetof(kvrt_kv_layout, scale_head_stride) + sizeof(int64_t);
 
 // One sequence of a batch check_batch() accepted: its query rows [q_begin, q_begin + q_len),
-// its pages kv_page_indices[page_begin .. page_begin + pages) and its kv_len KV tokens.
+// its pages kv_page_indices[page_begin .. page_begin + pages) and its kv_len KV tokens (this
+// shard's, for a sharded batch). Its first query row is the token at global position first_pos
+// (kv_len - q_len unsharded; the sequence's length over all shards minus q_len when sharded).
 struct BatchSequence {
   uint32_t index;
   int32_t q_begin, q_len;
   int32_t page_begin, pages;
   int32_t kv_len;
+  int32_t first_pos;
 };
+
+// (ABI 1.4) How a batch's sequences are spread over ranks (kvrt_attention_shard): one shard of
+// one (the default) is the whole sequence.
+struct Shard {
+  uint32_t count = 1, index = 0, interleave = 1;
+  const int32_t* kv_len = nullptr;  // [batch_size], over all shards; null when count is 1
+
+  // For workspace_size(), which bounds plan() and plan_sharded() of the same batch alike: any
+  // shard. check_batch then checks the batch's own arrays only (a sequence may keep no token)
+  // and gives first_pos -1.
+  static Shard any() { return Shard{0, 0, 1, nullptr}; }
+
+  // How many of the global positions [0, n) this shard keeps.
+  int64_t tokens_before(int64_t n) const {
+    const int64_t cycle = int64_t{count} * interleave;
+    const int64_t rest = n % cycle - int64_t{index} * interleave;
+    return n / cycle * interleave + std::clamp<int64_t>(rest, 0, interleave);
+  }
+};
+
+// The shard a kvrt_attention_shard describes, checked (count >= 1, index < count, interleave
+// >= 1, kv_len present); throws Error(KVRT_ERR_INVALID_ARGUMENT) naming the field otherwise.
+inline Shard read_shard(const kvrt_attention_shard& s) {
+  auto invalid = [](const std::string& what) { fail(KVRT_ERR_INVALID_ARGUMENT, what); };
+  if (s.count == 0) invalid("shard.count is 0");
+  if (s.index >= s.count) {
+    invalid("shard.index " + std::to_string(s.index) + " is not below shard.count " +
+            std::to_string(s.count));
+  }
+  if (s.interleave == 0) invalid("shard.interleave is 0");
+  if (s.kv_len == nullptr) invalid("shard.kv_len is NULL");
+  return Shard{s.count, s.index, s.interleave, s.kv_len};
+}
 
 // The checks every attention plugin owes a batch before a kernel reads pages through it: the
 // arrays present, indptrs that never decrease, page ids >= 0, last-page lengths in
 // 1..page_size, and no more causal query rows than KV tokens. Calls visit(BatchSequence) for
 // each sequence in order; throws Error(KVRT_ERR_INVALID_ARGUMENT) naming the first problem (and
-// its sequence) otherwise.
+// its sequence) otherwise. For a sharded batch (plan_sharded, ABI 1.4) each sequence's local
+// length must be what the shard keeps of its global one, and a sequence may keep none.
 template <class Visit>
-void check_batch(const kvrt_attention_batch& b, Visit&& visit) {
+void check_batch(const kvrt_attention_batch& b, const Shard& shard, Visit&& visit) {
   auto invalid = [](const std::string& what) { fail(KVRT_ERR_INVALID_ARGUMENT, what); };
   if (b.page_size == 0) invalid("batch.page_size is 0");
   if (b.batch_size == 0) return;
@@ -611,13 +648,33 @@ void check_batch(const kvrt_attention_batch& b, Visit&& visit) {
     const int64_t kv_len64 = pages == 0 ? 0 : int64_t{pages - 1} * b.page_size + last;
     if (kv_len64 > INT32_MAX) invalid(seq() + "too many KV tokens");
     const auto kv_len = static_cast<int32_t>(kv_len64);
-    if (q_len > 0 && kv_len == 0) invalid(seq() + "query rows but no KV tokens");
-    if (b.causal != 0 && q_len > kv_len) {
-      invalid(seq() + std::to_string(q_len) + " causal query rows but only " +
-              std::to_string(kv_len) + " KV tokens (the new tokens' K/V must be written)");
+    if (shard.count == 0) {  // sizing: any shard
+      visit(BatchSequence{s, q_begin, q_len, page_begin, pages, kv_len, -1});
+      continue;
     }
-    visit(BatchSequence{s, q_begin, q_len, page_begin, pages, kv_len});
+    // The sequence's length over all shards (its own, unsharded).
+    const int32_t whole = shard.count > 1 ? shard.kv_len[s] : kv_len;
+    if (shard.count > 1) {
+      if (whole < 0) invalid(seq() + "shard.kv_len " + std::to_string(whole) + " is negative");
+      if (shard.tokens_before(whole) != kv_len) {
+        invalid(seq() + std::to_string(kv_len) + " KV tokens in its pages, but shard " +
+                std::to_string(shard.index) + " of " + std::to_string(shard.count) +
+                " keeps " + std::to_string(shard.tokens_before(whole)) + " of " +
+                std::to_string(whole));
+      }
+    }
+    if (q_len > 0 && whole == 0) invalid(seq() + "query rows but no KV tokens");
+    if (b.causal != 0 && q_len > whole) {
+      invalid(seq() + std::to_string(q_len) + " causal query rows but only " +
+              std::to_string(whole) + " KV tokens (the new tokens' K/V must be written)");
+    }
+    visit(BatchSequence{s, q_begin, q_len, page_begin, pages, kv_len, whole - q_len});
   }
+}
+
+template <class Visit>
+void check_batch(const kvrt_attention_batch& b, Visit&& visit) {
+  check_batch(b, Shard{}, std::forward<Visit>(visit));
 }
 
 // Base of an attention class: keeps the host for error reporting and the creation parameters.
@@ -652,6 +709,11 @@ const A* attention_self(const kvrt_attention* a) {
 //   uint64_t workspace_size(const kvrt_attention_batch&) const;
 //   void plan(const kvrt_attention_batch&, void* workspace, uint64_t workspace_bytes);
 //   void run(const kvrt_attention_run_args&);
+// and, for context parallelism (ABI 1.4; both or neither: the table's plan_sharded and run_lse
+// stay NULL without them),
+//   void plan_sharded(const kvrt_attention_batch&, const Shard&, void* workspace,
+//                     uint64_t workspace_bytes);        // the shard checked by read_shard
+//   void run_lse(const kvrt_attention_run_args&, float* lse, int64_t lse_row_stride);
 // Input structs reach A copied over zeroed ones of this SDK's size (read_input), the layout that
 // run() gets included: args.layout points at such a copy, never NULL. A NULL handle or output
 // pointer gives KVRT_ERR_INVALID_ARGUMENT before A is called.
@@ -701,6 +763,32 @@ const kvrt_attention_api& attention_table() {
         attention_self<A>(a)->run(copy);
       });
     };
+    if constexpr (requires(A & x, const kvrt_attention_batch& b, const Shard& sh, void* w,
+                           const kvrt_attention_run_args& r, float* lse) {
+                    x.plan_sharded(b, sh, w, uint64_t{0});
+                    x.run_lse(r, lse, int64_t{0});
+                  }) {
+      t.plan_sharded = [](kvrt_attention* a, const kvrt_attention_batch* batch,
+                          const kvrt_attention_shard* shard, void* workspace,
+                          uint64_t workspace_bytes) -> kvrt_status {
+        if (a == nullptr) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(attention_self<A>(a)->host(), [&] {
+          const Shard sh = read_shard(read_input(shard, sizeof(kvrt_attention_shard), "shard"));
+          attention_self<A>(a)->plan_sharded(read_input(batch, kAttentionBatchV1Size, "batch"), sh,
+                                             workspace, workspace_bytes);
+        });
+      };
+      t.run_lse = [](kvrt_attention* a, const kvrt_attention_run_args* args, float* lse,
+                     int64_t lse_row_stride) -> kvrt_status {
+        if (a == nullptr || lse == nullptr || lse_row_stride < 0) return KVRT_ERR_INVALID_ARGUMENT;
+        return guard(attention_self<A>(a)->host(), [&] {
+          kvrt_attention_run_args copy = read_input(args, kAttentionRunArgsV1Size, "run args");
+          const kvrt_kv_layout layout = read_input(copy.layout, kKvLayoutV1Size, "layout");
+          copy.layout = &layout;
+          attention_self<A>(a)->run_lse(copy, lse, lse_row_stride);
+        });
+      };
+    }
     return t;
   }();
   return table;
