@@ -35,6 +35,7 @@ json sglang_server_info(const config::Config& cfg, const serve::ServingCore& cor
           {"max_total_num_tokens", total},
           {"page_size", s.page_size},
           {"tp_size", cfg.tp.size},
+          {"dcp_size", cfg.tp.dcp_size},
           {"kv_cache_dtype", kv_cache_dtype(store)},
           {"internal_states", json::array({state})},
           {"sampling_defaults", defaults_json(defaults)}};

@@ -1,6 +1,6 @@
 // What GET /get_server_info (and SGLang's newer /server_info) says in SGLang's own keys, beside
 // kvrt's: the ServerArgs an operator greps for (mem_fraction_static, chunked_prefill_size,
-// num_continuous_decode_steps, max_running_requests, page_size, tp_size, kv_cache_dtype,
+// num_continuous_decode_steps, max_running_requests, page_size, tp_size, dcp_size, kv_cache_dtype,
 // context_length, served_model_name), max_total_num_tokens, internal_states (one object per
 // scheduler, as SGLang's bench_serving.py reads it) and the sampling defaults in force.
 #pragma once

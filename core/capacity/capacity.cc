@@ -66,9 +66,65 @@ Result<kvrt_kv_geometry> kv_geometry(const KvShape& shape, uint32_t tp_size, uin
   return g;
 }
 
-Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size) {
-  if (page_bytes == 0 || page_size == 0) {
-    return Status::InvalidArgument("page_bytes and page_size must be positive");
+uint32_t kv_copies(const KvShape& shape, uint32_t tp_size) {
+  if (shape.mla()) return tp_size;
+  if (shape.kv_heads > 0 && tp_size > shape.kv_heads && tp_size % shape.kv_heads == 0) {
+    return tp_size / shape.kv_heads;
+  }
+  return 1;
+}
+
+namespace {
+
+std::string copies_text(const KvShape& shape, uint32_t tp_size) {
+  const uint32_t copies = kv_copies(shape, tp_size);
+  if (shape.mla()) {
+    return "the MLA latent: " + std::to_string(copies) + " copies (one on every rank)";
+  }
+  return "each KV head: " + std::to_string(copies) + " copies (" + std::to_string(tp_size) +
+         " ranks over " + std::to_string(shape.kv_heads) + " KV heads)";
+}
+
+}  // namespace
+
+Status check_dcp(const KvShape& shape, uint32_t tp_size, uint32_t dcp_size) {
+  if (dcp_size <= 1) return Status::Ok();
+  const uint32_t copies = kv_copies(shape, tp_size);
+  if (copies == 1) {
+    return Status::ConfigError(
+        "tp.dcp_size " + std::to_string(dcp_size) + ": at tp.size " + std::to_string(tp_size) +
+        " each rank holds KV heads of its own (" + std::to_string(shape.kv_heads) +
+        " KV heads), so there is no copy to remove; decode context parallelism helps MLA "
+        "models and GQA models with fewer KV heads than TP ranks");
+  }
+  if (copies % dcp_size != 0) {
+    return Status::ConfigError("tp.dcp_size " + std::to_string(dcp_size) +
+                               " must divide the ranks that hold the same KV: " +
+                               copies_text(shape, tp_size));
+  }
+  return Status::Ok();
+}
+
+std::string dcp_removes(const KvShape& shape, uint32_t tp_size, uint32_t dcp_size) {
+  if (dcp_size <= 1) return "";
+  return copies_text(shape, tp_size) + " -> " +
+         std::to_string(kv_copies(shape, tp_size) / dcp_size) + ", each token on 1 rank of a "
+         "group of " + std::to_string(dcp_size);
+}
+
+std::vector<uint32_t> dcp_sizes(const KvShape& shape, uint32_t tp_size) {
+  std::vector<uint32_t> sizes;
+  const uint32_t copies = kv_copies(shape, tp_size);
+  for (uint32_t n = 2; n <= copies; ++n) {
+    if (copies % n == 0) sizes.push_back(n);
+  }
+  return sizes;
+}
+
+Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size,
+                  uint32_t dcp_size) {
+  if (page_bytes == 0 || page_size == 0 || dcp_size == 0) {
+    return Status::InvalidArgument("page_bytes, page_size and dcp_size must be positive");
   }
   if (!(budget.mem_fraction_static > 0 && budget.mem_fraction_static < 1)) {
     return Status::InvalidArgument("mem_fraction_static must lie in (0, 1)");
@@ -90,8 +146,9 @@ Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size)
   p.kv_budget = budget.device_memory - used;
   p.page_bytes = page_bytes;
   p.page_size = page_size;
+  p.dcp_size = dcp_size;
   p.num_pages = p.kv_budget / page_bytes;
-  p.max_total_num_tokens = p.num_pages * page_size;
+  p.max_total_num_tokens = p.num_pages * page_size * dcp_size;
   return p;
 }
 
@@ -113,7 +170,14 @@ std::string format_report(const StoreCapacity& capacity, const Budget& budget) {
   line("page size", std::to_string(p.page_size) + " tokens");
   line("page bytes", bytes_and_exact(p.page_bytes));
   line("num pages", std::to_string(p.num_pages) + " = floor(KV budget / page bytes)");
-  line("max_total_num_tokens", std::to_string(p.max_total_num_tokens) + " = num pages * page size");
+  if (p.dcp_size > 1) {
+    line("tp.dcp_size", std::to_string(p.dcp_size) + ": " + capacity.dcp_removes);
+    line("max_total_num_tokens", std::to_string(p.max_total_num_tokens) +
+                                     " = num pages * page size * tp.dcp_size");
+  } else {
+    line("max_total_num_tokens",
+         std::to_string(p.max_total_num_tokens) + " = num pages * page size");
+  }
   line("host tier tokens",
        !capacity.host_tier ? std::string("none")
        : !capacity.host_tier_sized

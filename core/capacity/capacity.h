@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/util/status.h"
 #include "kvrt/kv_store.h"
@@ -23,9 +24,12 @@ struct Budget {
 struct Plan {
   uint64_t kv_budget = 0;   // bytes left for the KV pool on each rank
   uint64_t page_bytes = 0;  // one page, all layers, this rank
-  uint32_t page_size = 0;
+  uint32_t page_size = 0;   // tokens per page on each rank
+  // Decode context parallelism (tp.dcp_size): each page id holds page_size tokens on each of
+  // dcp_size ranks, so the pool holds dcp_size times the tokens of one rank's pages.
+  uint32_t dcp_size = 1;
   uint64_t num_pages = 0;
-  uint64_t max_total_num_tokens = 0;
+  uint64_t max_total_num_tokens = 0;  // num_pages * page_size * dcp_size
   uint64_t bytes_per_token() const { return page_size ? page_bytes / page_size : 0; }
   // Requests that fit at once when each holds mean_live_tokens of KV.
   uint64_t concurrent_decodes(uint64_t mean_live_tokens) const {
@@ -59,10 +63,24 @@ Result<uint32_t> kv_heads_per_rank(uint32_t total_kv_heads, uint32_t tp_size);
 Result<kvrt_kv_geometry> kv_geometry(const KvShape& shape, uint32_t tp_size, uint32_t page_size,
                                      kvrt_dtype input_dtype = KVRT_DTYPE_BF16);
 
+// How many TP ranks hold the same KV under plain tensor parallelism: every rank holds the MLA
+// latent (tp_size); a GQA head is replicated over tp_size / kv_heads ranks when TP exceeds the
+// heads; otherwise each rank holds heads of its own (1).
+uint32_t kv_copies(const KvShape& shape, uint32_t tp_size);
+// tp.dcp_size against the model's shape: it must divide the copies, and be 1 where there are
+// none to remove. The message names tp.dcp_size and says which copies there are.
+Status check_dcp(const KvShape& shape, uint32_t tp_size, uint32_t dcp_size);
+// What tp.dcp_size removes, for the reports: e.g. "the MLA latent: 8 copies (one on every rank)
+// -> 1 per group of 8 ranks". Empty for dcp_size 1.
+std::string dcp_removes(const KvShape& shape, uint32_t tp_size, uint32_t dcp_size);
+// The dcp sizes above 1 that remove copies at this TP size: the divisors of kv_copies.
+std::vector<uint32_t> dcp_sizes(const KvShape& shape, uint32_t tp_size);
+
 // kv_budget = (memory - weights) - memory * (1 - mem_fraction_static);
-// max_total_num_tokens = floor(kv_budget / page_bytes) * page_size. A budget that leaves no
-// room for one page is refused with every term and the shortfall in bytes.
-Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size);
+// max_total_num_tokens = floor(kv_budget / page_bytes) * page_size * dcp_size. A budget that
+// leaves no room for one page is refused with every term and the shortfall in bytes.
+Result<Plan> plan(const Budget& budget, uint64_t page_bytes, uint32_t page_size,
+                  uint32_t dcp_size = 1);
 
 // One KV store's capacity on a budget: what compare_stores() and the start-up report print.
 struct StoreCapacity {
@@ -75,6 +93,7 @@ struct StoreCapacity {
   bool host_tier_sized = false;  // the tier said its size (tier_pages); unknown otherwise
   uint64_t host_tier_tokens = 0;
   Status error;  // why there is no plan: page_bytes refused, or the budget does not fit
+  std::string dcp_removes;  // what tp.dcp_size removes (dcp_removes()), for the report
 };
 
 // The mean live lengths the report and the comparison table print concurrent decodes for.

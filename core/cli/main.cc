@@ -161,18 +161,26 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   Result<kvrt_kv_geometry> g = capacity::kv_geometry(
       kv, tp, static_cast<uint32_t>(cfg->scheduler.page_size), KVRT_DTYPE_BF16);
   if (!g.ok()) return fail(g.status());
+  const auto dcp = static_cast<uint32_t>(cfg->tp.dcp_size);
+  if (Status s = capacity::check_dcp(kv, tp, dcp); !s.ok()) return fail(s);
+  const capacity::Dcp dcp_plan{dcp, capacity::dcp_removes(kv, tp, dcp)};
   plugin::Registry registry;
   runtime::wire_plugins(registry, *cfg);
-  std::vector<capacity::StoreCapacity> stores = capacity::compare_stores(registry, *g, budget);
+  std::vector<capacity::StoreCapacity> stores =
+      capacity::compare_stores(registry, *g, budget, dcp_plan);
 
   const bool flags = args.layers || args.kv_heads || args.head_dim || args.v_head_dim ||
                      args.kv_lora_rank || args.qk_rope_head_dim;
   std::string label = "model " + model;
   if (!shape->architecture.empty()) label += " (" + shape->architecture + ")";
   if (flags) label += " with the shape flags";
+  const std::string copies = dcp > 1 ? "tp.dcp_size " + std::to_string(dcp) + ": one copy "
+                                                 "per group of " + std::to_string(dcp) + " ranks"
+                                     : "one copy on every rank";
   if (kv.mla()) {
-    std::printf("%s: %u layers, MLA latent %u + rope %u (one copy on every rank), page %u\n",
-                label.c_str(), g->num_layers, kv.kv_lora_rank, kv.qk_rope_head_dim, g->page_size);
+    std::printf("%s: %u layers, MLA latent %u + rope %u (%s), page %u\n", label.c_str(),
+                g->num_layers, kv.kv_lora_rank, kv.qk_rope_head_dim, copies.c_str(),
+                g->page_size);
   } else {
     std::printf("%s: %u layers, %u KV heads (%u per rank), head dim %u/%u, page %u\n",
                 label.c_str(), g->num_layers, g->total_kv_heads, g->num_kv_heads, g->k_head_dim,
@@ -222,9 +230,27 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
         gpus, tp, gpus / tp, gpus / tp, gpus / tp);
   }
   for (const capacity::StoreCapacity& s : stores) {
-    if (s.store == cfg->kv.store && s.error.ok()) {
-      std::printf("\n%s", capacity::format_report(s, budget).c_str());
+    if (s.store != cfg->kv.store || !s.error.ok()) continue;
+    // Decode context parallelism, the lever beside the formats: this store at every
+    // tp.dcp_size that removes copies at this TP size.
+    const std::vector<uint32_t> sizes = capacity::dcp_sizes(kv, tp);
+    if (!sizes.empty()) {
+      std::printf("\nDecode context parallelism with %s (%s):\n", s.store.c_str(),
+                  capacity::dcp_removes(kv, tp, sizes.back()).c_str());
+      for (uint32_t n : sizes) {
+        capacity::Plan p = s.plan;
+        p.dcp_size = n;
+        p.max_total_num_tokens = p.num_pages * p.page_size * n;
+        std::printf("  tp.dcp_size=%u -> max_total_num_tokens %llu, @1K %llu, @4K %llu, @16K "
+                    "%llu%s\n",
+                    n, static_cast<unsigned long long>(p.max_total_num_tokens),
+                    static_cast<unsigned long long>(p.concurrent_decodes(1024)),
+                    static_cast<unsigned long long>(p.concurrent_decodes(4096)),
+                    static_cast<unsigned long long>(p.concurrent_decodes(16384)),
+                    n == dcp ? " (configured)" : "");
+      }
     }
+    std::printf("\n%s", capacity::format_report(s, budget).c_str());
   }
   return 0;
 }

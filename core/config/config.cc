@@ -405,6 +405,7 @@ const std::vector<Field>& Schema() {
                   {"auto", "threads", "mpi"}, false),
       FloatField("tp", "timeout_s", [](auto& c) -> auto& { return c.tp.timeout_s; }, 0, 86400,
                  false),
+      IntField("tp", "dcp_size", [](auto& c) -> auto& { return c.tp.dcp_size; }, 1, 8),
       StringField("kv", "store", [](auto& c) -> auto& { return c.kv.store; }, {}, false),
       StringField("attention", "backend", [](auto& c) -> auto& { return c.attention.backend; },
                   {}, false),
@@ -582,6 +583,17 @@ void Validate(const toml::table& merged, Config& c, Reporter& reporter) {
   }
 }
 
+// tp.dcp_size splits each group of ranks that hold the same KV, so it divides tp.size (the
+// model decides which groups hold the same KV: checked when it is loaded).
+void CheckDcp(const Config& c, const toml::table& merged, Reporter& reporter) {
+  if (!reporter.empty() || c.tp.size % c.tp.dcp_size == 0) return;
+  const toml::table& tp = *merged["tp"].as_table();  // present: a default was changed
+  const toml::node& n = *tp["dcp_size"].node();
+  reporter.Add(nullptr, n,
+               "tp.dcp_size: expected a divisor of tp.size (" + std::to_string(c.tp.size) +
+                   "), found " + Describe(n, false));
+}
+
 // Writes the value of every key the file and overrides left out, and turns integers given for
 // float keys into floats, so table() agrees with the typed fields.
 void FillDefaults(toml::table& merged, const Config& c) {
@@ -678,6 +690,7 @@ Result<Config> load_string(std::string_view toml_text, std::string_view source_n
   config.source = std::string(source_name);
   Reporter reporter(source_name, &ranks);
   Validate(merged, config, reporter);
+  CheckDcp(config, merged, reporter);
   if (Status s = reporter.First(); !s.ok()) return s;
   FillDefaults(merged, config);
   ConfigAccess::set_table(config, std::move(merged));

@@ -51,6 +51,11 @@ struct Config {
     // How long a rank waits for the others in one collective (and at start-up, ten times this)
     // before it calls the group broken and names the ranks it was waiting for. MPI only.
     double timeout_s = 60;
+    // Decode context parallelism: within each group of dcp_size ranks that would hold the same
+    // KV (an MLA latent on every rank; a GQA head replicated when size > KV heads), each token's
+    // KV is kept by one rank only, so the pool holds dcp_size times the tokens; attention
+    // partials are merged by log-sum-exp (docs/parallelism.md). Divides size.
+    int dcp_size = 1;
   };
   struct Kv {
     std::string store = "kv_bf16_paged";  // plugin name; its options live in [kv.<name>]

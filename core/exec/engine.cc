@@ -309,6 +309,10 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
     return Status::InvalidArgument("tp.size must be 1..8, found " + std::to_string(options.tp));
   }
   if (options.num_pages == 0) return Status::InvalidArgument("the KV pool has no pages");
+  if (options.dcp_size < 1 || options.tp % options.dcp_size != 0) {
+    return Status::InvalidArgument("tp.dcp_size " + std::to_string(options.dcp_size) +
+                                   " does not divide tp.size " + std::to_string(options.tp));
+  }
   if (options.group != nullptr && options.group->size() != options.tp) {
     return Status::InvalidArgument("the TP group has " + std::to_string(options.group->size()) +
                                    " ranks, tp.size is " + std::to_string(options.tp));
@@ -359,7 +363,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
     kvrt_kv_geometry g = *geometry;
     g.tp_rank = static_cast<uint32_t>(rank->rank());
     g.device = rank->backend().device();
-    if (Status s = rank->attach(options.plugins, g, engine->options_.num_pages); !s.ok()) {
+    if (Status s = rank->attach(options.plugins, g, engine->options_.num_pages, options.dcp_size);
+        !s.ok()) {
       return s.WithContext("TP rank " + std::to_string(rank->rank()));
     }
   }
@@ -375,7 +380,7 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
 }
 
 Status Engine::check(const Batch& batch) const {
-  const int64_t total_slots = static_cast<int64_t>(options_.num_pages) * options_.page_size;
+  const int64_t total_slots = static_cast<int64_t>(options_.num_pages) * page_size();
   for (size_t i = 0; i < batch.sequences.size(); ++i) {
     const SequenceStep& s = batch.sequences[i];
     const std::string where = "sequence " + std::to_string(i) + ": ";
@@ -388,14 +393,14 @@ Status Engine::check(const Batch& batch) const {
       }
     }
     const int64_t kv_len = s.start + static_cast<int64_t>(s.tokens.size());
-    const int64_t needed = (kv_len + options_.page_size - 1) / options_.page_size;
+    const int64_t needed = (kv_len + page_size() - 1) / page_size();
     if (s.start < 0 || static_cast<int64_t>(s.pages.size()) < needed) {
       return Status::InvalidArgument(where + std::to_string(kv_len) + " tokens need " +
                                      std::to_string(needed) + " pages, the page table has " +
                                      std::to_string(s.pages.size()));
     }
     for (int64_t p = 0; p < needed; ++p) {
-      if (s.pages[p] < 0 || int64_t{s.pages[p]} * options_.page_size >= total_slots) {
+      if (s.pages[p] < 0 || int64_t{s.pages[p]} * page_size() >= total_slots) {
         return Status::OutOfRange(where + "page " + std::to_string(s.pages[p]) +
                                   " outside the pool of " + std::to_string(options_.num_pages));
       }

@@ -36,7 +36,11 @@ struct SequenceSampling {
 
 struct EngineOptions {
   int tp = 1;
-  uint32_t page_size = 16;
+  uint32_t page_size = 16;  // tokens per page of each rank's KV store
+  // Decode context parallelism (tp.dcp_size): each group of dcp_size consecutive ranks shares
+  // every sequence's tokens, so a page id holds page_size x dcp_size tokens over the group. It
+  // must divide the ranks that hold the same KV (the runtime checks it against the model).
+  int dcp_size = 1;
   uint64_t num_pages = 0;
   bool bf16_weights = false;  // hold matrices in bf16 instead of f32
   // Products of bf16 weights round the activations to bf16 first (model.matmul_precision =
@@ -113,7 +117,11 @@ class Engine {
   const comm::Communicator& communicator() const { return local_->communicator(); }
   const model::ModelConfig& config() const { return config_; }
   int tp() const { return options_.tp; }
-  uint32_t page_size() const { return options_.page_size; }
+  // Tokens one page id holds: page_size tokens on each rank's store, times dcp_size under decode
+  // context parallelism (the group's ranks each keep page_size of them). Page tables count in
+  // these.
+  uint32_t page_size() const { return options_.page_size * options_.dcp_size; }
+  int dcp_size() const { return options_.dcp_size; }
   uint64_t num_pages() const { return options_.num_pages; }
   // The threads this process's work may use (EngineOptions::threads, else OMP_NUM_THREADS or
   // the cores): its ranks' products share them, and so does sampling a step's sequences.

@@ -23,9 +23,10 @@ Result<std::unique_ptr<RankExecutor>> RankExecutor::load(const model::Architectu
 }
 
 Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry,
-                            uint64_t num_pages) {
+                            uint64_t num_pages, int dcp_size) {
   const int rank = comm_->rank();
   page_size_ = geometry.page_size;
+  cp_ = parallel::ContextParallel::of(dcp_size, rank);
   backend_->bind_device();  // the pool goes on this rank's device (others were loaded since)
   Result<std::unique_ptr<plugin::KvStore>> store =
       plugin::KvStore::create(*plugins.store, geometry, num_pages, plugins.store_config);
@@ -33,13 +34,24 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
   store_ = std::move(*store);
 
   const model::AttentionShape shape = arch_->attention_shape();
+  if (cp_.on() && shape.q_heads == 0) {
+    return Status::Unsupported("tp.dcp_size " + std::to_string(dcp_size) + ": TP rank " +
+                               std::to_string(rank) +
+                               " has no query heads, and every rank of a context-parallel group "
+                               "attends its share of the tokens");
+  }
+  if (cp_.on() && backend_->device().kind != KVRT_DEVICE_CPU) {
+    return Status::Unsupported("tp.dcp_size " + std::to_string(dcp_size) +
+                               ": context parallelism merges on the CPU only so far");
+  }
   if (shape.q_heads == 0) {  // it writes its KV heads and never attends
-    step_attention_ = std::make_unique<plugin::StepAttention>(store_.get(), nullptr);
+    step_attention_ = std::make_unique<parallel::StepAttention>(store_.get(), nullptr);
     return Status::Ok();
   }
   kvrt_attention_params p{};
   p.struct_size = sizeof(p);
-  p.num_q_heads = static_cast<uint32_t>(shape.q_heads);
+  // Under context parallelism the rank attends all of its group's query heads.
+  p.num_q_heads = static_cast<uint32_t>(shape.q_heads * dcp_size);
   p.num_kv_heads = static_cast<uint32_t>(shape.kv_heads);
   p.qk_head_dim = static_cast<uint32_t>(shape.qk_head_dim);
   p.v_head_dim = static_cast<uint32_t>(shape.v_head_dim);
@@ -50,6 +62,12 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
       plugin::Attention::create(*plugins.attention, p, plugins.attention_config);
   if (!attention.ok()) return attention.status();
   attention_ = std::move(*attention);
+  if (cp_.on() && !attention_->shardable()) {
+    return Status::Unsupported("tp.dcp_size " + std::to_string(dcp_size) +
+                               ": attention plugin " + attention_->name() +
+                               " has no plan_sharded / run_lse (ABI 1.4), so it cannot attend a "
+                               "sequence whose tokens are spread over ranks");
+  }
   if (Status native = attention_->supports(store_->checked_layout(0)); !native.ok()) {
     if (!store_->has_gather()) {
       return Status::Unsupported(native.message() + "; and " + store_->name() +
@@ -62,7 +80,8 @@ Status RankExecutor::attach(const RankPlugins& plugins, const kvrt_kv_geometry& 
           native.message(), store_->name());
     }
   }
-  step_attention_ = std::make_unique<plugin::StepAttention>(store_.get(), attention_.get());
+  step_attention_ = std::make_unique<parallel::StepAttention>(store_.get(), attention_.get(),
+                                                              comm_.get(), cp_);
   return Status::Ok();
 }
 
@@ -71,13 +90,19 @@ Status RankExecutor::plan_attention(const Batch& batch) {
   kv_page_indptr_.assign(1, 0);
   kv_page_indices_.clear();
   kv_last_page_len_.clear();
+  kv_len_.clear();
   for (const SequenceStep& s : batch.sequences) {
     const int64_t kv_len = s.start + static_cast<int64_t>(s.tokens.size());
-    const int64_t pages = (kv_len + page_size_ - 1) / page_size_;
+    // The tokens this rank keeps (all of them without context parallelism), in its pages: the
+    // sequence's first pages, as many as they fill.
+    const int64_t kept = cp_.kept_before(kv_len);
+    const int64_t pages = (kept + page_size_ - 1) / page_size_;
     qo_indptr_.push_back(qo_indptr_.back() + static_cast<int32_t>(s.tokens.size()));
     kv_page_indices_.insert(kv_page_indices_.end(), s.pages.begin(), s.pages.begin() + pages);
     kv_page_indptr_.push_back(static_cast<int32_t>(kv_page_indices_.size()));
-    kv_last_page_len_.push_back(static_cast<int32_t>(kv_len - (pages - 1) * page_size_));
+    kv_last_page_len_.push_back(
+        pages == 0 ? 0 : static_cast<int32_t>(kept - (pages - 1) * page_size_));
+    kv_len_.push_back(static_cast<int32_t>(kv_len));
   }
   if (attention_ == nullptr) return Status::Ok();
   kvrt_attention_batch b{};
@@ -89,7 +114,10 @@ Status RankExecutor::plan_attention(const Batch& batch) {
   b.kv_page_indptr = kv_page_indptr_.data();
   b.kv_page_indices = kv_page_indices_.data();
   b.kv_last_page_len = kv_last_page_len_.data();
-  return attention_->plan(b);
+  if (!cp_.on()) return attention_->plan(b);
+  const kvrt_attention_shard shard{sizeof(kvrt_attention_shard), static_cast<uint32_t>(cp_.size),
+                                   static_cast<uint32_t>(cp_.index), 1, kv_len_.data()};
+  return attention_->plan(b, &shard);
 }
 
 Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
@@ -103,13 +131,18 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
     ids_.clear();
     positions_.clear();
     slots_.clear();
+    kept_rows_.clear();
     last_rows_.clear();
     for (const SequenceStep& s : batch.sequences) {
       for (size_t i = 0; i < s.tokens.size(); ++i) {
         const int32_t pos = s.start + static_cast<int32_t>(i);
         ids_.push_back(s.tokens[i]);
         positions_.push_back(pos);
-        slots_.push_back(int64_t{s.pages[pos / page_size_]} * page_size_ + pos % page_size_);
+        if (!cp_.keeps(pos)) continue;  // another rank of the group keeps it
+        // Its place among the rank's tokens of the sequence, in the sequence's pages.
+        const int64_t j = cp_.local_index(pos);
+        slots_.push_back(int64_t{s.pages[j / page_size_]} * page_size_ + j % page_size_);
+        if (cp_.on()) kept_rows_.push_back(static_cast<int32_t>(ids_.size() - 1));
       }
       // The rows whose logits it gets: its last new token's, or every one's.
       const int64_t end = static_cast<int64_t>(ids_.size());
@@ -120,7 +153,8 @@ Status RankExecutor::forward(const Batch& batch, std::vector<float>* logits) {
     // device once a step, for every layer's writes.
     Status plan = plan_attention(batch);
     const int64_t* device_slots = backend_->stage_slots(slots_);
-    step_attention_->begin_step(slots_, device_slots, backend_->stream(), std::move(plan));
+    step_attention_->begin_step(slots_, kept_rows_, device_slots, backend_->stream(),
+                                std::move(plan));
     Status s = arch_->forward({ids_, positions_, last_rows_}, *backend_, *comm_, *step_attention_,
                               logits);
     backend_->end_step();

@@ -2,7 +2,9 @@
 // with a compute backend (where the tensors live and the ops run), this rank's KV store and
 // attention handle (through the plugin wrappers) and its communicator. It owns the step's
 // host-side bookkeeping -- the new tokens' slots and the attention plan -- and hands the
-// architecture the step's plugin::StepAttention, which each layer calls once.
+// architecture the step's parallel::StepAttention, which each layer calls once. Under decode
+// context parallelism (parallel/context_parallel.h) it keeps only its share of each sequence's
+// tokens: the slots and the plan are those of its share.
 #pragma once
 
 #include <memory>
@@ -13,8 +15,9 @@
 #include "core/exec/batch.h"
 #include "core/model/architecture.h"
 #include "core/plugin/attention.h"
+#include "core/parallel/context_parallel.h"
+#include "core/parallel/step_attention.h"
 #include "core/plugin/kv_store.h"
-#include "core/plugin/step_attention.h"
 #include "core/util/status.h"
 
 namespace kvrt::exec {
@@ -39,7 +42,11 @@ class RankExecutor {
   // attention handle. The attention plugin is asked whether it reads the store's layout
   // natively (supports()); when it does not and the store has no gather() to fall back on, the
   // pairing is refused with both reasons. Once, on the thread that loaded the rank.
-  Status attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages);
+  // dcp_size > 1: each group of dcp_size consecutive ranks shares every sequence's tokens
+  // (tp.dcp_size; the caller checked that those ranks hold the same KV); the attention plugin
+  // must attend a sharded sequence, and every rank must have query heads, as many as the others.
+  Status attach(const RankPlugins& plugins, const kvrt_kv_geometry& geometry, uint64_t num_pages,
+                int dcp_size = 1);
   const backend::Backend& backend() const { return *backend_; }
   ~RankExecutor();
   RankExecutor(const RankExecutor&) = delete;
@@ -65,12 +72,14 @@ class RankExecutor {
   std::unique_ptr<plugin::KvStore> store_;
   std::unique_ptr<plugin::Attention> attention_;  // null on a rank without query heads
   // What each layer of the forward calls, once a layer: the store's write, then attention.
-  std::unique_ptr<plugin::StepAttention> step_attention_;
-  uint32_t page_size_ = 0;
-  // The step: its new tokens' ids, positions and slots, and the planned batch as CSR.
-  std::vector<int32_t> ids_, positions_;
+  std::unique_ptr<parallel::StepAttention> step_attention_;
+  uint32_t page_size_ = 0;  // tokens per page of this rank's store
+  parallel::ContextParallel cp_;
+  // The step: its new tokens' ids, positions and slots (of the rows this rank keeps, kept_rows_,
+  // under context parallelism), and the planned batch as CSR.
+  std::vector<int32_t> ids_, positions_, kept_rows_;
   std::vector<int64_t> slots_, last_rows_;
-  std::vector<int32_t> qo_indptr_, kv_page_indptr_, kv_page_indices_, kv_last_page_len_;
+  std::vector<int32_t> qo_indptr_, kv_page_indptr_, kv_page_indices_, kv_last_page_len_, kv_len_;
 };
 
 }  // namespace kvrt::exec

@@ -16,7 +16,7 @@
 #include "core/comm/communicator.h"
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
-#include "core/plugin/step_attention.h"
+#include "core/parallel/step_attention.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
@@ -48,7 +48,7 @@ class Architecture {
   // leave it alone. A failure (a plugin call) still takes part in every collective,
   // so no rank is left waiting, and is returned at the end.
   virtual Status forward(const StepInputs& inputs, backend::Backend& backend,
-                         comm::Communicator& comm, plugin::StepAttention& kv,
+                         comm::Communicator& comm, parallel::StepAttention& kv,
                          std::vector<float>* logits) = 0;
 };
 

@@ -140,7 +140,7 @@ class DeepseekV3 : public Architecture {
              backend::Backend& backend);
   AttentionShape attention_shape() const override;
   Status forward(const StepInputs& inputs, backend::Backend& backend, comm::Communicator& comm,
-                 plugin::StepAttention& kv, std::vector<float>* logits) override;
+                 parallel::StepAttention& kv, std::vector<float>* logits) override;
 
  private:
   struct Mlp {
@@ -168,7 +168,7 @@ class DeepseekV3 : public Architecture {
 
   Mlp upload_mlp(backend::Backend& be, const MlpWeights& w, Range keep, bool whole);
   Status attention(Layer& l, uint32_t layer, int64_t T, backend::Backend& be,
-                   plugin::StepAttention& kv);
+                   parallel::StepAttention& kv);
   void moe(Layer& l, int64_t T, backend::Backend& be);
   // silu(gate) * up of `rows` rows of x, in act_: the input of m.down.
   const float* activation(const Mlp& m, const float* x, int64_t rows, backend::Backend& be);
@@ -293,7 +293,7 @@ const float* DeepseekV3::activation(const Mlp& m, const float* x, int64_t rows,
 }
 
 Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, backend::Backend& be,
-                             plugin::StepAttention& kv) {
+                             parallel::StepAttention& kv) {
   const int64_t q_width = nh_ * (N_ + R_), row = L_ + R_;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* h = h_.data();
@@ -328,7 +328,7 @@ Status DeepseekV3::attention(Layer& l, uint32_t layer, int64_t T, backend::Backe
   }
   // The latent row stored (no separate values), then attention over the layer's latents.
   be.reserve(&olat_, T * nh_ * L_);
-  if (Status s = kv.attention(layer, qatt_.data(), nh_ * row, lat_.data(), nullptr, row,
+  if (Status s = kv.attention(layer, T, qatt_.data(), nh_ * row, lat_.data(), nullptr, row,
                               olat_.data(), nh_ * L_);
       !s.ok()) {
     return s;
@@ -383,7 +383,7 @@ void DeepseekV3::moe(Layer& l, int64_t T, backend::Backend& be) {
 }
 
 Status DeepseekV3::forward(const StepInputs& in, backend::Backend& be, comm::Communicator& comm,
-                           plugin::StepAttention& kv, std::vector<float>* logits) {
+                           parallel::StepAttention& kv, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, T = static_cast<int64_t>(in.ids.size());
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -404,9 +404,11 @@ Status DeepseekV3::forward(const StepInputs& in, backend::Backend& be, comm::Com
   for (size_t li = 0; li < layers_.size(); ++li) {
     Layer& l = layers_[li];
     be.rms_norm(x, l.input_norm, h_.data(), T, H, eps);
-    // o_proj's input: none on a rank without heads, or after a failure.
+    // o_proj's input: none on a rank without heads, or after a failure (when attention meets
+    // the other ranks in collectives, it still runs, and fails).
     const float* attn = nullptr;
-    if (nh_ > 0 && status.ok() && check(attention(l, static_cast<uint32_t>(li), T, be, kv))) {
+    if (nh_ > 0 && (status.ok() || kv.collective()) &&
+        check(attention(l, static_cast<uint32_t>(li), T, be, kv)) && status.ok()) {
       attn = attn_.data();
     }
     check(l.o.forward(be, comm, attn, T, partial));

@@ -24,7 +24,7 @@ class Llama : public Architecture {
   Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& backend);
   AttentionShape attention_shape() const override;
   Status forward(const StepInputs& inputs, backend::Backend& backend, comm::Communicator& comm,
-                 plugin::StepAttention& kv, std::vector<float>* logits) override;
+                 parallel::StepAttention& kv, std::vector<float>* logits) override;
 
  private:
   struct Layer {
@@ -107,7 +107,7 @@ AttentionShape Llama::attention_shape() const {
 }
 
 Status Llama::forward(const StepInputs& in, backend::Backend& be, comm::Communicator& comm,
-                      plugin::StepAttention& kv, std::vector<float>* logits) {
+                      parallel::StepAttention& kv, std::vector<float>* logits) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, D = head_dim_, T = static_cast<int64_t>(in.ids.size());
   const int64_t qkv_width = (nq_ + 2 * nkv_) * D, I = shard_.intermediate.size();
@@ -138,8 +138,10 @@ Status Llama::forward(const StepInputs& in, backend::Backend& be, comm::Communic
     const Layer& l = layers_[li];
     const auto layer = static_cast<uint32_t>(li);
     be.rms_norm(x, l.input_norm, h, T, H, eps);
-    const float* attn = nullptr;  // none on a rank without query heads, or after a failure
-    if (nq_ > 0 && status.ok()) {
+    // None on a rank without query heads, or after a failure (when attention meets the other
+    // ranks in collectives, it still runs, and fails).
+    const float* attn = nullptr;
+    if (nq_ > 0 && (status.ok() || kv.collective())) {
       l.qkv.forward(be, h, T, qkv);
       if (l.q_norm.size() > 0) {
         // Qwen3: each head of q and of k normalised on its own, before RoPE.
@@ -150,8 +152,9 @@ Status Llama::forward(const StepInputs& in, backend::Backend& be, comm::Communic
         }
       }
       be.apply_rope(qkv, T, nq_ + nkv_, D, qkv_width, cos_.data(), sin_.data());
-      if (check(kv.attention(layer, qkv, qkv_width, qkv + nq_ * D, qkv + (nq_ + nkv_) * D,
-                             qkv_width, attn_.data(), nq_ * D))) {
+      if (check(kv.attention(layer, T, qkv, qkv_width, qkv + nq_ * D, qkv + (nq_ + nkv_) * D,
+                             qkv_width, attn_.data(), nq_ * D)) &&
+          status.ok()) {
         attn = attn_.data();
       }
     }

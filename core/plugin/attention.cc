@@ -35,7 +35,12 @@ Status Attention::supports(const kvrt_kv_layout& layout) const {
   return st == KVRT_OK ? Status::Ok() : plugin_failure(plugin_->name, "supports", st);
 }
 
-Status Attention::plan(const kvrt_attention_batch& batch) {
+Status Attention::plan(const kvrt_attention_batch& batch, const kvrt_attention_shard* shard) {
+  if (shard != nullptr && !shardable()) {
+    return Status::Unsupported("plugin " + plugin_->name +
+                               " has no plan_sharded / run_lse (ABI 1.4): it cannot attend a "
+                               "sequence spread over ranks");
+  }
   uint64_t bytes = 0;
   clear_last_error();
   if (kvrt_status st = plugin_->attention.workspace_size(handle_, &batch, &bytes); st != KVRT_OK) {
@@ -43,17 +48,29 @@ Status Attention::plan(const kvrt_attention_batch& batch) {
   }
   if (workspace_.size() < bytes) workspace_.resize(bytes);
   clear_last_error();
+  if (shard != nullptr) {
+    kvrt_status st =
+        plugin_->attention.plan_sharded(handle_, &batch, shard, workspace_.data(), bytes);
+    return st == KVRT_OK ? Status::Ok() : plugin_failure(plugin_->name, "plan_sharded", st);
+  }
   kvrt_status st = plugin_->attention.plan(handle_, &batch, workspace_.data(), bytes);
   return st == KVRT_OK ? Status::Ok() : plugin_failure(plugin_->name, "plan", st);
 }
 
 Status Attention::run(const KvStore& store, const kvrt_kv_layout& layout,
-                      kvrt_attention_run_args args) {
+                      kvrt_attention_run_args args, float* lse) {
   args.struct_size = sizeof(args);
   args.layout = &layout;
   args.store_api = store.api();
   args.store = store.handle();
   clear_last_error();
+  if (lse != nullptr) {
+    if (!shardable()) {
+      return Status::Unsupported("plugin " + plugin_->name + " has no run_lse (ABI 1.4)");
+    }
+    kvrt_status st = plugin_->attention.run_lse(handle_, &args, lse, 0);
+    return st == KVRT_OK ? Status::Ok() : plugin_failure(plugin_->name, "run_lse", st);
+  }
   kvrt_status st = plugin_->attention.run(handle_, &args);
   return st == KVRT_OK ? Status::Ok() : plugin_failure(plugin_->name, "run", st);
 }

@@ -30,12 +30,19 @@ class Attention {
   // OK when run() reads `layout` natively; Unsupported with the plugin's reason when it would
   // go through the store's gather() instead.
   Status supports(const kvrt_kv_layout& layout) const;
-  // Sizes the workspace for `batch` (growing it, never shrinking) and plans into it. The
-  // batch's arrays must stay valid until the next plan().
-  Status plan(const kvrt_attention_batch& batch);
+  // Sizes the workspace for `batch` (growing it, never shrinking) and plans into it: through
+  // plan_sharded() when `shard` is given (a context-parallel rank's share of each sequence),
+  // else plan(). The batch's arrays must stay valid until the next plan().
+  Status plan(const kvrt_attention_batch& batch, const kvrt_attention_shard* shard = nullptr);
   // One layer of the planned batch over `store`'s pages. `args.layout`, `store_api` and
-  // `store` are filled in from `store` and `layout`.
-  Status run(const KvStore& store, const kvrt_kv_layout& layout, kvrt_attention_run_args args);
+  // `store` are filled in from `store` and `layout`. With `lse`, through run_lse(), which also
+  // writes each row's log-sum-exp per head there (rows x num_q_heads floats).
+  Status run(const KvStore& store, const kvrt_kv_layout& layout, kvrt_attention_run_args args,
+             float* lse = nullptr);
+  // Whether the plugin attends a sequence spread over ranks (plan_sharded and run_lse, ABI 1.4).
+  bool shardable() const {
+    return plugin_->attention.plan_sharded != nullptr && plugin_->attention.run_lse != nullptr;
+  }
 
  private:
   Attention(const LoadedPlugin& plugin, const kvrt_attention_params& params, kvrt_attention* handle)

@@ -90,7 +90,7 @@ Result<uint64_t> replan_after_weights(Runtime& rt, const config::Config& cfg,
     b.device_memory = std::min(cfg.device.memory_bytes, before);
     b.weights_per_rank = before > after->free_bytes ? before - after->free_bytes : 0;
     capacity::StoreCapacity c =
-        capacity::store_capacity(store, cfg.plugin_table("kv", store.name), rt.geometry, b);
+        capacity::store_capacity(store, cfg.plugin_table("kv", store.name), rt.geometry, b, rt.dcp);
     if (!c.error.ok()) {
       return c.error.WithContext("CUDA device " + std::to_string(device) +
                                  " once the weights are loaded");
@@ -265,6 +265,30 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
                             static_cast<uint32_t>(cfg.scheduler.page_size), KVRT_DTYPE_F32);
   if (!geometry.ok()) return geometry.status().WithContext("tp.size");
   kvrt_kv_geometry& g = *geometry;
+  // Decode context parallelism: against the model (which ranks hold the same KV), and the
+  // attention plugin (it must attend a sequence spread over ranks).
+  const int dcp = cfg.tp.dcp_size;
+  if (Status s = capacity::check_dcp(capacity::kv_shape(rt.model), static_cast<uint32_t>(tp),
+                                     static_cast<uint32_t>(dcp));
+      !s.ok()) {
+    return Status::ConfigError(cfg.source + ": " + s.message() + " (" + rt.model_name + ")");
+  }
+  if (dcp > 1 && rt.model.num_attention_heads % tp != 0) {
+    return Status::ConfigError(
+        cfg.source + ": tp.dcp_size " + std::to_string(dcp) + " needs the same query heads on "
+        "every rank, but " + std::to_string(rt.model.num_attention_heads) +
+        " heads do not split evenly over tp.size " + std::to_string(tp));
+  }
+  if (dcp > 1 && (plugins.attention->attention.plan_sharded == nullptr ||
+                  plugins.attention->attention.run_lse == nullptr)) {
+    return Status::ConfigError(cfg.source + ": tp.dcp_size " + std::to_string(dcp) +
+                               ": attention plugin " + plugins.attention->name +
+                               " has no plan_sharded / run_lse (ABI 1.4), so it cannot attend a "
+                               "sequence whose tokens are spread over ranks");
+  }
+  rt.dcp.size = static_cast<uint32_t>(dcp);
+  rt.dcp.removes = capacity::dcp_removes(capacity::kv_shape(rt.model), static_cast<uint32_t>(tp),
+                                         static_cast<uint32_t>(dcp));
   g.device = device;
   rt.budget.device_memory = device_memory;
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
@@ -272,7 +296,8 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
   // budget that cannot hold one page is refused here, before the pool is allocated.
   capacity::StoreCapacity planned =
-      capacity::store_capacity(*plugins.store, cfg.plugin_table("kv", (*store)->name), g, rt.budget);
+      capacity::store_capacity(*plugins.store, cfg.plugin_table("kv", (*store)->name), g, rt.budget,
+                               rt.dcp);
   if (!planned.error.ok()) return planned.error;
   rt.plan = planned.plan;
   rt.capacity_report = capacity::format_report(planned, rt.budget);
@@ -335,6 +360,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   exec::EngineOptions options;
   options.tp = tp;
   options.page_size = g.page_size;
+  options.dcp_size = static_cast<int>(rt.dcp.size);
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
   options.bf16_activations = rt.bf16_activations;
@@ -386,7 +412,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   if (rt.engine->num_pages() < rt.plan.num_pages) {
     // Another process's device had less room: every rank uses its count (page ids are shared).
     rt.plan.num_pages = rt.engine->num_pages();
-    rt.plan.max_total_num_tokens = rt.plan.num_pages * g.page_size;
+    rt.plan.max_total_num_tokens = rt.plan.num_pages * g.page_size * rt.dcp.size;
     rt.capacity_report += "  num pages, least over the TP ranks: " +
                           std::to_string(rt.plan.num_pages) + " (max_total_num_tokens " +
                           std::to_string(rt.plan.max_total_num_tokens) + ")\n";
@@ -407,8 +433,16 @@ std::string kv_identity(const Runtime& rt) {
 std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt) {
   std::vector<metrics::StoreCeiling> ceilings;
   for (const capacity::StoreCapacity& c :
-       capacity::compare_stores(registry, rt.geometry, rt.budget)) {
+       capacity::compare_stores(registry, rt.geometry, rt.budget, rt.dcp)) {
     if (c.error.ok()) ceilings.push_back({c.store, c.plan.max_total_num_tokens, c.host_tier});
+  }
+  // Decode context parallelism is a lever beside the formats: this store at each tp.dcp_size
+  // that removes copies at this TP size.
+  for (uint32_t n : capacity::dcp_sizes(capacity::kv_shape(rt.model),
+                                        static_cast<uint32_t>(rt.engine->tp()))) {
+    if (n == rt.dcp.size) continue;
+    ceilings.push_back({"tp.dcp_size=" + std::to_string(n),
+                        rt.plan.num_pages * rt.plan.page_size * n, false});
   }
   return ceilings;
 }
@@ -416,7 +450,8 @@ std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, co
 sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runtime& rt) {
   sched::SchedulerOptions o;
   const config::Config::Scheduler& s = cfg.scheduler;
-  o.page_size = static_cast<uint32_t>(s.page_size);
+  // A page id holds page_size tokens on each rank of a context-parallel group.
+  o.page_size = static_cast<uint32_t>(s.page_size) * rt.dcp.size;
   o.num_pages = rt.plan.num_pages;
   o.vocab_size = static_cast<int32_t>(rt.model.vocab_size);
   o.max_context = rt.model.max_position_embeddings;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/capacity/capacity.h"
+#include "core/capacity/stores.h"
 #include "core/config/config.h"
 #include "core/exec/engine.h"
 #include "core/metrics/diagnosis.h"
@@ -38,6 +39,8 @@ struct Runtime {
   std::string capacity_report;
   // The KV geometry of one rank that the plan is for (what other stores are compared on).
   kvrt_kv_geometry geometry{};
+  // Decode context parallelism (tp.dcp_size) and what it removes (capacity::dcp_removes).
+  capacity::Dcp dcp;
   // On CUDA with TP > 1, where the ranks run: NCCL (device_group) over this process's threads
   // (thread_group) or the caller's MPI group. Declared before the engine, which uses them.
   std::unique_ptr<comm::TpGroup> thread_group, device_group;

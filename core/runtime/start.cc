@@ -50,6 +50,7 @@ std::string fingerprint(Session& s) {
   }
   out << "\n";
   out << "tp.size\t" << cfg.tp.size << "\n";
+  out << "tp.dcp_size\t" << cfg.tp.dcp_size << "\n";
   Result<const plugin::LoadedPlugin*> store = s.registry.load(cfg.kv.store);
   Result<const plugin::LoadedPlugin*> attention = s.registry.load(cfg.attention.backend);
   if (store.ok()) {

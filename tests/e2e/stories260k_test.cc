@@ -61,6 +61,55 @@ INSTANTIATE_TEST_SUITE_P(StoresTpPages, Stories260k,
                                   std::to_string(std::get<2>(info.param));
                          });
 
+// Decode context parallelism on GQA with fewer KV heads than ranks: at TP 8 each of stories260k's
+// 4 KV heads is on 2 ranks; with tp.dcp_size 2 each pair keeps every other token of its head,
+// attends its 2 query heads over them and merges: the TP 1 ids, on twice the tokens.
+TEST(Stories260kDcp, Tp8Dcp2GivesTheReferenceIds) {
+  if (!std::filesystem::exists(model_dir() + "/model.safetensors")) {
+    GTEST_SKIP() << "stories260k not found at " << model_dir();
+  }
+  for (const char* store : {"kv_bf16_paged", "kv_fp8_e4m3"}) {
+    for (int page_size : {1, 16}) {
+      SCOPED_TRACE(std::string(store) + ", page " + std::to_string(page_size));
+      // fp8 per token and head: each row's own scale, so the same bytes as at dcp 1 (a
+      // per-tensor scale would be too, being fixed), and the ids need only match dcp 1's.
+      e2e::ModelRun dcp1(model_dir(), store, 8, page_size);
+      e2e::ModelRun dcp2(model_dir(), store, 8, page_size, {"tp.dcp_size=2"});
+      ASSERT_TRUE(dcp1.runtime.ok()) << dcp1.runtime.status().message();
+      ASSERT_TRUE(dcp2.runtime.ok()) << dcp2.runtime.status().message();
+      EXPECT_EQ(dcp2.runtime->plan.max_total_num_tokens, 2 * dcp1.runtime->plan.max_total_num_tokens);
+      Result<Generation> a = greedy(dcp1, static_cast<int>(kExpected.size()));
+      Result<Generation> b = greedy(dcp2, static_cast<int>(kExpected.size()));
+      ASSERT_TRUE(a.ok()) << a.status().message();
+      ASSERT_TRUE(b.ok()) << b.status().message();
+      EXPECT_EQ(b->ids, a->ids);
+      if (std::string(store) == "kv_bf16_paged") {
+        EXPECT_EQ(b->ids, kExpected);
+      }
+    }
+  }
+}
+
+// Where tp.dcp_size has nothing to remove (TP 2: each rank holds 2 KV heads of its own), or splits
+// the copies unevenly (TP 8: 2 copies of each head, dcp 4), it is refused at start, by name.
+TEST(Stories260kDcp, RefusedWhereNoCopyIsRemoved) {
+  if (!std::filesystem::exists(model_dir() + "/model.safetensors")) {
+    GTEST_SKIP() << "stories260k not found at " << model_dir();
+  }
+  e2e::ModelRun none(model_dir(), "kv_bf16_paged", 2, 16, {"tp.dcp_size=2"});
+  ASSERT_FALSE(none.runtime.ok());
+  EXPECT_NE(none.runtime.status().message().find("tp.dcp_size 2: at tp.size 2 each rank holds KV "
+                                                 "heads of its own"),
+            std::string::npos)
+      << none.runtime.status().message();
+  e2e::ModelRun uneven(model_dir(), "kv_bf16_paged", 8, 16, {"tp.dcp_size=4"});
+  ASSERT_FALSE(uneven.runtime.ok());
+  EXPECT_NE(uneven.runtime.status().message().find("tp.dcp_size 4 must divide the ranks that hold "
+                                                   "the same KV: each KV head: 2 copies"),
+            std::string::npos)
+      << uneven.runtime.status().message();
+}
+
 // fp8 changes the numbers, so it gets a tolerance instead of exact ids. Where it comes from:
 // E4M3 keeps 3 mantissa bits, so each stored K or V element is within 2^-4 of its value
 // (relative; per-token-head scales keep every element in the normal range of its row). An

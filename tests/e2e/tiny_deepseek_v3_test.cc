@@ -1,8 +1,8 @@
 // The real DeepSeek-V3 checkpoint (../shared/models/tiny-deepseek-v3: MLA + MoE) end to end:
 // greedy decoding of the prompt ids must give issue 16's reference ids with the latent cache in
 // kv_bf16_paged and kv_host_tiered, at TP 1, 2 and 4 and page sizes 1 and 16, alone and through
-// the scheduler with cached prefixes and retractions; kv_fp8_e4m3's first-step logits stay
-// within the format's tolerance.
+// the scheduler with cached prefixes and retractions, and under decode context parallelism
+// (tp.dcp_size 2 and 4); kv_fp8_e4m3's first-step logits stay within the format's tolerance.
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
@@ -142,6 +142,83 @@ INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3Scheduler,
                            return std::get<0>(info.param) + "_tp" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// Decode context parallelism (tp.dcp_size): each token's latent is kept by one rank of a group of
+// dcp_size, every rank attends the group's heads over its own tokens, and the partials merge by
+// log-sum-exp. The issue path's ids are the reference's; the pool holds dcp_size times the
+// tokens of the same pages.
+class TinyDeepseekV3Dcp
+    : public ::testing::TestWithParam<std::tuple<std::string, int, int, int>> {};
+
+TEST_P(TinyDeepseekV3Dcp, GreedyIdsMatchTheReferenceOnAPoolOfDcpTimesTheTokens) {
+  if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
+  const auto& [store, tp, dcp, page_size] = GetParam();
+  ModelRun s(store, tp, page_size, {"tp.dcp_size=" + std::to_string(dcp)});
+  ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
+  const capacity::Plan& plan = s.runtime->plan;
+  EXPECT_EQ(plan.dcp_size, static_cast<uint32_t>(dcp));
+  EXPECT_EQ(plan.max_total_num_tokens, plan.num_pages * page_size * dcp);
+  EXPECT_EQ(s.runtime->engine->page_size(), static_cast<uint32_t>(page_size * dcp));
+  EXPECT_NE(s.runtime->capacity_report.find("tp.dcp_size"), std::string::npos)
+      << s.runtime->capacity_report;
+  Result<exec::Generation> out = greedy(s, static_cast<int>(kExpected.size()));
+  ASSERT_TRUE(out.ok()) << out.status().message();
+  EXPECT_EQ(out->ids, kExpected);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    StoresTpDcpPages, TinyDeepseekV3Dcp,
+    ::testing::Values(std::tuple{"kv_bf16_paged", 2, 2, 1}, std::tuple{"kv_bf16_paged", 2, 2, 16},
+                      std::tuple{"kv_bf16_paged", 4, 2, 16}, std::tuple{"kv_bf16_paged", 4, 4, 1},
+                      std::tuple{"kv_bf16_paged", 4, 4, 16},
+                      std::tuple{"kv_host_tiered", 2, 2, 16}),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param)) + "_tp" +
+             std::to_string(std::get<1>(info.param)) + "_dcp" +
+             std::to_string(std::get<2>(info.param)) + "_page" +
+             std::to_string(std::get<3>(info.param));
+    });
+
+// Through the scheduler at TP 2 with dcp 2, as TinyDeepseekV3Scheduler: shared prefixes, waits,
+// retractions (and the host tier) over pages whose tokens are spread over the two ranks.
+class TinyDeepseekV3DcpScheduler : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TinyDeepseekV3DcpScheduler, EveryRequestGetsTheReferenceIds) {
+  if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
+  const std::string store = GetParam();
+  spdlog::set_level(spdlog::level::err);
+  // 2-token pages on each rank, 4 tokens a page id: about the tokens of TP 2's pool above.
+  ModelRun s(store, 2, 2,
+             {"tp.dcp_size=2", "device.memory=\"565KiB\"", "scheduler.chunked_prefill_size=8",
+              "scheduler.new_token_ratio=0.05", "scheduler.min_new_token_ratio=0.01",
+              "scheduler.new_token_ratio_decay=0.05"});
+  ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
+  constexpr int kRequests = 24;
+  serve::ServingOptions serving = runtime::serving_options(s.cfg, *s.runtime, {});
+  sched::SchedulerOptions& options = serving.scheduler;
+  options.check_invariants = true;
+  EXPECT_EQ(options.page_size, 4u);
+  ASSERT_GE(options.num_pages * options.page_size, kPrompt.size() + kExpected.size() + 4);
+  ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 12 / 2);
+  serve::ServingCore core(serving, s.runtime->engine.get());
+  int steps = 0;
+  stories260k::expect_continuations(
+      stories260k::run_continuations(core, kRequests, &steps, kPrompt, kExpected), kRequests,
+      kExpected);
+  stories260k::expect_pool_shared(core, store + " TP 2 dcp 2", options.num_pages, steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3DcpScheduler,
+                         ::testing::Values("kv_bf16_paged", "kv_host_tiered"));
+
+// A tp.dcp_size that does not divide tp.size is refused with the configuration, by name.
+TEST(TinyDeepseekV3Dcp, ASizeThatDoesNotDivideTpIsRefused) {
+  Result<config::Config> c = config::load_string("", "<test>", {"tp.size=4", "tp.dcp_size=3"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("tp.dcp_size: expected a divisor of tp.size (4)"),
+            std::string::npos)
+      << c.status().message();
+}
 
 }  // namespace
 }  // namespace kvrt
