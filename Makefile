@@ -111,7 +111,7 @@ test-tsan: deps
 	  thread_communicator_test
 	TSAN_OPTIONS=halt_on_error=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --test-dir $(TSAN_BUILD) \
 	  --output-on-failure -j $(JOBS) \
-	  -R '^(conformance\.kv_(bf16|f32|fp8|int4|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|Stores/(Stories260k|TinyDeepseekV3)Scheduler|FileTest|ServerTest|HfTokenizerReference)'
+	  -R '^(conformance\.kv_(bf16|f32|fp8|int4|host)|HostTiered|EngineTest|MlaEngine|SpinBarrier|Communicator|StoresTpPages/|StoresTpDcpPages/|Stores/(Stories260k|TinyDeepseekV3|TinyDeepseekV3Dcp)Scheduler|Stories260kDcp\.|FileTest|ServerTest|HfTokenizerReference)'
 
 # libFuzzer targets (tests/fuzz) built with clang, ASan and UBSan, each run for FUZZ_SECONDS.
 fuzz-build:

@@ -13,6 +13,8 @@
 
 #include <cstdlib>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "core/bench/bench.h"
 #include "core/config/config.h"
@@ -27,11 +29,12 @@ std::string source_path(const std::string& relative) {
 }
 
 bench::BenchReport run(const std::string& store, const std::string& workload_file,
-                       const std::string& config_file = "configs/kv-bound.toml") {
+                       const std::string& config_file = "configs/kv-bound.toml",
+                       std::vector<std::string> sets = {}) {
   setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
   spdlog::set_level(spdlog::level::err);  // one line per retraction is for operators, not here
-  Result<config::Config> cfg =
-      config::load_file(source_path(config_file), {"kv.store=" + store});
+  sets.push_back("kv.store=" + store);
+  Result<config::Config> cfg = config::load_file(source_path(config_file), sets);
   EXPECT_TRUE(cfg.ok()) << cfg.status().message();
   plugin::Registry registry;
   registry.set_config_source(
@@ -42,7 +45,8 @@ bench::BenchReport run(const std::string& store, const std::string& workload_fil
   EXPECT_TRUE(w.ok()) << w.status().message();
   bench::BenchOptions options;
   options.log = false;
-  Result<bench::BenchReport> report = bench::run_bench(*rt, *cfg, *w, {}, options);
+  Result<bench::BenchReport> report =
+      bench::run_bench(*rt, *cfg, *w, runtime::store_ceilings(registry, *rt), options);
   EXPECT_TRUE(report.ok()) << report.status().message();
   std::printf("%s", bench::format_report(*report).c_str());
   return *report;
@@ -104,6 +108,29 @@ TEST(KvBoundScenario, AHostTierServesMoreCachedTokensOnMultiTurn) {
   EXPECT_LE(tiered.tier.used_pages, tiered.tier.capacity_pages);
   EXPECT_GE(tiered.cached_tokens, 2 * inner.cached_tokens)
       << "tiered " << tiered.cached_tokens << ", inner alone " << inner.cached_tokens;
+}
+
+// Decode context parallelism on the MLA scenario at TP 2 (issue 45): at dcp 1 the latent's two
+// copies fill the pool and the diagnosis names tp.dcp_size=2 as a lever; at dcp 2 each token's
+// latent is on one rank, the pool holds twice the tokens and the mean running count rises at
+// least 1.5x (doubling the memory instead gives about 1.8x).
+TEST(KvBoundScenario, MlaContextParallelismDoublesThePool) {
+  const std::string workload = "bench/workloads/kv-bound-mla.toml";
+  const std::string config = "configs/kv-bound-mla.toml";
+  const std::vector<std::string> tp2 = {"tp.size=2", "device.memory=\"219.7MB\""};
+  std::vector<std::string> dcp2 = tp2;
+  dcp2.push_back("tp.dcp_size=2");
+  bench::BenchReport one = run("kv_bf16_paged", workload, config, tp2);
+  bench::BenchReport two = run("kv_bf16_paged", workload, config, dcp2);
+  for (const bench::BenchReport* r : {&one, &two}) {
+    EXPECT_EQ(r->completed, r->requests);
+    EXPECT_EQ(r->aborted, 0u);
+  }
+  EXPECT_EQ(one.diagnosis.kind, metrics::Diagnosis::Kind::kKvBound) << one.diagnosis.line;
+  EXPECT_NE(one.diagnosis.line.find("tp.dcp_size=2 -> ceiling"), std::string::npos)
+      << one.diagnosis.line;
+  EXPECT_EQ(two.max_total_num_tokens, 2 * one.max_total_num_tokens);
+  EXPECT_GE(two.mean_running, 1.5 * one.mean_running);
 }
 
 }  // namespace
