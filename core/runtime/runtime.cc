@@ -427,7 +427,9 @@ std::string kv_identity(const Runtime& rt) {
          (rt.bf16_activations ? ":bf16x" : "") + "|" + store.name() + ":" +
          plugin::dtype_name(info.k_dtype) + "/" + plugin::dtype_name(info.v_dtype) + ":scales" +
          std::to_string(info.scale_mode) + ":" + std::to_string(info.bytes_per_page) + "B|tp" +
-         std::to_string(rt.engine->tp());
+         std::to_string(rt.engine->tp()) +
+         // A page holds other tokens under context parallelism: its hashes differ too.
+         (rt.engine->dcp_size() > 1 ? "|dcp" + std::to_string(rt.engine->dcp_size()) : "");
 }
 
 std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt) {

@@ -63,11 +63,12 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
 Status check_runtime(const config::Config& cfg, plugin::Registry& registry);
 
 // The ceiling every loadable KV store would give on the runtime's budget and geometry, for the
-// diagnosis's "what would X give" (stores that cannot serve the geometry are left out).
+// diagnosis's "what would X give" (stores that cannot serve the geometry are left out), then
+// the runtime's store at every other tp.dcp_size that removes KV copies ("tp.dcp_size=N").
 std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, const Runtime& rt);
 
 // What the page hashes' root is seeded with: the model (its name and weight dtype) and the KV
-// store's format (name, K/V dtypes, scale mode, page bytes, TP size).
+// store's format (name, K/V dtypes, scale mode, page bytes, TP size and tp.dcp_size).
 std::string kv_identity(const Runtime& rt);
 
 // The scheduler options the [scheduler] table gives for the runtime's model and pool.

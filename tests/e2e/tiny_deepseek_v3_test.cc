@@ -105,19 +105,16 @@ TEST(TinyDeepseekV3Fp8, FirstLogitsWithinTheFormatsToleranceAndIdsLogged) {
 // Through the scheduler: 24 requests (the prompt plus some reference ids each) on a pool too
 // small for all of them, so they share cached prefixes, wait, are retracted and recomputed
 // (and with kv_host_tiered come back from the host tier); each still gets the reference ids.
-class TinyDeepseekV3Scheduler : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
-
-TEST_P(TinyDeepseekV3Scheduler, EveryRequestGetsTheReferenceIds) {
-  if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
-  const auto& [store, tp] = GetParam();
+// `page_size` tokens a page on each rank, `memory` the budget, `extra` further settings.
+void expect_scheduled_requests_get_the_reference(const std::string& store, int tp, int page_size,
+                                                 const std::string& memory,
+                                                 std::vector<std::string> extra = {}) {
   spdlog::set_level(spdlog::level::err);
-  // The f32 weights (about 1 MB, split over the ranks), the reserve, and a pool of 13 to 19
-  // 4-token pages of 240 bytes per token.
-  const std::string memory = tp == 1 ? "1130KiB" : "575KiB";
-  ModelRun s(store, tp, 4,
-             {"device.memory=\"" + memory + "\"", "scheduler.chunked_prefill_size=8",
-              "scheduler.new_token_ratio=0.05", "scheduler.min_new_token_ratio=0.01",
-              "scheduler.new_token_ratio_decay=0.05"});
+  extra.insert(extra.end(),
+               {"device.memory=\"" + memory + "\"", "scheduler.chunked_prefill_size=8",
+                "scheduler.new_token_ratio=0.05", "scheduler.min_new_token_ratio=0.01",
+                "scheduler.new_token_ratio_decay=0.05"});
+  ModelRun s(store, tp, page_size, extra);
   ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
   constexpr int kRequests = 24;
   serve::ServingOptions serving = runtime::serving_options(s.cfg, *s.runtime, {});
@@ -133,6 +130,16 @@ TEST_P(TinyDeepseekV3Scheduler, EveryRequestGetsTheReferenceIds) {
       kExpected);
   stories260k::expect_pool_shared(core, store + " TP " + std::to_string(tp), options.num_pages,
                                   steps);
+}
+
+class TinyDeepseekV3Scheduler : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(TinyDeepseekV3Scheduler, EveryRequestGetsTheReferenceIds) {
+  if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
+  const auto& [store, tp] = GetParam();
+  // The f32 weights (about 1 MB, split over the ranks), the reserve, and a pool of 13 to 19
+  // 4-token pages of 240 bytes per token.
+  expect_scheduled_requests_get_the_reference(store, tp, 4, tp == 1 ? "1130KiB" : "575KiB");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3Scheduler,
@@ -185,27 +192,8 @@ class TinyDeepseekV3DcpScheduler : public ::testing::TestWithParam<std::string> 
 
 TEST_P(TinyDeepseekV3DcpScheduler, EveryRequestGetsTheReferenceIds) {
   if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
-  const std::string store = GetParam();
-  spdlog::set_level(spdlog::level::err);
   // 2-token pages on each rank, 4 tokens a page id: about the tokens of TP 2's pool above.
-  ModelRun s(store, 2, 2,
-             {"tp.dcp_size=2", "device.memory=\"565KiB\"", "scheduler.chunked_prefill_size=8",
-              "scheduler.new_token_ratio=0.05", "scheduler.min_new_token_ratio=0.01",
-              "scheduler.new_token_ratio_decay=0.05"});
-  ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
-  constexpr int kRequests = 24;
-  serve::ServingOptions serving = runtime::serving_options(s.cfg, *s.runtime, {});
-  sched::SchedulerOptions& options = serving.scheduler;
-  options.check_invariants = true;
-  EXPECT_EQ(options.page_size, 4u);
-  ASSERT_GE(options.num_pages * options.page_size, kPrompt.size() + kExpected.size() + 4);
-  ASSERT_LT(options.num_pages * options.page_size, uint64_t{kRequests} * 12 / 2);
-  serve::ServingCore core(serving, s.runtime->engine.get());
-  int steps = 0;
-  stories260k::expect_continuations(
-      stories260k::run_continuations(core, kRequests, &steps, kPrompt, kExpected), kRequests,
-      kExpected);
-  stories260k::expect_pool_shared(core, store + " TP 2 dcp 2", options.num_pages, steps);
+  expect_scheduled_requests_get_the_reference(GetParam(), 2, 2, "565KiB", {"tp.dcp_size=2"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3DcpScheduler,
