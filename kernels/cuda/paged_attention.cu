@@ -49,6 +49,30 @@ __device__ float scale_at(const float* scales, const PagedKv& kv, shared::PagePo
                                 kv.scale_head_stride));
 }
 
+// How many of the global positions [0, n) a shard keeps (all of them unsharded).
+__device__ int32_t shard_tokens_before(const DeviceBatch& b, int32_t n) {
+  if (b.shard_count <= 1) return n;
+  const int32_t cycle = b.shard_count * b.shard_interleave;
+  const int32_t rest = n % cycle - b.shard_index * b.shard_interleave;
+  return n / cycle * b.shard_interleave +
+         (rest < 0 ? 0 : rest > b.shard_interleave ? b.shard_interleave : rest);
+}
+
+// A row and head done: its output (zeros where it saw no token) and its log-sum-exp.
+__device__ void finish_row(const AttentionDims& dims, float* out, int64_t out_stride, float* lse,
+                           int64_t lse_stride, int32_t row, int32_t head, int32_t lane,
+                           const float* acc, float max, float sum) {
+  float* o = out + row * out_stride + static_cast<int64_t>(head) * dims.v_dim;
+  const float inv = sum > 0 ? 1.0f / sum : 0.0f;
+  for (int j = 0; j < kPerLane; ++j) {
+    const int32_t d = lane + j * kWarp;
+    if (d < dims.v_dim) o[d] = acc[j] * inv;
+  }
+  if (lse != nullptr && lane == 0) {
+    lse[row * lse_stride + head] = sum > 0 ? max + logf(sum) : -INFINITY;
+  }
+}
+
 // Partial state of (row, head, split): running max, sum, then v_dim unnormalised outputs.
 __device__ int64_t partial_offset(const AttentionDims& dims, int32_t max_splits, int32_t row,
                                   int32_t head, int32_t split) {
@@ -61,14 +85,18 @@ __device__ int64_t partial_offset(const AttentionDims& dims, int32_t max_splits,
 template <KvDtype T>
 __global__ void attention_rows(DeviceBatch b, PagedKv kv, AttentionDims dims, const float* q,
                                int64_t q_stride, float* out, int64_t out_stride,
-                               int32_t chunk_tokens, int32_t max_splits, float* partial) {
+                               int32_t chunk_tokens, int32_t max_splits, float* partial,
+                               float* lse, int64_t lse_stride) {
   const int32_t row = blockIdx.x, head = blockIdx.y, split = blockIdx.z, lane = threadIdx.x;
   const int32_t s = sequence_of(b.qo_indptr, b.batch_size, row);
   const int32_t q_len = b.qo_indptr[s + 1] - b.qo_indptr[s], i = row - b.qo_indptr[s];
   const int32_t page_begin = b.kv_page_indptr[s];
   const int32_t pages = b.kv_page_indptr[s + 1] - page_begin;
   const int32_t kv_len = pages == 0 ? 0 : (pages - 1) * b.page_size + b.kv_last_page_len[s];
-  const int32_t visible = b.causal ? kv_len - q_len + i + 1 : kv_len;
+  // The local positions the row sees: causal by its global position (in a shard, the shard's
+  // tokens up to there).
+  const int32_t whole = b.shard_count > 1 ? b.shard_kv_len[s] : kv_len;
+  const int32_t visible = b.causal ? shard_tokens_before(b, whole - q_len + i + 1) : kv_len;
   // Chunks of whole pages; grown so that max_splits of them cover the row.
   int64_t chunk = shared::split_chunk(chunk_tokens, b.page_size);
   const int64_t needed =
@@ -119,12 +147,7 @@ __global__ void attention_rows(DeviceBatch b, PagedKv kv, AttentionDims dims, co
     max = next;
   }
   if (max_splits == 1) {
-    float* o = out + row * out_stride + static_cast<int64_t>(head) * dims.v_dim;
-    const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-    for (int j = 0; j < kPerLane; ++j) {
-      const int32_t d = lane + j * kWarp;
-      if (d < dims.v_dim) o[d] = acc[j] * inv;
-    }
+    finish_row(dims, out, out_stride, lse, lse_stride, row, head, lane, acc, max, sum);
     return;
   }
   float* st = partial + partial_offset(dims, max_splits, row, head, split);
@@ -140,7 +163,7 @@ __global__ void attention_rows(DeviceBatch b, PagedKv kv, AttentionDims dims, co
 
 // The flash-decoding merge of each (row, head)'s splits.
 __global__ void merge_splits(AttentionDims dims, int32_t max_splits, const float* partial,
-                             float* out, int64_t out_stride) {
+                             float* out, int64_t out_stride, float* lse, int64_t lse_stride) {
   const int32_t row = blockIdx.x, head = blockIdx.y, lane = threadIdx.x;
   float max = -INFINITY;
   for (int32_t s = 0; s < max_splits; ++s) {
@@ -158,12 +181,7 @@ __global__ void merge_splits(AttentionDims dims, int32_t max_splits, const float
       if (d < dims.v_dim) acc[j] += w * st[2 + d];
     }
   }
-  float* o = out + row * out_stride + static_cast<int64_t>(head) * dims.v_dim;
-  const float inv = sum > 0 ? 1.0f / sum : 0.0f;
-  for (int j = 0; j < kPerLane; ++j) {
-    const int32_t d = lane + j * kWarp;
-    if (d < dims.v_dim) o[d] = acc[j] * inv;
-  }
+  finish_row(dims, out, out_stride, lse, lse_stride, row, head, lane, acc, max, sum);
 }
 
 }  // namespace
@@ -178,8 +196,15 @@ size_t paged_attention_workspace(int32_t total_rows, const AttentionDims& dims,
 cudaError_t paged_attention(const DeviceBatch& batch, const PagedKv& kv, const AttentionDims& dims,
                             const float* q, int64_t q_row_stride, float* out,
                             int64_t out_row_stride, int32_t chunk_tokens, int32_t max_splits,
-                            void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                            float* lse, int64_t lse_row_stride) {
   if (batch.total_rows == 0) return cudaSuccess;
+  if (batch.shard_count > 1 && (batch.shard_kv_len == nullptr || batch.shard_index < 0 ||
+                                batch.shard_index >= batch.shard_count ||
+                                batch.shard_interleave < 1)) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t lse_stride = lse_row_stride != 0 ? lse_row_stride : dims.q_heads;
   if (dims.q_heads <= 0 || dims.kv_heads <= 0 || dims.q_heads % dims.kv_heads != 0 ||
       dims.qk_dim <= 0 || dims.qk_dim > kMaxHeadDim || dims.v_dim <= 0 ||
       dims.v_dim > kMaxHeadDim || batch.page_size <= 0 || chunk_tokens <= 0 || max_splits <= 0 ||
@@ -192,22 +217,26 @@ cudaError_t paged_attention(const DeviceBatch& batch, const PagedKv& kv, const A
   switch (kv.dtype) {
     case KvDtype::kF32:
       attention_rows<KvDtype::kF32><<<grid, kWarp, 0, stream>>>(
-          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial);
+          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial,
+          lse, lse_stride);
       break;
     case KvDtype::kBf16:
       attention_rows<KvDtype::kBf16><<<grid, kWarp, 0, stream>>>(
-          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial);
+          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial,
+          lse, lse_stride);
       break;
     case KvDtype::kE4M3:
       attention_rows<KvDtype::kE4M3><<<grid, kWarp, 0, stream>>>(
-          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial);
+          batch, kv, dims, q, q_row_stride, out, out_row_stride, chunk_tokens, max_splits, partial,
+          lse, lse_stride);
       break;
     default:
       return cudaErrorInvalidValue;
   }
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess || max_splits == 1) return e;
   merge_splits<<<dim3(static_cast<unsigned>(batch.total_rows), static_cast<unsigned>(dims.q_heads)),
-                 kWarp, 0, stream>>>(dims, max_splits, partial, out, out_row_stride);
+                 kWarp, 0, stream>>>(dims, max_splits, partial, out, out_row_stride, lse,
+                                     lse_stride);
   return cudaGetLastError();
 }
 

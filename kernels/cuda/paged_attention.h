@@ -48,6 +48,11 @@ struct DeviceBatch {
   int32_t total_rows = 0;  // qo_indptr[batch]
   int32_t page_size = 0;
   bool causal = true;
+  // (ABI 1.4) A context-parallel shard (kvrt_attention_shard): the pages hold the sequence's
+  // tokens whose run of shard_interleave positions has index shard_index modulo shard_count;
+  // shard_kv_len [batch] (device) is each sequence's length over all shards. count 1: whole.
+  int32_t shard_count = 1, shard_index = 0, shard_interleave = 1;
+  const int32_t* shard_kv_len = nullptr;
 };
 
 // Workspace bytes for `total_rows` query rows split into at most `max_splits` chunks.
@@ -56,10 +61,13 @@ size_t paged_attention_workspace(int32_t total_rows, const AttentionDims& dims, 
 // out[row][head][v_dim] (f32, rows out_row_stride floats apart) = softmax(q K^T * scale) V for
 // every query row of the batch (q rows q_row_stride floats apart). Rows over more than
 // `chunk_tokens` positions are split into at most max_splits chunks of whole pages (the chunk
-// grows to fit), each a block of its own, then merged.
+// grows to fit), each a block of its own, then merged. With `lse` (device, rows lse_row_stride
+// floats apart) each row's log-sum-exp per head, max + log(sum) of its scores (-inf, and a zero
+// output, for a row that sees no token: possible in a shard).
 cudaError_t paged_attention(const DeviceBatch& batch, const PagedKv& kv, const AttentionDims& dims,
                             const float* q, int64_t q_row_stride, float* out,
                             int64_t out_row_stride, int32_t chunk_tokens, int32_t max_splits,
-                            void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                            void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                            float* lse = nullptr, int64_t lse_row_stride = 0);
 
 }  // namespace kvrt::cuda

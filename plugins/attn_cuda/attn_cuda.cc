@@ -13,6 +13,9 @@
 // the caller's stream: it never allocates or synchronises, so a CUDA graph can capture it.
 // Rows over more than decode_chunk_tokens positions are split into chunks of whole pages
 // (flash-decoding), at most max_splits of them, and merged.
+// Context parallelism (ABI 1.4): plan_sharded() plans a shard of each sequence (its whole
+// lengths go to the device with the page tables) and run_lse() also writes each row's
+// log-sum-exp per head, into device memory beside `out`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,14 +46,15 @@ std::string cuda_error(cudaError_t e) {
 }
 
 // The batch's CSR, packed: qo_indptr [b + 1], kv_page_indptr [b + 1], kv_last_page_len [b],
-// kv_page_indices [nnz], each part starting on kAlign.
+// a shard's whole lengths [b], kv_page_indices [nnz], each part starting on kAlign.
 struct Packed {
-  uint64_t qo = 0, kv_indptr = 0, last_len = 0, indices = 0, bytes = 0;
+  uint64_t qo = 0, kv_indptr = 0, last_len = 0, kv_len = 0, indices = 0, bytes = 0;
   static Packed of(uint32_t batch, int64_t nnz) {
     Packed p;
     p.kv_indptr = p.qo + align_up(4 * (uint64_t{batch} + 1));
     p.last_len = p.kv_indptr + align_up(4 * (uint64_t{batch} + 1));
-    p.indices = p.last_len + align_up(4 * uint64_t{batch});
+    p.kv_len = p.last_len + align_up(4 * uint64_t{batch});
+    p.indices = p.kv_len + align_up(4 * uint64_t{batch});
     p.bytes = p.indices + align_up(4 * static_cast<uint64_t>(nnz));
     return p;
   }
@@ -103,8 +107,13 @@ class CudaAttention : public sdk::AttentionBase {
   }
 
   void plan(const kvrt_attention_batch& batch, void* workspace, uint64_t workspace_bytes) {
+    plan_sharded(batch, sdk::Shard{}, workspace, workspace_bytes);
+  }
+
+  void plan_sharded(const kvrt_attention_batch& batch, const sdk::Shard& shard, void* workspace,
+                    uint64_t workspace_bytes) {
     planned_ = false;
-    const Shape shape = check(batch);
+    const Shape shape = check(batch, shard);
     const Packed packed = Packed::of(batch.batch_size, shape.nnz);
     if (workspace == nullptr) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "workspace is NULL");
     if (workspace_bytes < packed.bytes + kAlign) {
@@ -126,6 +135,7 @@ class CudaAttention : public sdk::AttentionBase {
     put(packed.qo, batch.qo_indptr, b + 1);
     put(packed.kv_indptr, batch.kv_page_indptr, b + 1);
     put(packed.last_len, batch.kv_last_page_len, b);
+    if (shard.count > 1) put(packed.kv_len, shard.kv_len, b);
     if (shape.nnz > 0) {
       put(packed.indices, batch.kv_page_indices + batch.kv_page_indptr[0],
           static_cast<uint64_t>(shape.nnz));
@@ -164,12 +174,20 @@ class CudaAttention : public sdk::AttentionBase {
     batch_.total_rows = shape.total_rows;
     batch_.page_size = static_cast<int32_t>(batch.page_size);
     batch_.causal = batch.causal != 0;
+    batch_.shard_count = static_cast<int32_t>(shard.count);
+    batch_.shard_index = static_cast<int32_t>(shard.index);
+    batch_.shard_interleave = static_cast<int32_t>(shard.interleave);
+    batch_.shard_kv_len =
+        shard.count > 1 ? reinterpret_cast<const int32_t*>(d + packed.kv_len) : nullptr;
     partial_ = d + packed.bytes;
     max_page_ = shape.max_page;
     planned_ = true;
   }
 
-  void run(const kvrt_attention_run_args& a) {
+  void run(const kvrt_attention_run_args& a) { run_lse(a, nullptr, 0); }
+
+  // lse null: run() alone.
+  void run_lse(const kvrt_attention_run_args& a, float* lse, int64_t lse_row_stride) {
     if (!planned_) sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "run() without a successful plan()");
     if (a.q_dtype != KVRT_DTYPE_F32 || a.out_dtype != KVRT_DTYPE_F32) {
       sdk::fail(KVRT_ERR_UNSUPPORTED, std::string("attn_cuda takes f32 q and out, found ") +
@@ -191,10 +209,16 @@ class CudaAttention : public sdk::AttentionBase {
         a.q_row_stride != 0 ? a.q_row_stride : int64_t{dims_.q_heads} * dims_.qk_dim;
     const int64_t out_stride =
         a.out_row_stride != 0 ? a.out_row_stride : int64_t{dims_.q_heads} * dims_.v_dim;
+    if (lse != nullptr && !cuda::is_device_memory(lse)) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "lse must be in CUDA device memory, as out is");
+    }
+    if (lse != nullptr && lse_row_stride != 0 && lse_row_stride < dims_.q_heads) {
+      sdk::fail(KVRT_ERR_INVALID_ARGUMENT, "lse_row_stride is shorter than a row's heads");
+    }
     const cudaError_t e = cuda::paged_attention(
         batch_, paged_kv(l), dims_, static_cast<const float*>(a.q), q_stride,
         static_cast<float*>(a.out), out_stride, static_cast<int32_t>(chunk_tokens_), splits_,
-        partial_, partial_bytes_, static_cast<cudaStream_t>(a.stream));
+        partial_, partial_bytes_, static_cast<cudaStream_t>(a.stream), lse, lse_row_stride);
     if (e != cudaSuccess) sdk::fail(KVRT_ERR_INTERNAL, "paged attention launch: " + cuda_error(e));
   }
 
@@ -233,14 +257,14 @@ class CudaAttention : public sdk::AttentionBase {
 
   // The batch's sizes, after the SDK's checks of every sequence (a bad batch must not reach a
   // kernel, where it would read outside the pages) and this kernel's own limits.
-  Shape check(const kvrt_attention_batch& b) const {
+  Shape check(const kvrt_attention_batch& b, const sdk::Shard& shard) const {
     if (b.page_size == 0 || b.page_size > kMaxPageSize) {
       sdk::fail(KVRT_ERR_UNSUPPORTED, "batch.page_size " + std::to_string(b.page_size) +
                                           " not served: attn_cuda takes 1.." +
                                           std::to_string(kMaxPageSize));
     }
     Shape shape;
-    sdk::check_batch(b, [&](const sdk::BatchSequence& seq) {
+    sdk::check_batch(b, shard, [&](const sdk::BatchSequence& seq) {
       for (int32_t p = seq.page_begin; p < seq.page_begin + seq.pages; ++p) {
         shape.max_page = std::max<int64_t>(shape.max_page, b.kv_page_indices[p]);
       }
