@@ -160,10 +160,12 @@ void write_rows(const Store& s, const kvrt_kv_geometry& g, const std::vector<flo
   }
 }
 
-// Runs `attention` over `store` for the batch; returns the output rows (host).
+// Runs `attention` over `store` for the batch; returns the output rows (host). With `shard`,
+// through plan_sharded and run_lse (ABI 1.4), the log-sum-exps into *lse.
 std::vector<float> attend(const Loaded& l, const Store& store, const kvrt_attention_params& p,
                           const kvrt_attention_batch& batch, const std::vector<float>& q,
-                          size_t out_floats) {
+                          size_t out_floats, const kvrt_attention_shard* shard = nullptr,
+                          std::vector<float>* lse = nullptr) {
   kvrt_attention* attn = nullptr;
   clear_last_error();
   EXPECT_EQ(l.attention->attention.create(l.attention->host_api(), &p, nullptr, &attn), KVRT_OK)
@@ -176,14 +178,25 @@ std::vector<float> attend(const Loaded& l, const Store& store, const kvrt_attent
   uint64_t bytes = 0;
   l.attention->attention.workspace_size(attn, &batch, &bytes);
   std::vector<uint8_t> workspace(bytes);
-  EXPECT_EQ(l.attention->attention.plan(attn, &batch, workspace.data(), bytes), KVRT_OK)
-      << take_last_error();
+  if (shard != nullptr) {
+    EXPECT_EQ(l.attention->attention.plan_sharded(attn, &batch, shard, workspace.data(), bytes),
+              KVRT_OK)
+        << take_last_error();
+  } else {
+    EXPECT_EQ(l.attention->attention.plan(attn, &batch, workspace.data(), bytes), KVRT_OK)
+        << take_last_error();
+  }
   std::vector<float> out(out_floats, NAN);
   const bool gpu = p.device.kind == KVRT_DEVICE_CUDA;
-  float *dq = nullptr, *dout = nullptr;
+  float *dq = nullptr, *dout = nullptr, *dlse = nullptr;
+  const size_t rows = out_floats / (size_t{p.num_q_heads} * p.v_head_dim);
+  if (lse != nullptr) lse->assign(rows * p.num_q_heads, NAN);
   if (gpu) {
     EXPECT_EQ(cudaMalloc(&dq, q.size() * 4), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&dout, out.size() * 4), cudaSuccess);
+    if (lse != nullptr) {
+      EXPECT_EQ(cudaMalloc(&dlse, lse->size() * 4), cudaSuccess);
+    }
     EXPECT_EQ(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
   kvrt_attention_run_args args{};
@@ -194,11 +207,21 @@ std::vector<float> attend(const Loaded& l, const Store& store, const kvrt_attent
   args.store = store.handle;
   args.q = gpu ? static_cast<const void*>(dq) : q.data();
   args.out = gpu ? static_cast<void*>(dout) : out.data();
-  EXPECT_EQ(l.attention->attention.run(attn, &args), KVRT_OK) << take_last_error();
+  if (lse != nullptr) {
+    EXPECT_EQ(l.attention->attention.run_lse(attn, &args, gpu ? dlse : lse->data(), 0), KVRT_OK)
+        << take_last_error();
+  } else {
+    EXPECT_EQ(l.attention->attention.run(attn, &args), KVRT_OK) << take_last_error();
+  }
   if (gpu) {
     EXPECT_EQ(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (lse != nullptr) {
+      EXPECT_EQ(cudaMemcpy(lse->data(), dlse, lse->size() * 4, cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
     (void)cudaFree(dq);
     (void)cudaFree(dout);
+    (void)cudaFree(dlse);
   }
   l.attention->attention.destroy(attn);
   return out;
@@ -209,6 +232,10 @@ struct Case {
   const char* scale_mode;  // nullptr: the store's default
   Shape shape;
   uint32_t page_size;
+  // (ABI 1.4) > 1: the stores keep shard 1 of this many of every sequence's tokens (single
+  // tokens dealt out in turn), attended with plan_sharded + run_lse, whose log-sum-exps are
+  // compared too.
+  uint32_t shards = 1;
 };
 
 // Sequences of (KV length, query rows): decodes across page boundaries, one long enough to be
@@ -227,8 +254,16 @@ void check(const Case& c) {
     config.insert("k_scale", 0.02);
     config.insert("v_scale", 0.015);
   }
+  // The tokens the stores keep of a sequence of kv_len: all, or shard 1's.
+  const uint32_t index = c.shards > 1 ? 1 : 0;
+  auto kept = [&](uint32_t kv_len) {
+    return c.shards > 1 ? (kv_len > index ? (kv_len - index + c.shards - 1) / c.shards : 0)
+                        : kv_len;
+  };
   uint32_t pages = 0;
-  for (const auto& [kv_len, rows] : kSequences) pages += (kv_len + c.page_size - 1) / c.page_size;
+  for (const auto& [kv_len, rows] : kSequences) {
+    pages += (kept(kv_len) + c.page_size - 1) / c.page_size;
+  }
   kvrt_kv_geometry g = geometry(sh, c.page_size);
 
   // Shuffled pages, each sequence's in order of its positions.
@@ -236,18 +271,24 @@ void check(const Case& c) {
   std::vector<int32_t> page_ids(pages);
   std::iota(page_ids.begin(), page_ids.end(), 0);
   std::shuffle(page_ids.begin(), page_ids.end(), rng);
-  std::vector<int32_t> qo{0}, indptr{0}, last;
+  std::vector<int32_t> qo{0}, indptr{0}, last, whole;
   std::vector<int64_t> slots;
   for (const auto& [kv_len, rows] : kSequences) {
-    const uint32_t n = (kv_len + c.page_size - 1) / c.page_size;
-    for (uint32_t t = 0; t < kv_len; ++t) {
+    const uint32_t local = kept(kv_len);
+    const uint32_t n = (local + c.page_size - 1) / c.page_size;
+    for (uint32_t t = 0; t < local; ++t) {
       slots.push_back(int64_t{page_ids[indptr.back() + t / c.page_size]} * c.page_size +
                       t % c.page_size);
     }
     indptr.push_back(indptr.back() + static_cast<int32_t>(n));
     qo.push_back(qo.back() + static_cast<int32_t>(rows));
-    last.push_back(static_cast<int32_t>(kv_len - (n - 1) * c.page_size));
+    last.push_back(n == 0 ? 0 : static_cast<int32_t>(local - (n - 1) * c.page_size));
+    whole.push_back(static_cast<int32_t>(kv_len));
   }
+  const kvrt_attention_shard shard{sizeof(kvrt_attention_shard), c.shards, index, 1,
+                                   whole.data()};
+  const kvrt_attention_shard* sharded = c.shards > 1 ? &shard : nullptr;
+  std::vector<float> cpu_lse, gpu_lse;
   std::normal_distribution<float> normal;
   const size_t row = size_t{sh.kv_heads} * sh.qk_dim;
   std::vector<float> k(slots.size() * row), v(slots.size() * row),
@@ -269,11 +310,13 @@ void check(const Case& c) {
   g.device = kCpu;
   create_store(cpu, g, pages, config, &cpu_store);
   write_rows(cpu_store, g, k, v, slots);
-  const std::vector<float> want = attend(cpu, cpu_store, params(sh, kCpu), batch, q, out_floats);
+  const std::vector<float> want = attend(cpu, cpu_store, params(sh, kCpu), batch, q, out_floats,
+                                         sharded, sharded ? &cpu_lse : nullptr);
   g.device = kGpu;
   create_store(gpu, g, pages, config, &gpu_store);
   write_rows(gpu_store, g, k, v, slots);
-  const std::vector<float> got = attend(gpu, gpu_store, params(sh, kGpu), batch, q, out_floats);
+  const std::vector<float> got = attend(gpu, gpu_store, params(sh, kGpu), batch, q, out_floats,
+                                        sharded, sharded ? &gpu_lse : nullptr);
   ASSERT_EQ(got.size(), want.size());
   // Both read the same stored bytes (the device encodings are the CPU's, bit for bit); what
   // differs is f32 summation order, so the outputs agree to a few ulps of the values' scale.
@@ -284,12 +327,30 @@ void check(const Case& c) {
     if (!(d <= worst)) worst = d, at = i;  // NaN sticks
   }
   EXPECT_LE(worst, 1e-4) << "element " << at << ": GPU " << got[at] << ", CPU " << want[at];
+  ASSERT_EQ(gpu_lse.size(), cpu_lse.size());
+  for (size_t i = 0; i < gpu_lse.size(); ++i) {
+    if (std::isinf(cpu_lse[i])) {  // a row that sees none of the shard's tokens
+      EXPECT_EQ(gpu_lse[i], cpu_lse[i]) << "log-sum-exp " << i;
+    } else {
+      EXPECT_NEAR(gpu_lse[i], cpu_lse[i], 1e-4 * std::max(1.0f, std::fabs(cpu_lse[i])))
+          << "log-sum-exp " << i;
+    }
+  }
 }
 
 class AttnCuda : public ::testing::Test {
  protected:
   void SetUp() override { REQUIRE_GPU(); }
 };
+
+// ABI 1.4: one shard of two of every sequence, through plan_sharded and run_lse: the output and
+// the log-sum-exps equal attn_cpu's (which the conformance suite holds to the reference).
+TEST_F(AttnCuda, ShardedRunLseEqualsAttnCpus) {
+  for (uint32_t page_size : {1u, 16u}) {
+    check({"kv_bf16_paged", nullptr, {32, 8, 128}, page_size, 2});
+  }
+  check({"kv_bf16_paged", nullptr, {16, 1, 576, 512}, 16, 2});  // an MLA latent
+}
 
 TEST_F(AttnCuda, EqualsAttnCpuOverEveryStoreAndPageSize) {
   for (const char* store : {"kv_bf16_paged", "kv_f32_paged", "kv_fp8_e4m3"}) {
