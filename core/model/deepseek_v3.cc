@@ -518,7 +518,7 @@ Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const Deepsee
   const Range o_cols = held(p.heads, n * V, V), vocab = held(p.vocab, c.vocab_size, 1);
   auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
                    std::vector<float>& out) {
-    return load_block(*ck, dir, name, std::move(shape), rows, cols, out);
+    return load_block(*ck, c.weight_format, dir, name, std::move(shape), rows, cols, out);
   };
   struct Block {
     std::string name;

@@ -386,6 +386,15 @@ Result<ModelConfig> read_hf_config(std::string_view text, const std::string& sou
   }
   c.other_moe = f.Find("num_local_experts") != nullptr || f.Find("num_experts") != nullptr;
   c.fp8_checkpoint = is_fp8_quantized(*object) || is_fp8_quantized(root);
+  {
+    // The language model's own, else the wrapper's (a multimodal config may carry it either way).
+    const json* q = nullptr;
+    if (auto it = object->find("quantization_config"); it != object->end()) q = &*it;
+    if (auto it = root.find("quantization_config"); q == nullptr && it != root.end()) q = &*it;
+    Result<WeightFormat> format = WeightFormat::parse(q, source);
+    if (!format.ok()) return format.status();
+    c.weight_format = std::move(*format);
+  }
 
   // Llama and Mistral configs default to <s> = 1, </s> = 2; Qwen's to none.
   const bool llama_ids = !qwen2 && !qwen3;

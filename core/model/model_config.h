@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/util/file.h"
+#include "core/model/weight_format.h"
 #include "core/util/status.h"
 
 namespace kvrt::model {
@@ -92,6 +93,7 @@ struct ModelConfig {
   std::string rope_scaling_type;  // rope_type (or the older "type"); "" when rope_scaling is null
   bool other_moe = false;         // num_local_experts / num_experts: another MoE layout
   bool fp8_checkpoint = false;    // quantization_config.quant_method = "fp8"
+  WeightFormat weight_format;     // how its Linear weights are stored (quantization_config)
 
   // What check_runnable() needs beyond the shape: fields as read, and those absent.
   std::string hidden_act = "silu";

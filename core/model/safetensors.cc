@@ -93,6 +93,7 @@ std::optional<DType> ParseDType(const std::string& s) {
   if (s == "F32") return DType::kF32;
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
+  if (s == "F8_E4M3") return DType::kF8E4M3;
   return std::nullopt;
 }
 
@@ -134,11 +135,15 @@ std::string_view dtype_name(DType dtype) {
       return "BF16";
     case DType::kF16:
       return "F16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
+size_t dtype_size(DType dtype) {
+  return dtype == DType::kF32 ? 4 : dtype == DType::kF8E4M3 ? 1 : 2;
+}
 
 std::string shape_string(std::span<const int64_t> shape) {
   std::string s = "[";
@@ -180,6 +185,9 @@ void to_f32(const TensorView& t, float* out) {
   switch (t.dtype) {
     case DType::kF32:
       std::memcpy(out, src, n * sizeof(float));
+      return;
+    case DType::kF8E4M3:
+      kernels::e4m3_to_f32(src, out, n, 1.0f);
       return;
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
@@ -389,7 +397,7 @@ Result<TensorView> SafetensorsCheckpoint::get(const std::string& name) const {
   auto dtype = ParseDType(e.dtype);
   if (!dtype) {
     return Status::Unsupported(m.path() + ": tensor " + Quoted(name) + " has dtype " + e.dtype +
-                               " (supported: F32, BF16, F16)");
+                               " (supported: F32, BF16, F16, and F8_E4M3 with its scales)");
   }
   TensorView v;
   v.dtype = *dtype;

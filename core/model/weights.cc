@@ -135,14 +135,23 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 
 }  // namespace
 
-Status load_block(const SafetensorsCheckpoint& ck, const std::string& dir, const std::string& name,
-                  std::vector<int64_t> shape, Range rows, Range cols, std::vector<float>& out) {
+Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                  const std::string& dir, const std::string& name, std::vector<int64_t> shape,
+                  Range rows, Range cols, std::vector<float>& out) {
   if (!ck.contains(name)) {
     return Status::NotFound(dir + ": tensor '" + name + "' is missing (expected shape " +
                             shape_string(shape) + ")");
   }
+  if (format.quantized()) {
+    Status q = load_quantized_block(ck, format, name, shape, rows, cols, out);
+    if (!q.IsNotFound()) return q;  // dequantized, or refused by name
+  }
   auto t = ck.get(name);
   if (!t.ok()) return t.status();
+  if (t->dtype == DType::kF8E4M3) {
+    return Status::InvalidArgument(t->file + ": tensor '" + name + "' is F8_E4M3, but " + dir +
+                                   "/config.json has no quantization_config with its scales");
+  }
   if (t->shape != shape) {
     return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
                                    shape_string(shape) + ", found " + shape_string(t->shape));
@@ -183,7 +192,7 @@ Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
   const Range vocab = held.whole ? all(c.vocab_size) : held.vocab;
   auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
                    std::vector<float>& out) {
-    return load_block(*ck, dir, name, std::move(shape), rows, cols, out);
+    return load_block(*ck, c.weight_format, dir, name, std::move(shape), rows, cols, out);
   };
   Status s = block("model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), w.embed);
   if (!s.ok()) return s;

@@ -62,10 +62,12 @@ class SafetensorsCheckpoint;
 
 // For each family's loader: rows `rows` and columns `cols` of the 2-D (or, with cols empty, 1-D)
 // tensor `name` of `shape` in `ck`, as f32, row-major [rows][cols]. Only that block is
-// converted. A missing tensor or another shape is an error naming the tensor (and `dir`).
-Status load_block(const SafetensorsCheckpoint& ck, const std::string& dir, const std::string& name,
-                  std::vector<int64_t> shape, parallel::Range rows, parallel::Range cols,
-                  std::vector<float>& out);
+// converted; a weight stored quantized (`format`, the config's quantization_config) is
+// dequantized (weight_format.h). A missing tensor or another shape is an error naming the tensor
+// (and `dir`).
+Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                  const std::string& dir, const std::string& name, std::vector<int64_t> shape,
+                  parallel::Range rows, parallel::Range cols, std::vector<float>& out);
 
 // For each family's presets: n seeded values of mean 0 and standard deviation `stddev` (see
 // below), the stream a function of (seed, name) only.

@@ -125,6 +125,26 @@ TEST_P(TinyDeepseekV3Mpi, GreedyIdsMatchTheReference) {
 INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3Mpi,
                          ::testing::Values("kv_bf16_paged", "kv_host_tiered"));
 
+// DeepSeek-V3's fp8 block checkpoint (issue 46), each process dequantizing only its rank's part
+// of every block (blocks are cut between ranks): the reference ids at "highest" precision.
+TEST(TinyDeepseekV3Fp8Mpi, GreedyIdsMatchTheReference) {
+  const std::string dir = model_dir() + "/../tiny-deepseek-v3-fp8";
+  if (!std::filesystem::exists(dir + "/model.safetensors.index.json")) {
+    GTEST_SKIP() << dir << " not found";
+  }
+  Result<std::unique_ptr<runtime::Session>> s = runtime::start(
+      "", {"model.path=\"" + dir + "\"", "kv.store=kv_bf16_paged", "scheduler.page_size=16",
+           "model.matmul_precision=\"highest\"", "model.dtype=\"f32\""});
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  runtime::Session& session = **s;
+  if (!session.leads()) {
+    EXPECT_EQ(runtime::follow(session), 0);
+    return;
+  }
+  const std::vector<int32_t> want = {35, 73, 271, 155, 190, 166, 432, 412};
+  EXPECT_EQ(greedy(session, want.size()), want);
+}
+
 // And with decode context parallelism (tp.dcp_size 2): each process keeps every other token's
 // latent, and the all-gathers of the merge run over MPI. (At -np 8 four ranks hold no query
 // head, which context parallelism refuses: skipped there.)

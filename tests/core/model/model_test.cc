@@ -3,6 +3,7 @@
 // tests are in tests/core/text).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -18,6 +19,7 @@
 
 #include "core/model/model_config.h"
 #include "core/model/safetensors.h"
+#include "core/model/weight_format.h"
 #include "core/model/weights.h"
 
 namespace kvrt::model {
@@ -999,6 +1001,111 @@ TEST(PresetTest, Synth76m) {
   EXPECT_NEAR(mean, 0.0, 1e-4);
   EXPECT_NEAR(sd, 0.02, 2e-4);
   EXPECT_LE(max_abs, 0.02 * 2 * std::sqrt(3.0) + 1e-6);
+}
+
+// ---- Quantized weights (weight_format.h) ----
+
+WeightFormat Fp8Blocks(int64_t rows, int64_t cols, std::vector<std::string> kept = {}) {
+  nlohmann::json q = {{"quant_method", "fp8"},
+                      {"fmt", "e4m3"},
+                      {"activation_scheme", "dynamic"},
+                      {"weight_block_size", {rows, cols}}};
+  if (!kept.empty()) q["modules_to_not_convert"] = kept;
+  Result<WeightFormat> f = WeightFormat::parse(&q, "config.json");
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  return f.ok() ? *f : WeightFormat{};
+}
+
+TEST(WeightFormat, ReadsDeepseekV3sFp8BlocksAndRefusesTheRestByKeyAndValue) {
+  const WeightFormat f = Fp8Blocks(128, 128);
+  EXPECT_EQ(f.kind, WeightFormat::Kind::kFp8Block);
+  EXPECT_EQ(f.describe(), "fp8 e4m3, 128 x 128 blocks (dequantized at load)");
+  EXPECT_FALSE(WeightFormat::parse(nullptr, "config.json")->quantized());
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"quant_method": "gptq", "bits": 4})",
+       "config.json: quantization_config.quant_method: 'gptq' is not served"},
+      {R"({"quant_method": "awq"})", "quantization_config.quant_method: 'awq' is not served"},
+      {R"({"bits": 4})", "quantization_config.quant_method: missing"},
+      {R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})",
+       "quantization_config.fmt: \"e5m2\" is not served"},
+      {R"({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [1, 1]})",
+       "quantization_config.activation_scheme: \"static\" is not served"},
+      {R"({"quant_method": "fp8"})", "quantization_config.weight_block_size: missing"},
+      {R"({"quant_method": "fp8", "weight_block_size": [0, 128]})",
+       "quantization_config.weight_block_size: expected [rows, cols] of positive integers"},
+      {R"("fp8")", "quantization_config: expected an object"},
+  };
+  for (const auto& [text, message] : refused) {
+    const nlohmann::json q = nlohmann::json::parse(text);
+    Result<WeightFormat> f = WeightFormat::parse(&q, "config.json");
+    ASSERT_FALSE(f.ok()) << text;
+    EXPECT_THAT(f.status().message(), HasSubstr(message)) << text;
+  }
+}
+
+// A 3 x 5 fp8 weight in 2 x 4 blocks (the right and bottom blocks cut short), its scales F32 or
+// BF16: each element is its code's value times its block's scale, whatever part is loaded.
+TEST(WeightFormat, Fp8BlocksDequantizeByGlobalRowAndColumnForAnyPart) {
+  TempDir dir;
+  // E4M3 codes: 0x38 = 1.0, 0x40 = 2.0, 0xB8 = -1.0, 0x30 = 0.5, 0x01 = 2^-9 (subnormal).
+  const std::vector<uint8_t> codes = {0x38, 0x40, 0xB8, 0x30, 0x01,  //
+                                      0x40, 0x38, 0x30, 0xB8, 0x38,  //
+                                      0x30, 0x30, 0x40, 0x40, 0xB8};
+  const std::vector<float> scales = {0.5f, 4.0f, 0.25f, 8.0f};  // [2][2]
+  const std::vector<float> value = {1, 2, -1, 0.5f, 0x1p-9f, 2, 1, 0.5f, -1, 1, 0.5f, 0.5f, 2, 2, -1};
+  std::string code_bytes(codes.begin(), codes.end());
+  for (const char* scale_dtype : {"F32", "BF16"}) {
+    SCOPED_TRACE(scale_dtype);
+    WriteSafetensors(dir / "model.safetensors",
+                     {{"w.weight_scale_inv", scale_dtype, {2, 2},
+                       std::string(scale_dtype) == "F32" ? F32Bytes(scales) : BF16Bytes(scales)},
+                      {"w.weight", "F8_E4M3", {3, 5}, code_bytes}});
+    Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir.path());
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    const WeightFormat f = Fp8Blocks(2, 4);
+    for (parallel::Range rows : {parallel::Range{0, 3}, parallel::Range{1, 3}}) {
+      for (parallel::Range cols : {parallel::Range{0, 5}, parallel::Range{2, 5}}) {
+        std::vector<float> out;
+        ASSERT_TRUE(load_block(*ck, f, dir.path(), "w.weight", {3, 5}, rows, cols, out).ok());
+        for (int64_t r = rows.begin; r < rows.end; ++r) {
+          for (int64_t c = cols.begin; c < cols.end; ++c) {
+            const float want = value[r * 5 + c] * scales[(r / 2) * 2 + c / 4];
+            EXPECT_EQ(out[(r - rows.begin) * cols.size() + (c - cols.begin)], want)
+                << "[" << r << ", " << c << "]";
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightFormat, HostileFp8CheckpointsAreRefusedByName) {
+  TempDir dir;
+  const std::string codes(15, '\x38');
+  auto refused = [&](const std::vector<RawTensor>& tensors, const WeightFormat& f,
+                     const std::string& message) {
+    WriteSafetensors(dir / "model.safetensors", tensors);
+    Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir.path());
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    std::vector<float> out;
+    const Status s = load_block(*ck, f, dir.path(), "w.weight", {3, 5}, {0, 3}, {0, 5}, out);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_THAT(s.message(), HasSubstr(message));
+  };
+  const RawTensor weight{"w.weight", "F8_E4M3", {3, 5}, codes};
+  const RawTensor scale{"w.weight_scale_inv", "F32", {2, 2}, F32Bytes({1, 1, 1, 1})};
+  // (Scales first: a 4-byte element must start on a multiple of 4 in the data section.)
+  refused({{"w.weight_scale_inv", "F32", {2, 1}, F32Bytes({1, 1})}, weight}, Fp8Blocks(2, 4),
+          "'w.weight_scale_inv': expected an F32 or BF16 scale of [2, 2] (2 x 4 blocks of [3, 5]), "
+          "found F32 [2, 1]");
+  refused({weight}, Fp8Blocks(2, 4), "its scale 'w.weight_scale_inv' ([2, 2]) is missing");
+  std::string nan = codes;
+  nan[7] = '\x7F';
+  refused({scale, {"w.weight", "F8_E4M3", {3, 5}, nan}}, Fp8Blocks(2, 4),
+          "'w.weight': element [1, 2] is an E4M3 NaN");
+  refused({scale, weight}, WeightFormat{}, "is F8_E4M3, but");
+  refused({scale, weight}, Fp8Blocks(2, 4, {"w"}),
+          "quantization_config lists 'w' as not converted");
 }
 
 }  // namespace
