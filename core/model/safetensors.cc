@@ -94,6 +94,7 @@ std::optional<DType> ParseDType(const std::string& s) {
   if (s == "BF16") return DType::kBF16;
   if (s == "F16") return DType::kF16;
   if (s == "F8_E4M3") return DType::kF8E4M3;
+  if (s == "I32") return DType::kI32;
   return std::nullopt;
 }
 
@@ -137,12 +138,14 @@ std::string_view dtype_name(DType dtype) {
       return "F16";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kI32:
+      return "I32";
   }
   return "?";
 }
 
 size_t dtype_size(DType dtype) {
-  return dtype == DType::kF32 ? 4 : dtype == DType::kF8E4M3 ? 1 : 2;
+  return dtype == DType::kF32 || dtype == DType::kI32 ? 4 : dtype == DType::kF8E4M3 ? 1 : 2;
 }
 
 std::string shape_string(std::span<const int64_t> shape) {
@@ -188,6 +191,13 @@ void to_f32(const TensorView& t, float* out) {
       return;
     case DType::kF8E4M3:
       kernels::e4m3_to_f32(src, out, n, 1.0f);
+      return;
+    case DType::kI32:
+      for (size_t i = 0; i < n; ++i) {
+        int32_t x;
+        std::memcpy(&x, src + 4 * i, 4);
+        out[i] = static_cast<float>(x);
+      }
       return;
     case DType::kF16:
       for (size_t i = 0; i < n; ++i) {
@@ -397,7 +407,8 @@ Result<TensorView> SafetensorsCheckpoint::get(const std::string& name) const {
   auto dtype = ParseDType(e.dtype);
   if (!dtype) {
     return Status::Unsupported(m.path() + ": tensor " + Quoted(name) + " has dtype " + e.dtype +
-                               " (supported: F32, BF16, F16, and F8_E4M3 with its scales)");
+                               " (supported: F32, BF16, F16, and the codes of quantized weights: "
+                               "F8_E4M3, I32)");
   }
   TensorView v;
   v.dtype = *dtype;

@@ -29,9 +29,10 @@ class MappedFile;  // an mmap of a whole file, unmapped when the last checkpoint
 
 // The element types a tensor may have to be loaded (others are reported, see get()). F8_E4M3
 // holds the codes of a quantized weight (weight_format.h dequantizes them with their scales).
-enum class DType { kF32, kBF16, kF16, kF8E4M3 };
+// I32 holds packed integer codes (compressed-tensors' weight_packed) and shapes (weight_shape).
+enum class DType { kF32, kBF16, kF16, kF8E4M3, kI32 };
 
-// "F32", "BF16", "F16", "F8_E4M3": the names safetensors uses.
+// "F32", "BF16", "F16", "F8_E4M3", "I32": the names safetensors uses.
 std::string_view dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
 // "[32, 64]", as messages show shapes.
@@ -51,7 +52,7 @@ struct TensorView {
 // a NaN keeps its sign and its payload (shifted into the top of the f32 mantissa).
 float f16_to_f32(uint16_t bits);
 // Widens the tensor's numel() elements to f32 into out (which holds at least that many); F8_E4M3
-// codes to their values (OCP E4M3, unscaled).
+// codes to their values (OCP E4M3, unscaled); I32 to the nearest f32.
 void to_f32(const TensorView& tensor, float* out);
 
 class SafetensorsCheckpoint {
@@ -62,7 +63,7 @@ class SafetensorsCheckpoint {
   static Result<SafetensorsCheckpoint> open(const std::string& path);
 
   // The tensor, or NotFound naming it; Unsupported naming it and its dtype if that is not F32,
-  // BF16, F16 or F8_E4M3.
+  // BF16, F16, F8_E4M3 or I32.
   Result<TensorView> get(const std::string& name) const;
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   // Every tensor name, sorted.

@@ -9,6 +9,16 @@
 //    `<name>_scale_inv` of [ceil(out / rows), ceil(in / cols)] (F32 or BF16), the weight being
 //    code x scale per block. A block may be cut between TP ranks: its scale is found by the
 //    element's global row and column.
+//  - compressed-tensors (Kimi-K2-Thinking / K2.5's experts, llm-compressor's output): quant_method
+//    "compressed-tensors" with one config group of weights
+//    - format "pack-quantized", type "int", 4 or 8 bits, symmetric, strategy "group" (group_size)
+//      or "channel": `<module>.weight_packed` int32 words (8 or 4 codes each, lowest bits first,
+//      stored as q + 2^(bits-1)), `<module>.weight_scale` [out, groups] and `<module>.weight_shape`
+//      [out, in]; the weight is q x scale per group. A TP part may not cut a group or a word;
+//    - format "float-quantized", type "float", 8 bits: `<module>.weight` F8_E4M3 and
+//      `<module>.weight_scale` per output row ("channel") or one ("tensor").
+//    `ignore` names the modules left dense, exactly or as "re:" regular expressions matched from
+//    the start of the name (Python's re.match), as compressed-tensors matches them.
 // Anything else (another quant_method, a static activation scheme, another fp8 encoding) is
 // refused at start, naming config.json, the key and the value.
 #pragma once
@@ -27,11 +37,15 @@ namespace kvrt::model {
 class SafetensorsCheckpoint;
 
 struct WeightFormat {
-  enum class Kind { kDense, kFp8Block };
+  enum class Kind { kDense, kFp8Block, kPackedInt, kChannelFp8 };
   Kind kind = Kind::kDense;
   int64_t block_rows = 0, block_cols = 0;  // kFp8Block: weight_block_size
-  // Modules left unquantized by name (modules_to_not_convert / ignored_layers), exactly as
-  // written; a stored dtype says the same, and a quantized-looking tensor named here is refused.
+  int bits = 0;                            // kPackedInt: 4 or 8
+  int64_t group_size = 0;                  // kPackedInt: 0 = one group per row ("channel")
+  bool per_tensor = false;                 // kChannelFp8: one scale ("tensor")
+  // Modules left unquantized by name (modules_to_not_convert / ignored_layers / ignore), exactly
+  // as written ("re:" for a regular expression); a stored dtype says the same, and a quantized
+  // tensor of a module named here is refused.
   std::vector<std::string> not_converted;
 
   bool quantized() const { return kind != Kind::kDense; }
@@ -49,5 +63,11 @@ struct WeightFormat {
 Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                             const std::string& name, const std::vector<int64_t>& shape,
                             parallel::Range rows, parallel::Range cols, std::vector<float>& out);
+
+// The name `ck` stores the tensor `name` (transformers' name in the language model) under: as is,
+// or under "language_model." where a multimodal checkpoint (Kimi-K2.5) keeps its text model
+// beside a vision tower (whose tensors are never asked for). A packed weight counts as stored
+// by its module's weight_packed.
+std::string stored_tensor_name(const SafetensorsCheckpoint& ck, const std::string& name);
 
 }  // namespace kvrt::model

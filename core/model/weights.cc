@@ -138,18 +138,21 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                   const std::string& dir, const std::string& name, std::vector<int64_t> shape,
                   Range rows, Range cols, std::vector<float>& out) {
-  if (!ck.contains(name)) {
+  // As stored: under a multimodal wrapper's "language_model." too, and packed.
+  const std::string stored = stored_tensor_name(ck, name);
+  if (format.quantized()) {
+    Status q = load_quantized_block(ck, format, stored, shape, rows, cols, out);
+    if (!q.IsNotFound()) return q;  // dequantized, or refused by name
+  }
+  if (!ck.contains(stored)) {
     return Status::NotFound(dir + ": tensor '" + name + "' is missing (expected shape " +
                             shape_string(shape) + ")");
   }
-  if (format.quantized()) {
-    Status q = load_quantized_block(ck, format, name, shape, rows, cols, out);
-    if (!q.IsNotFound()) return q;  // dequantized, or refused by name
-  }
-  auto t = ck.get(name);
+  auto t = ck.get(stored);
   if (!t.ok()) return t.status();
-  if (t->dtype == DType::kF8E4M3) {
-    return Status::InvalidArgument(t->file + ": tensor '" + name + "' is F8_E4M3, but " + dir +
+  if (t->dtype == DType::kF8E4M3 || t->dtype == DType::kI32) {
+    return Status::InvalidArgument(t->file + ": tensor '" + name + "' is " +
+                                   std::string(dtype_name(t->dtype)) + ", but " + dir +
                                    "/config.json has no quantization_config with its scales");
   }
   if (t->shape != shape) {
