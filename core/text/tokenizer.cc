@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "core/text/tiktoken.h"
 #include "core/text/tokenizer_json.h"
 #include "core/util/file.h"
 
@@ -201,8 +202,10 @@ Result<std::unique_ptr<Tokenizer>> load_sentencepiece(const std::string& path) {
 std::string model_tokenizer_path(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path json_path = fs::path(dir) / "tokenizer.json";
-  return (fs::exists(json_path, ec) ? json_path : fs::path(dir) / "tokenizer.model").string();
+  for (const char* name : {"tokenizer.json", "tiktoken.model"}) {
+    if (fs::exists(fs::path(dir) / name, ec)) return (fs::path(dir) / name).string();
+  }
+  return (fs::path(dir) / "tokenizer.model").string();
 }
 
 Result<std::unique_ptr<Tokenizer>> load_model_tokenizer(const std::string& dir) {
@@ -214,8 +217,13 @@ Result<std::unique_ptr<Tokenizer>> load_model_tokenizer(const std::string& dir) 
   if (fs::path(path).filename() == "tokenizer.json") {
     return load_hf_tokenizer(path, has_config ? config_path : "");
   }
+  if (fs::path(path).filename() == "tiktoken.model") {
+    return load_tiktoken(path, has_config ? config_path : "");
+  }
   if (!fs::exists(path, ec)) {
-    return Status::NotFound(dir + ": no tokenizer.json or tokenizer.model in this directory");
+    return Status::NotFound(dir +
+                            ": no tokenizer.json, tiktoken.model or tokenizer.model in this "
+                            "directory");
   }
   Result<std::unique_ptr<SentencePieceTokenizer>> sp = open_sentencepiece(path);
   if (!sp.ok()) return sp.status();

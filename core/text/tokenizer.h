@@ -1,6 +1,6 @@
-// Text <-> token ids: Hugging Face tokenizer.json files (tokenizer_json.h), SentencePiece models
-// (tokenizer.model of Llama-family checkpoints) and a byte-level tokenizer for the synthetic
-// presets.
+// Text <-> token ids: Hugging Face tokenizer.json files (tokenizer_json.h), tiktoken models
+// (tiktoken.model of Kimi checkpoints, tiktoken.h), SentencePiece models (tokenizer.model of
+// Llama-family checkpoints) and a byte-level tokenizer for the synthetic presets.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 namespace kvrt::text {
 
-// A tokenizer.json or a SentencePiece tokenizer.model.
+// A tokenizer.json or a SentencePiece tokenizer.model (a tiktoken.model: tiktoken.h).
 inline constexpr util::FileKind kTokenizerFile{"tokenizer model", 64 * util::kMiB};
 
 // Options of Tokenizer::decode.
@@ -33,7 +33,8 @@ struct DecodeOptions {
 // sequence, i.e. right after BOS; decode({1, 403, ...}) gives "Once upon a time" and
 // decode({403, ...}) gives " Once upon a time". A tokenizer.json decodes exactly as transformers
 // does (its decoder chain; a Metaspace or Strip decoder drops the first piece's space wherever the
-// ids start), and bytes that are not valid UTF-8 become U+FFFD as there.
+// ids start), and bytes that are not valid UTF-8 become U+FFFD as there. A tiktoken model joins
+// its tokens' bytes, with the same U+FFFD.
 //
 // Every method is const and may be called from several threads at once.
 class Tokenizer {
@@ -61,15 +62,16 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
 };
 
-// The tokenizer of a model or tokenizer directory, as transformers' fast tokenizer picks it:
-// <dir>/tokenizer.json when present (tokenizer_json.h), else <dir>/tokenizer.model (SentencePiece).
-// <dir>/tokenizer_config.json, when present, sets bos_id()/eos_id() (bos_token/eos_token, strings
-// or {"content": ...} objects) and what encode adds (add_bos_token/add_eos_token). Fails with
-// NotFound naming the directory and both files when neither exists, or with the error of the file
-// it read.
+// The tokenizer of a model or tokenizer directory, as transformers picks it: <dir>/tokenizer.json
+// when present (tokenizer_json.h), else <dir>/tiktoken.model when present (tiktoken.h; Kimi's
+// TikTokenTokenizer), else <dir>/tokenizer.model (SentencePiece). <dir>/tokenizer_config.json,
+// when present, sets bos_id()/eos_id() (bos_token/eos_token, strings or {"content": ...}
+// objects), what encode adds (add_bos_token/add_eos_token) and a tiktoken model's special tokens'
+// names (added_tokens_decoder). Fails with NotFound naming the directory and the three files
+// when none exists, or with the error of the file it read.
 Result<std::unique_ptr<Tokenizer>> load_model_tokenizer(const std::string& dir);
 // The file load_model_tokenizer(dir) reads: <dir>/tokenizer.json when present, else
-// <dir>/tokenizer.model (whether or not that exists).
+// <dir>/tiktoken.model when present, else <dir>/tokenizer.model (whether or not that exists).
 std::string model_tokenizer_path(const std::string& dir);
 
 // Loads a SentencePiece model file (e.g. <model dir>/tokenizer.model).

@@ -35,6 +35,27 @@ Status read_bool(const json& config, const char* key, const std::string& name,
   return Status::Ok();
 }
 
+// "added_tokens_decoder": {"<id>": {"content": "...", ...}, ...}.
+Status read_added_tokens_decoder(const json& config, const std::string& name,
+                                 std::map<int64_t, std::string>* out) {
+  const auto it = config.find("added_tokens_decoder");
+  if (it == config.end() || it->is_null()) return Status::Ok();
+  if (!it->is_object())
+    return Status::InvalidArgument(name + ": added_tokens_decoder is not an object");
+  for (const auto& [key, token] : it->items()) {
+    const std::string at = name + ": added_tokens_decoder[\"" + key + "\"]";
+    // transformers writes the ids as decimal keys; anything else is no id.
+    if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) {
+      return Status::InvalidArgument(at + " is not a token id");
+    }
+    if (!token.is_object() || !token.contains("content") || !token["content"].is_string()) {
+      return Status::InvalidArgument(at + " has no \"content\" string");
+    }
+    (*out)[std::stoll(key)] = token["content"].get<std::string>();
+  }
+  return Status::Ok();
+}
+
 // The template of "chat_template": a string, or the "default" of a list of named ones.
 std::optional<std::string> chat_template_of(const json& c) {
   if (c.is_string()) return c.get<std::string>();
@@ -62,7 +83,8 @@ Result<TokenizerConfig> parse_tokenizer_config(std::string_view text, const std:
         read_bool(config, "clean_up_tokenization_spaces", name, &out.clean_up_tokenization_spaces),
         read_token(config, "bos_token", name, &out.bos_token),
         read_token(config, "eos_token", name, &out.eos_token),
-        read_token(config, "tokenizer_class", name, &out.tokenizer_class)}) {
+        read_token(config, "tokenizer_class", name, &out.tokenizer_class),
+        read_added_tokens_decoder(config, name, &out.added_tokens_decoder)}) {
     if (!s.ok()) return s;
   }
   if (const auto it = config.find("chat_template"); it != config.end()) {
@@ -76,6 +98,11 @@ Result<TokenizerConfig> read_tokenizer_config(const std::string& path) {
   Result<std::string> text = util::read_file(path, kTokenizerConfigFile);
   if (!text.ok()) return text.status();
   return parse_tokenizer_config(*text, path);
+}
+
+Result<TokenizerConfig> read_tokenizer_config_if_any(const std::string& path) {
+  if (path.empty()) return TokenizerConfig{};
+  return read_tokenizer_config(path);
 }
 
 }  // namespace kvrt::text

@@ -3,6 +3,8 @@
 // is rendered with).
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,6 +27,9 @@ struct TokenizerConfig {
   std::optional<bool> clean_up_tokenization_spaces;
   // e.g. "LlamaTokenizerFast", whose add_bos_token/add_eos_token replace the post-processor.
   std::optional<std::string> tokenizer_class;
+  // added_tokens_decoder: id -> content. A tiktoken model names its special ids from it; a
+  // tokenizer.json carries its own added tokens.
+  std::map<int64_t, std::string> added_tokens_decoder;
   // Whether the file has a "chat_template" key, and its template: the string, or the
   // "default" of a list of {"name", "template"}; nullopt when the key holds neither (an error
   // for whoever wants the template, and nobody else's concern).
@@ -35,6 +40,8 @@ struct TokenizerConfig {
 // Reads tokenizer_config.json at path. Fails naming the file (and the key) when it is unreadable,
 // not JSON, or a key above (chat_template aside) has the wrong type.
 Result<TokenizerConfig> read_tokenizer_config(const std::string& path);
+// read_tokenizer_config(path), or a default TokenizerConfig (nothing set) when path is "".
+Result<TokenizerConfig> read_tokenizer_config_if_any(const std::string& path);
 // The same from the file's text; name stands for the file in errors.
 Result<TokenizerConfig> parse_tokenizer_config(std::string_view json, const std::string& name);
 

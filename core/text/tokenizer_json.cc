@@ -38,12 +38,9 @@ class HfTokenizer final : public Tokenizer {
   using Tokenizer::decode;
 
   std::vector<int32_t> encode(std::string_view input, bool add_special_tokens) const override {
+    // The reference takes Unicode strings: bytes that are not UTF-8 read as U+FFFD.
     std::string repaired;
-    if (!valid_utf8(input)) {
-      // The reference takes Unicode strings: bytes that are not UTF-8 read as U+FFFD.
-      append_utf8_lossy(input, &repaired);
-      input = repaired;
-    }
+    input = valid_utf8_or_repaired(input, &repaired);
     std::vector<int32_t> ids;
     if (add_special_tokens) ids = prefix_;
     std::vector<Segment> raw, normalized_segments;
@@ -264,13 +261,9 @@ Result<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& json_pat
                                                      const std::string& config_path) {
   Result<std::string> text = util::read_file(json_path, kTokenizerFile);
   if (!text.ok()) return text.status();
-  TokenizerConfig config;
-  if (!config_path.empty()) {
-    Result<TokenizerConfig> read = read_tokenizer_config(config_path);
-    if (!read.ok()) return read.status();
-    config = *read;
-  }
-  return parse_hf_tokenizer(*text, config, json_path);
+  Result<TokenizerConfig> config = read_tokenizer_config_if_any(config_path);
+  if (!config.ok()) return config.status();
+  return parse_hf_tokenizer(*text, *config, json_path);
 }
 
 }  // namespace kvrt::text

@@ -57,6 +57,13 @@ void append_utf8_lossy(std::string_view bytes, std::string* out) {
   }
 }
 
+std::string_view valid_utf8_or_repaired(std::string_view text, std::string* storage) {
+  if (valid_utf8(text)) return text;
+  storage->clear();
+  append_utf8_lossy(text, storage);
+  return *storage;
+}
+
 char32_t decode_utf8(std::string_view s, size_t i, size_t* len) {
   const auto b = static_cast<unsigned char>(s[i]);
   int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;

@@ -21,6 +21,9 @@ size_t utf8_sequence(std::string_view s, size_t i, size_t* subpart);
 
 // bytes with every invalid sequence replaced by U+FFFD, as the reference decoders do.
 void append_utf8_lossy(std::string_view bytes, std::string* out);
+// text when it is valid UTF-8, else its lossy repair, written to *storage (which then backs the
+// view): input as a reference that takes Unicode strings reads it.
+std::string_view valid_utf8_or_repaired(std::string_view text, std::string* storage);
 
 // The code point at s[i] and its length; a byte that starts no well-formed sequence reads as
 // U+FFFD of length 1. On valid UTF-8 it is the character there.

@@ -6,14 +6,13 @@
 
 namespace kvrt::text::tokenizer_json {
 
-namespace {
-
-// Unicode White_Space, what Rust's char::is_whitespace and regex \s accept.
 bool is_white_space(char32_t c) {
   return (c >= 0x9 && c <= 0xD) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
          (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
          c == 0x3000;
 }
+
+namespace {
 
 // Rust regex's \w: letters, marks, digits and connector punctuation.
 bool is_word_char(char32_t c) {

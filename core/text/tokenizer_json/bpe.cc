@@ -114,14 +114,7 @@ void BpeModel::tokenize_word(const std::string& word, std::vector<int32_t>* ids)
       return;
     }
   }
-  const bool cacheable = word.size() <= kMaxCachedWord;
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (const auto it = cache_.find(word); it != cache_.end()) {
-      ids->insert(ids->end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
+  if (cache_.append(word, ids)) return;
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   auto add = [&](int32_t id) {
@@ -190,12 +183,7 @@ void BpeModel::tokenize_word(const std::string& word, std::vector<int32_t>* ids)
   for (const Symbol& sym : symbols) {
     if (!sym.removed) ids->push_back(sym.id);
   }
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() < kMaxCacheEntries) {
-      cache_.emplace(word, std::vector<int32_t>(ids->begin() + first, ids->end()));
-    }
-  }
+  cache_.remember(word, *ids, first);
 }
 
 }  // namespace kvrt::text::tokenizer_json

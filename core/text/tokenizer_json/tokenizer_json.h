@@ -188,6 +188,42 @@ Status read_prepend_scheme(const Reader& r, const json& j, const std::string& ke
 Status read_pre_tokenizer(const Reader& r, const json& j, const std::string& key,
                           std::vector<PreTokenizerStep>* out);
 
+// ---- Encoded pieces, remembered (the BPE model here, tiktoken.cc) ----
+
+// Hashes std::string keys and looks them up by std::string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
+// The ids of pieces (pre-tokens) already merged, shared by every thread that encodes: pieces of
+// up to 256 bytes, up to 65,536 of them (then no more are added), so memory stays bounded.
+class PieceCache {
+ public:
+  // Appends piece's ids to *ids and returns true when it is remembered.
+  bool append(std::string_view piece, std::vector<int32_t>* ids) const {
+    if (piece.size() > kMaxPieceBytes) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = ids_.find(piece);
+    if (it == ids_.end()) return false;
+    ids->insert(ids->end(), it->second.begin(), it->second.end());
+    return true;
+  }
+  // Remembers ids[first..] as piece's ids.
+  void remember(std::string_view piece, const std::vector<int32_t>& ids, size_t first) const {
+    if (piece.size() > kMaxPieceBytes) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ids_.size() < kMaxPieces)
+      ids_.emplace(piece, std::vector<int32_t>(ids.begin() + first, ids.end()));
+  }
+
+ private:
+  static constexpr size_t kMaxPieceBytes = 256;
+  static constexpr size_t kMaxPieces = 1 << 16;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> ids_;
+};
+
 // ---- The model: BPE (bpe.cc) ----
 
 class BpeModel {
@@ -215,25 +251,19 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
 
-  static constexpr size_t kMaxCachedWord = 256;
-  static constexpr size_t kMaxCacheEntries = 1 << 16;
-
-  struct StringHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // -> rank, new id
   std::array<int32_t, 256> byte_ids_{};  // "<0xXX>" ids for byte_fallback, -1 if missing
   std::string continuing_subword_prefix_, end_of_word_suffix_;
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
-
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+  PieceCache cache_;
 };
 
 // ---- Added tokens (added_tokens.cc) ----
+
+// Unicode White_Space, what Rust's char::is_whitespace and regex \s accept.
+bool is_white_space(char32_t c);
 
 struct AddedToken {
   int32_t id;

@@ -6,35 +6,28 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/text/tokenizer.h"
 #include "core/text/tokenizer_json.h"
 #include "core/util/file.h"
+#include "tests/core/text/tokenizer_test_files.h"
 
 namespace kvrt::text {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test_support::shorten;
+using test_support::source_dir;
+using test_support::TempDir;
 using ::testing::HasSubstr;
-
-std::string source_dir() {
-  const char* root = std::getenv("KVRT_SOURCE_DIR");
-  return root == nullptr ? "" : root;
-}
 
 // A test data file's bytes (util::read_file, bounded as any file kvrt reads).
 std::string read_text(const fs::path& path) {
   return util::read_file(path.string(), kTokenizerFile).value();
-}
-
-std::string shorten(const std::string& text) {
-  return text.size() <= 80 ? text : text.substr(0, 80) + "...";
 }
 
 // One fixture of tests/data/tokenizers: its tokenizer.json (with the fixture's overrides
@@ -338,29 +331,14 @@ TEST(HfTokenizerConfig, LlamaClassAddsBosAndEosAsConfigured) {
 
 // ---- load_model_tokenizer ----
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "kvrt_hf_tokenizer_test_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  void write(const std::string& name, const std::string& text) const {
-    std::ofstream(fs::path(path_) / name, std::ios::binary) << text;
-  }
-
- private:
-  std::string path_;
-};
-
-TEST(LoadModelTokenizer, NamesTheDirectoryAndBothFilesWhenNeitherExists) {
+TEST(LoadModelTokenizer, NamesTheDirectoryAndTheFilesWhenNoneExists) {
   TempDir dir;
   Result<std::unique_ptr<Tokenizer>> tok = load_model_tokenizer(dir.path());
   ASSERT_FALSE(tok.ok());
   EXPECT_TRUE(tok.status().IsNotFound());
   EXPECT_THAT(tok.status().message(), HasSubstr(dir.path()));
   EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.json"));
+  EXPECT_THAT(tok.status().message(), HasSubstr("tiktoken.model"));
   EXPECT_THAT(tok.status().message(), HasSubstr("tokenizer.model"));
   EXPECT_EQ(model_tokenizer_path(dir.path()), dir.path() + "/tokenizer.model");
 }
