@@ -431,7 +431,25 @@ Status DeepseekV3::forward(const StepInputs& in, backend::Backend& be, comm::Com
   return status;
 }
 
-Status check_tp(const ModelConfig& c, int tp) { return deepseek_v3_shard(c, 0, tp).status(); }
+Status check_tp(const ModelConfig& c, int tp) {
+  if (Status s = deepseek_v3_shard(c, 0, tp).status(); !s.ok()) return s;
+  // Packed int experts (compressed-tensors): each rank's columns of a routed expert's down
+  // projection must be whole groups and whole words, as a packed shard would need them (with
+  // threads or MPI alike, though the weights are dequantized at load today).
+  const WeightFormat& f = c.weight_format;
+  if (f.kind == WeightFormat::Kind::kPackedInt && tp > 1 && c.moe.n_routed_experts > 0) {
+    const int64_t Ie = c.moe.moe_intermediate_size;
+    const int64_t unit = std::max<int64_t>(f.group_size, 32 / f.bits);
+    if (Ie % tp != 0 || (Ie / tp) % unit != 0) {
+      return Status::InvalidArgument(
+          std::to_string(tp) + " ranks split each routed expert's down_proj input "
+          "(moe_intermediate_size " + std::to_string(Ie) + ") into parts that cut its " +
+          f.describe() + " (model.layers.N.mlp.experts.E.down_proj.weight_packed: a part must "
+          "be whole groups of " + std::to_string(unit) + " columns)");
+    }
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, int tp) {
   DeepseekV3Shard part;

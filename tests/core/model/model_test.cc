@@ -1108,5 +1108,104 @@ TEST(WeightFormat, HostileFp8CheckpointsAreRefusedByName) {
           "quantization_config lists 'w' as not converted");
 }
 
+// compressed-tensors pack-quantized int4, symmetric, groups of 8 (as Kimi's, with smaller groups):
+// a 2 x 16 weight is 2 x 2 int32 words of 8 codes (q + 8, lowest nibble first) and 2 x 2 scales.
+WeightFormat PackedInt4(int64_t group, std::vector<std::string> ignore = {}) {
+  nlohmann::json q = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "pack-quantized"},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", {"Linear"}},
+          {"input_activations", nullptr},
+          {"weights",
+           {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
+            {"group_size", group}, {"dynamic", false}}}}}}}};
+  if (!ignore.empty()) q["ignore"] = ignore;
+  Result<WeightFormat> f = WeightFormat::parse(&q, "config.json");
+  EXPECT_TRUE(f.ok()) << f.status().message();
+  return f.ok() ? *f : WeightFormat{};
+}
+
+std::string I32Bytes(const std::vector<int32_t>& v) {
+  std::string s(v.size() * 4, '\0');
+  std::memcpy(s.data(), v.data(), s.size());
+  return s;
+}
+
+TEST(WeightFormat, PackedInt4GroupsDequantizeAndHostileOnesAreRefusedByName) {
+  TempDir dir;
+  // Row r, column c holds q = (c % 16) - 8 (codes 0..15); row 1 negated.
+  std::vector<int32_t> words(4, 0);
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 16; ++c) {
+      const int q = r == 0 ? (c % 16) - 8 : 7 - (c % 16);
+      words[r * 2 + c / 8] |= static_cast<int32_t>(static_cast<uint32_t>(q + 8) << (4 * (c % 8)));
+    }
+  }
+  const std::vector<float> scales = {0.5f, 2.0f, 0.25f, 1.0f};  // [2 rows][2 groups of 8]
+  auto write = [&](const std::vector<int32_t>& shape_words, const std::vector<int64_t>& packed_shape,
+                   const std::vector<int32_t>& packed) {
+    WriteSafetensors(dir / "model.safetensors",
+                     {{"w.weight_scale", "BF16", {2, 2}, BF16Bytes(scales)},
+                      {"w.weight_shape", "I32", {2}, I32Bytes(shape_words)},
+                      {"w.weight_packed", "I32", packed_shape, I32Bytes(packed)}});
+    return SafetensorsCheckpoint::open(dir.path());
+  };
+  {
+    Result<SafetensorsCheckpoint> ck = write({2, 16}, {2, 2}, words);
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    for (parallel::Range cols : {parallel::Range{0, 16}, parallel::Range{8, 16}}) {
+      std::vector<float> out;
+      const Status s = load_block(*ck, PackedInt4(8), dir.path(), "w.weight", {2, 16}, {0, 2},
+                                  cols, out);
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (int r = 0; r < 2; ++r) {
+        for (int64_t c = cols.begin; c < cols.end; ++c) {
+          const int q = r == 0 ? (c % 16) - 8 : 7 - (c % 16);
+          EXPECT_EQ(out[r * cols.size() + (c - cols.begin)], q * scales[r * 2 + c / 8])
+              << "[" << r << ", " << c << "]";
+        }
+      }
+    }
+    // A part that cuts a group (columns 4..16 of groups of 8) is refused, naming the tensor.
+    std::vector<float> out;
+    const Status cut =
+        load_block(*ck, PackedInt4(8), dir.path(), "w.weight", {2, 16}, {0, 2}, {4, 16}, out);
+    ASSERT_FALSE(cut.ok());
+    EXPECT_THAT(cut.message(), HasSubstr("'w.weight_packed': columns [4, 16) of a TP rank cut a "
+                                         "group of 8"));
+    // A module the ignore list leaves dense must not be packed.
+    const Status ignored = load_block(*ck, PackedInt4(8, {"re:.*w$"}), dir.path(), "w.weight",
+                                      {2, 16}, {0, 2}, {0, 16}, out);
+    ASSERT_FALSE(ignored.ok());
+    EXPECT_THAT(ignored.message(), HasSubstr("lists 're:.*w$' as left dense"));
+  }
+  auto refused = [&](Result<SafetensorsCheckpoint> ck, const std::string& message) {
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    std::vector<float> out;
+    const Status s =
+        load_block(*ck, PackedInt4(8), dir.path(), "w.weight", {2, 16}, {0, 2}, {0, 16}, out);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_THAT(s.message(), HasSubstr(message));
+  };
+  refused(write({2, 16}, {2, 1}, {words[0], words[2]}),
+          "'w.weight_packed': expected I32 [2, 2] (8 codes of 4 bits a word for [2, 16]), found "
+          "I32 [2, 1]");
+  refused(write({2, 24}, {2, 2}, words), "'w.weight_shape': says [2, 24], the model's weight is "
+                                         "[2, 16]");
+  const nlohmann::json gptq = {{"quant_method", "gptq"}};
+  EXPECT_FALSE(WeightFormat::parse(&gptq, "config.json").ok());
+  const nlohmann::json asymmetric = nlohmann::json::parse(
+      R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
+          {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
+          "symmetric": false, "strategy": "group", "group_size": 32}}}})");
+  Result<WeightFormat> a = WeightFormat::parse(&asymmetric, "config.json");
+  ASSERT_FALSE(a.ok());
+  EXPECT_THAT(a.status().message(),
+              HasSubstr("quantization_config.config_groups.g.weights.symmetric: false is not "
+                        "served yet"));
+}
+
 }  // namespace
 }  // namespace kvrt::model
