@@ -151,9 +151,11 @@ Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
   auto t = ck.get(stored);
   if (!t.ok()) return t.status();
   if (t->dtype == DType::kF8E4M3 || t->dtype == DType::kI32) {
-    return Status::InvalidArgument(t->file + ": tensor '" + name + "' is " +
-                                   std::string(dtype_name(t->dtype)) + ", but " + dir +
-                                   "/config.json has no quantization_config with its scales");
+    return Status::Unsupported(t->file + ": tensor '" + name + "' has dtype " +
+                               std::string(dtype_name(t->dtype)) +
+                               " (supported: F32, BF16, F16; F8_E4M3 and I32 hold quantized "
+                               "weights, read with their scales as " + dir +
+                               "/config.json's quantization_config says, and it has none)");
   }
   if (t->shape != shape) {
     return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +

@@ -1103,7 +1103,7 @@ TEST(WeightFormat, HostileFp8CheckpointsAreRefusedByName) {
   nan[7] = '\x7F';
   refused({scale, {"w.weight", "F8_E4M3", {3, 5}, nan}}, Fp8Blocks(2, 4),
           "'w.weight': element [1, 2] is an E4M3 NaN");
-  refused({scale, weight}, WeightFormat{}, "is F8_E4M3, but");
+  refused({scale, weight}, WeightFormat{}, "has dtype F8_E4M3 (supported: F32, BF16, F16;");
   refused({scale, weight}, Fp8Blocks(2, 4, {"w"}),
           "quantization_config lists 'w' as not converted");
 }
