@@ -56,20 +56,44 @@ Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::st
 
 Result<std::string> render_chat(const ChatFormat& format,
                                 const std::vector<text::ChatMessage>& messages,
-                                bool add_generation_prompt) {
+                                bool add_generation_prompt,
+                                const text::TemplateVariables& variables) {
   if (format.is_default) return apply_default_chat_template(messages, add_generation_prompt);
   text::RenderOptions options;
   options.add_generation_prompt = add_generation_prompt;
   options.bos_token = format.bos;
   options.eos_token = format.eos;
+  options.variables = variables;
   return format.chat_template.render(messages, options);
+}
+
+std::optional<VariableError> read_template_variables(const nlohmann::json& kwargs,
+                                                     text::TemplateVariables* out) {
+  if (kwargs.is_null()) return std::nullopt;
+  if (!kwargs.is_object()) return VariableError{"", "expected an object of template variables"};
+  static const char* const kReserved[] = {"messages", "add_generation_prompt", "bos_token",
+                                          "eos_token", "tools", "documents",
+                                          "true",     "false",  "none", "True", "False", "None",
+                                          "namespace", "range", "raise_exception",
+                                          "strftime_now"};
+  for (const auto& [name, v] : kwargs.items()) {
+    for (const char* reserved : kReserved) {
+      if (name == reserved) return VariableError{name, "set by the server, not by a request"};
+    }
+    if (v.is_object() || v.is_array() || v.is_binary()) {
+      return VariableError{name, "only strings, numbers, booleans and null are passed"};
+    }
+    out->emplace_back(name, v);
+  }
+  return std::nullopt;
 }
 
 Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
                                              const text::Tokenizer& tokenizer,
                                              const std::vector<text::ChatMessage>& messages,
-                                             bool add_generation_prompt) {
-  Result<std::string> text = render_chat(format, messages, add_generation_prompt);
+                                             bool add_generation_prompt,
+                                             const text::TemplateVariables& variables) {
+  Result<std::string> text = render_chat(format, messages, add_generation_prompt, variables);
   if (!text.ok()) return text.status();
   if (format.is_default) return tokenizer.encode(*text, /*add_special_tokens=*/true);
   std::string_view rest = *text;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,9 +48,12 @@ Result<ChatFormat> resolve_chat_format(const std::string& setting, const std::st
                                        const text::Tokenizer* tokenizer);
 
 // The rendered conversation; a template's raise_exception is an error with its message.
+// `variables` (chat_template_kwargs) are the template's besides the messages; kvrt's default
+// template has none to read.
 Result<std::string> render_chat(const ChatFormat& format,
                                 const std::vector<text::ChatMessage>& messages,
-                                bool add_generation_prompt);
+                                bool add_generation_prompt,
+                                const text::TemplateVariables& variables = {});
 
 // The prompt ids: a template's rendering encoded without special tokens (its BOS text is the
 // BOS id: a tokenizer.json matches it as a special token; for a tokenizer that would read it as
@@ -58,6 +62,17 @@ Result<std::string> render_chat(const ChatFormat& format,
 Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
                                              const text::Tokenizer& tokenizer,
                                              const std::vector<text::ChatMessage>& messages,
-                                             bool add_generation_prompt);
+                                             bool add_generation_prompt,
+                                             const text::TemplateVariables& variables = {});
+
+// chat_template_kwargs (SGLang's and vLLM's name) from a request or a command line: an object
+// of strings, numbers, booleans or null, none of them a name the renderer sets itself
+// (messages, add_generation_prompt, bos_token, eos_token, ...). On a refusal, the field under
+// chat_template_kwargs that is wrong ("" for the whole) and why.
+struct VariableError {
+  std::string field, why;
+};
+std::optional<VariableError> read_template_variables(const nlohmann::json& kwargs,
+                                                     text::TemplateVariables* out);
 
 }  // namespace kvrt::api

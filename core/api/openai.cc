@@ -40,7 +40,8 @@ std::variant<json, ApiError> openai_sampling(const json& j) {
       if (!none) return bad(k, "tools are not supported: kvrt serves text completions only");
     } else if (k == "model" || k == "prompt" || k == "messages" || k == "stream" || k == "user" ||
                k == "stream_options" || k == "logprobs" || k == "echo" || k == "best_of" ||
-               k == "response_format" || k == "priority" || k == "top_logprobs") {
+               k == "response_format" || k == "priority" || k == "top_logprobs" ||
+               k == "chat_template_kwargs") {
       // handled by the caller (no_op: best_of 1, response_format text, user, priority)
     } else {
       return bad(k, "unknown field");
@@ -135,12 +136,18 @@ std::variant<GenerateCall, ApiError> read_openai(std::string_view body, const Mo
   // streams here, unlike on /generate: its choices are told apart by index).
   json generate = {{"sampling_params", std::get<json>(sampling)}};
   std::vector<ChatMessage> messages;
+  text::TemplateVariables variables;
   if (chat) {
     auto read = read_chat_messages(j);
     if (auto* e = std::get_if<ApiError>(&read)) return *e;
     messages = std::get<std::vector<ChatMessage>>(std::move(read));
     if (auto e = check_conversation(messages, limits)) return *e;
+    if (auto e = template_variables(j, &variables)) return *e;
   } else {
+    if (j.contains("chat_template_kwargs")) {
+      return bad("chat_template_kwargs", "is for chat (/v1/chat/completions): a completion's "
+                                         "prompt is not rendered by a template");
+    }
     if (!j.contains("prompt") || j["prompt"].is_null()) return bad("prompt", "missing");
     // OpenAI's four shapes: a string, a list of strings, a list of ids, a list of id lists.
     const json& p = j["prompt"];
@@ -168,6 +175,7 @@ std::variant<GenerateCall, ApiError> read_openai(std::string_view body, const Mo
   GenerateCall c = std::get<GenerateCall>(std::move(call));
   c.dialect = chat ? Dialect::kChat : Dialect::kCompletions;
   c.messages = std::move(messages);
+  c.template_variables = std::move(variables);
   const bool length_given =
       (j.contains("max_tokens") && !j["max_tokens"].is_null()) ||
       (j.contains("max_completion_tokens") && !j["max_completion_tokens"].is_null());

@@ -63,13 +63,22 @@ std::optional<ApiError> check_conversation(const std::vector<ChatMessage>& messa
   return std::nullopt;
 }
 
+std::optional<ApiError> template_variables(const json& j, text::TemplateVariables* out) {
+  auto kwargs = j.find("chat_template_kwargs");
+  if (kwargs == j.end()) return std::nullopt;
+  if (std::optional<VariableError> e = read_template_variables(*kwargs, out)) {
+    return bad("chat_template_kwargs" + (e->field.empty() ? "" : "." + e->field), e->why);
+  }
+  return std::nullopt;
+}
+
 std::variant<std::vector<int32_t>, ApiError> conversation_ids(
     const std::vector<ChatMessage>& messages, const ModelLimits& limits,
-    bool add_generation_prompt) {
+    bool add_generation_prompt, const text::TemplateVariables& variables) {
   static const ChatFormat kDefault;
   Result<std::vector<int32_t>> ids =
       chat_prompt_ids(limits.chat != nullptr ? *limits.chat : kDefault, *limits.tokenizer,
-                      messages, add_generation_prompt);
+                      messages, add_generation_prompt, variables);
   if (!ids.ok()) return bad("messages", ids.status().message());
   return std::move(*ids);
 }
@@ -95,7 +104,8 @@ int32_t conversation_length(const ModelLimits& limits, size_t prompt) {
 
 std::optional<ApiError> tokenize_prompts(GenerateCall* call, const ModelLimits& limits) {
   if (!call->messages.empty()) {
-    auto ids = conversation_ids(call->messages, limits, /*add_generation_prompt=*/true);
+    auto ids = conversation_ids(call->messages, limits, /*add_generation_prompt=*/true,
+                                call->template_variables);
     if (auto* e = std::get_if<ApiError>(&ids)) {
       ApiError error = *e;
       if (call->dialect == Dialect::kResponses) error.param = "input";

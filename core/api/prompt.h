@@ -18,11 +18,14 @@ std::variant<std::vector<ChatMessage>, ApiError> read_chat_messages(const nlohma
 // it is rendered), and a tokenizer to render it with.
 std::optional<ApiError> check_conversation(const std::vector<ChatMessage>& messages,
                                            const ModelLimits& limits);
+// The request's chat_template_kwargs (absent: none), or a 400 naming the field.
+std::optional<ApiError> template_variables(const nlohmann::json& j,
+                                           text::TemplateVariables* out);
 // The prompt ids of a conversation through the served chat template (kvrt's default when the
 // server has none); a template's error names "messages".
 std::variant<std::vector<int32_t>, ApiError> conversation_ids(
     const std::vector<ChatMessage>& messages, const ModelLimits& limits,
-    bool add_generation_prompt);
+    bool add_generation_prompt, const text::TemplateVariables& variables = {});
 
 // The call's prompts as ids: its conversation (call->messages) rendered and tokenized, or each
 // of its text prompts (call->prompt_texts when call->text_prompt) tokenized with the tokenizer's

@@ -92,6 +92,8 @@ struct GenerateCall {
   // Chat and the Responses API: the conversation, rendered and tokenized by tokenize_prompts
   // into the one prompt (text prompts are tokenized there too: prompts is empty until then).
   std::vector<ChatMessage> messages;
+  // chat_template_kwargs: the chat template's variables besides the messages.
+  text::TemplateVariables template_variables;
   // The client set no length: max_new_tokens is the rest of the context once the prompt's
   // length is known (tokenize_prompts; conversation_length).
   bool length_from_context = false;

@@ -14,7 +14,8 @@ std::variant<json, ApiError> tokenize_json(std::string_view body, const ModelLim
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const json& j = std::get<json>(parsed);
   if (auto e = unknown_field(j, {"model", "prompt", "messages", "add_special_tokens",
-                                 "add_generation_prompt", "return_token_strs"})) {
+                                 "add_generation_prompt", "return_token_strs",
+                                 "chat_template_kwargs"})) {
     return *e;
   }
   if (limits.tokenizer == nullptr) return ApiError{400, "the model has no tokenizer", ""};
@@ -38,10 +39,15 @@ std::variant<json, ApiError> tokenize_json(std::string_view body, const ModelLim
     if (auto* e = std::get_if<ApiError>(&messages)) return *e;
     const auto& conversation = std::get<std::vector<ChatMessage>>(messages);
     if (auto e = check_conversation(conversation, limits)) return *e;
-    auto rendered = conversation_ids(conversation, limits, add_generation_prompt);
+    text::TemplateVariables variables;
+    if (auto e = template_variables(j, &variables)) return *e;
+    auto rendered = conversation_ids(conversation, limits, add_generation_prompt, variables);
     if (auto* e = std::get_if<ApiError>(&rendered)) return *e;
     ids = std::get<std::vector<int32_t>>(std::move(rendered));
   } else {
+    if (j.contains("chat_template_kwargs")) {
+      return bad("chat_template_kwargs", "is for messages: a prompt is not rendered by a template");
+    }
     if (!j["prompt"].is_string()) {
       return bad("prompt", "expected a string, found " + type_name(j["prompt"]));
     }

@@ -759,6 +759,9 @@ int run_command_line(int argc, char** argv) {
                        "directory's chat template and tokenized as apply_chat_template does");
   tokenize->add_flag("--no-generation-prompt", tok.no_generation_prompt,
                      "with --messages: add_generation_prompt false");
+  tokenize->add_option("--chat-template-kwargs", tok.chat_template_kwargs,
+                       "with --messages: the template's variables as a JSON object, e.g. "
+                       "'{\"thinking\": false}' (SGLang's and vLLM's chat_template_kwargs)");
   tokenize->add_flag("--add-special-tokens", tok.add_special_tokens,
                      "with --text/--file: add what transformers adds (BOS)");
   tokenize->add_flag("--json", tok.json, "print {\"ids\": [...]}");

@@ -32,13 +32,24 @@ Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const text::Toke
   if (auto* e = std::get_if<api::ApiError>(&messages)) {
     return Status::InvalidArgument(*args.messages + ": " + e->message);
   }
+  text::TemplateVariables variables;
+  if (args.chat_template_kwargs) {
+    const json kwargs = json::parse(*args.chat_template_kwargs, nullptr, false);
+    if (kwargs.is_discarded()) {
+      return Status::InvalidArgument("--chat-template-kwargs: not valid JSON");
+    }
+    if (auto e = api::read_template_variables(kwargs, &variables)) {
+      return Status::InvalidArgument("--chat-template-kwargs" +
+                                     (e->field.empty() ? "" : "." + e->field) + ": " + e->why);
+    }
+  }
   Result<api::ChatFormat> format = api::resolve_chat_format("", args.dir, &tokenizer);
   if (!format.ok()) return format.status();
   if (format->is_default)
     std::cerr << "kvrt tokenize: chat template: " << format->description << "\n";
   return api::chat_prompt_ids(*format, tokenizer,
                               std::get<std::vector<text::ChatMessage>>(messages),
-                              !args.no_generation_prompt);
+                              !args.no_generation_prompt, variables);
 }
 
 }  // namespace
@@ -53,6 +64,9 @@ int run_tokenize(const TokenizeArgs& args) {
   }
   if (args.no_generation_prompt && !args.messages) {
     return fail("tokenize", "--no-generation-prompt is for --messages");
+  }
+  if (args.chat_template_kwargs && !args.messages) {
+    return fail("tokenize", "--chat-template-kwargs is for --messages");
   }
   Result<std::unique_ptr<text::Tokenizer>> tokenizer = text::load_model_tokenizer(args.dir);
   if (!tokenizer.ok()) return fail("tokenize", tokenizer.status().message());

@@ -16,6 +16,8 @@ struct TokenizeArgs {
   std::optional<std::string> file;      // --file: its bytes exactly
   std::optional<std::string> messages;  // --messages: a JSON file of [{role, content}, ...]
   bool no_generation_prompt = false;    // with --messages
+  // with --messages: the template's variables, a JSON object ({"thinking": false})
+  std::optional<std::string> chat_template_kwargs;
   bool add_special_tokens = false;      // with --text / --file
   bool json = false;                    // {"ids": [...]} instead of the ids on one line
 };

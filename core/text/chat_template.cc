@@ -18,6 +18,9 @@ using jinja::Value;
 
 uint64_t input_bytes(const std::vector<ChatMessage>& messages, const RenderOptions& o) {
   uint64_t n = o.bos_token.size() + o.eos_token.size();
+  for (const auto& [name, v] : o.variables) {
+    n += name.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : 8);
+  }
   for (const ChatMessage& m : messages) n += m.role.size() + m.content.size();
   return n;
 }
@@ -76,6 +79,22 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
   globals->set("bos_token", Value::string(options.bos_token));
   globals->set("eos_token", Value::string(options.eos_token));
   globals->set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
+  for (const auto& [name, v] : options.variables) {
+    if (v.is_boolean()) {
+      globals->set(name, Value::boolean(v.get<bool>()));
+    } else if (v.is_number_integer()) {
+      globals->set(name, Value::integer(v.get<int64_t>()));
+    } else if (v.is_number()) {
+      globals->set(name, Value::number(v.get<double>()));
+    } else if (v.is_string()) {
+      globals->set(name, Value::string(v.get<std::string>()));
+    } else if (v.is_null()) {
+      globals->set(name, Value::none());
+    } else {
+      return Status::InvalidArgument("template variable '" + name +
+                                     "': only strings, numbers, booleans and null");
+    }
+  }
   std::string out;
   Flow flow = Flow::kNormal;
   if (Status s = r.render(program_->body, r.new_env(globals), &out, &flow); !s.ok()) return s;

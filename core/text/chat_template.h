@@ -35,10 +35,13 @@
 // bound is an error naming it, never a hang or an exhausted memory.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/util/status.h"
@@ -50,9 +53,15 @@ struct ChatMessage {
 };
 
 // What a template sees besides the messages, as transformers' apply_chat_template passes it.
+// A variable a caller hands the template beside the messages (SGLang's and vLLM's
+// chat_template_kwargs: Kimi's `thinking`, Qwen3's `enable_thinking`): a string, a number, a
+// boolean or none, as JSON.
+using TemplateVariables = std::vector<std::pair<std::string, nlohmann::json>>;
+
 struct RenderOptions {
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;
+  TemplateVariables variables;  // scalars only; names other than the ones render() sets
   // The time strftime_now() formats, in seconds since 1970 UTC; negative: now.
   int64_t now_unix_seconds = -1;
 };

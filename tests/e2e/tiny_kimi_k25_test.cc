@@ -104,6 +104,14 @@ TEST(TinyKimiK25Default, TheChatTemplateRendersTheIssuesPrompt) {
   Result<std::vector<int32_t>> ids = api::chat_prompt_ids(*format, **tok, messages, true);
   ASSERT_TRUE(ids.ok()) << ids.status().message();
   EXPECT_EQ(*ids, std::vector<int32_t>(kPrompt.begin() + 1, kPrompt.end()));
+  // Kimi's template reads `thinking` (chat_template_kwargs): false closes the think block the
+  // answer would open, "<think></think>" (100278 100279), as Hugging Face's engine renders it.
+  Result<std::vector<int32_t>> off =
+      api::chat_prompt_ids(*format, **tok, messages, true, {{"thinking", false}});
+  ASSERT_TRUE(off.ok()) << off.status().message();
+  std::vector<int32_t> want(kPrompt.begin() + 1, kPrompt.end());
+  want.push_back(100279);
+  EXPECT_EQ(*off, want);
 }
 
 }  // namespace

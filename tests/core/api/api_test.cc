@@ -6,6 +6,7 @@
 // the field at fault (a role, a number beyond a double, bytes after the JSON); choices' seeds.
 #include "core/api/generate.h"
 #include "core/api/openai.h"
+#include "core/text/tokenizer.h"
 #include "core/api/prompt.h"
 #include "core/api/responses.h"
 #include "core/api/tokenize.h"
@@ -232,6 +233,47 @@ TEST(GenerateEvent, EqualsTheWholeDumpAtEveryStep) {
       EXPECT_EQ(generate_event(call, r, &cache), to_text(generate_json(call, r))) << "step " << i;
     }
   }
+}
+
+// chat_template_kwargs (SGLang's and vLLM's): scalar template variables for chat and for
+// /tokenize's messages; anything else, and names the server sets, refused naming the field.
+TEST(ChatTemplateKwargs, ScalarsReachTheCallAndTheRestIsRefusedByField) {
+  static const auto tokenizer = text::make_byte_tokenizer(512).value().release();
+  ModelLimits limits;
+  limits.tokenizer = tokenizer;
+  limits.vocab_size = 512;
+  limits.context_length = 512;
+  auto ok = parse_openai(R"({"messages": [{"role": "user", "content": "Hi"}],
+                             "chat_template_kwargs": {"thinking": false, "effort": "low"}})",
+                         limits, /*chat=*/true);
+  ASSERT_TRUE(std::holds_alternative<GenerateCall>(ok));
+  const text::TemplateVariables& v = std::get<GenerateCall>(ok).template_variables;
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].first, "effort");  // nlohmann's objects are ordered by key
+  EXPECT_EQ(v[1].second, false);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {R"({"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": 3})",
+       "chat_template_kwargs"},
+      {R"({"messages": [{"role": "user", "content": "Hi"}],
+           "chat_template_kwargs": {"thinking": {"a": 1}}})",
+       "chat_template_kwargs.thinking"},
+      {R"({"messages": [{"role": "user", "content": "Hi"}],
+           "chat_template_kwargs": {"add_generation_prompt": false}})",
+       "chat_template_kwargs.add_generation_prompt"},
+  };
+  for (const auto& [body, param] : refused) {
+    EXPECT_EQ(refused_param(parse_openai(body, limits, true)), param) << body;
+  }
+  EXPECT_EQ(refused_param(parse_openai(R"({"prompt": "Hi", "chat_template_kwargs": {}})", limits,
+                                       false)),
+            "chat_template_kwargs");
+  auto tok = tokenize_json(R"({"prompt": "Hi", "chat_template_kwargs": {"x": 1}})", limits);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(tok));
+  EXPECT_EQ(std::get<ApiError>(tok).param, "chat_template_kwargs");
+  auto tok_chat = tokenize_json(R"({"messages": [{"role": "user", "content": "Hi"}],
+                                    "chat_template_kwargs": {"x": 1}})",
+                                limits);
+  EXPECT_TRUE(std::holds_alternative<nlohmann::json>(tok_chat));
 }
 
 }  // namespace
