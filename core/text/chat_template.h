@@ -61,9 +61,9 @@ using TemplateVariables = std::vector<std::pair<std::string, nlohmann::json>>;
 struct RenderOptions {
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;
-  TemplateVariables variables;  // scalars only; names other than the ones render() sets
   // The time strftime_now() formats, in seconds since 1970 UTC; negative: now.
   int64_t now_unix_seconds = -1;
+  TemplateVariables variables;  // scalars only; names other than the ones render() sets
 };
 
 class ChatTemplate {
