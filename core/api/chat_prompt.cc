@@ -63,8 +63,7 @@ Result<std::string> render_chat(const ChatFormat& format,
   options.add_generation_prompt = add_generation_prompt;
   options.bos_token = format.bos;
   options.eos_token = format.eos;
-  options.variables = variables;
-  return format.chat_template.render(messages, options);
+  return format.chat_template.render(messages, options, variables);
 }
 
 std::optional<VariableError> read_template_variables(const nlohmann::json& kwargs,

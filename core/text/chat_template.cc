@@ -18,10 +18,16 @@ using jinja::Value;
 
 uint64_t input_bytes(const std::vector<ChatMessage>& messages, const RenderOptions& o) {
   uint64_t n = o.bos_token.size() + o.eos_token.size();
-  for (const auto& [name, v] : o.variables) {
+
+  for (const ChatMessage& m : messages) n += m.role.size() + m.content.size();
+  return n;
+}
+
+uint64_t variable_bytes(const TemplateVariables& variables) {
+  uint64_t n = 0;
+  for (const auto& [name, v] : variables) {
     n += name.size() + (v.is_string() ? v.get_ref<const std::string&>().size() : 8);
   }
-  for (const ChatMessage& m : messages) n += m.role.size() + m.content.size();
   return n;
 }
 
@@ -47,7 +53,8 @@ Result<ChatTemplate> ChatTemplate::parse(std::string_view source) {
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                         const RenderOptions& options) const {
+                                         const RenderOptions& options,
+                                         const TemplateVariables& variables) const {
   using jinja::Env;
   using jinja::Flow;
   using jinja::List;
@@ -55,7 +62,8 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
   if (!program_) return Status::InvalidArgument("no chat template");
   const uint64_t steps = jinja::kBaseSteps + jinja::kStepsPerMessage * messages.size();
   const uint64_t bytes =
-      jinja::kBaseBytes + jinja::kBytesPerInputByte * input_bytes(messages, options);
+      jinja::kBaseBytes + jinja::kBytesPerInputByte * (input_bytes(messages, options) +
+                                                       variable_bytes(variables));
   Renderer r(options, steps, bytes);
   r.set_step_budget(steps);
   r.set_byte_budget(bytes);
@@ -79,7 +87,7 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
   globals->set("bos_token", Value::string(options.bos_token));
   globals->set("eos_token", Value::string(options.eos_token));
   globals->set("add_generation_prompt", Value::boolean(options.add_generation_prompt));
-  for (const auto& [name, v] : options.variables) {
+  for (const auto& [name, v] : variables) {
     if (v.is_boolean()) {
       globals->set(name, Value::boolean(v.get<bool>()));
     } else if (v.is_number_integer()) {

@@ -63,7 +63,6 @@ struct RenderOptions {
   std::string bos_token, eos_token;
   // The time strftime_now() formats, in seconds since 1970 UTC; negative: now.
   int64_t now_unix_seconds = -1;
-  TemplateVariables variables;  // scalars only; names other than the ones render() sets
 };
 
 class ChatTemplate {
@@ -77,8 +76,11 @@ class ChatTemplate {
   // raise_exception('why') is an error carrying "why"; an operation on values that the reference
   // refuses (e.g. undefined + string) or a bound exceeded is an error naming it. Thread-safe:
   // a parsed template is immutable and each call renders in a context of its own.
+  // `variables` are globals besides those (chat_template_kwargs): scalars only, and none of
+  // the names set here.
   Result<std::string> render(const std::vector<ChatMessage>& messages,
-                             const RenderOptions& options = {}) const;
+                             const RenderOptions& options = {},
+                             const TemplateVariables& variables = {}) const;
 
   struct Program;
 
