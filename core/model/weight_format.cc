@@ -177,16 +177,13 @@ Result<std::vector<float>> read_scales(const SafetensorsCheckpoint& ck, const Te
   return scales;
 }
 
-Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, const TensorView& w,
-                       const std::string& name, const std::vector<int64_t>& shape,
-                       parallel::Range rows, parallel::Range cols, std::vector<float>& out) {
-  const int64_t br = f.block_rows, bc = f.block_cols;
-  const std::vector<int64_t> scale_shape = {(shape[0] + br - 1) / br, (shape[1] + bc - 1) / bc};
-  Result<std::vector<float>> scales =
-      read_scales(ck, w, name, name + "_scale_inv", scale_shape,
-                  std::to_string(br) + " x " + std::to_string(bc) + " blocks of " +
-                      shape_string(shape));
-  if (!scales.ok()) return scales.status();
+// Rows `rows` and columns `cols` of the F8_E4M3 weight `w` as f32 into out, each code's value
+// times scale(r, c) at its global row and column (exact in f32 for a bf16 scale: the codes carry
+// 4 significant bits); a NaN code is refused by its place.
+template <class Scale>
+Status dequantize_fp8(const TensorView& w, const std::string& name,
+                      const std::vector<int64_t>& shape, parallel::Range rows,
+                      parallel::Range cols, std::vector<float>& out, Scale scale) {
   out.resize(static_cast<size_t>(rows.size() * cols.size()));
   TensorView row = w;
   row.shape = {cols.size()};
@@ -202,11 +199,25 @@ Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, c
     row.data = from;
     float* o = out.data() + (r - rows.begin) * cols.size();
     to_f32(row, o);
-    const float* block_scales = scales->data() + (r / br) * scale_shape[1];
-    // Exact in f32 when the scale is a bf16 value (the codes carry 4 significant bits).
-    for (int64_t c = 0; c < cols.size(); ++c) o[c] *= block_scales[(cols.begin + c) / bc];
+    for (int64_t c = 0; c < cols.size(); ++c) o[c] *= scale(r, cols.begin + c);
   }
   return Status::Ok();
+}
+
+Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, const TensorView& w,
+                       const std::string& name, const std::vector<int64_t>& shape,
+                       parallel::Range rows, parallel::Range cols, std::vector<float>& out) {
+  const int64_t br = f.block_rows, bc = f.block_cols;
+  const std::vector<int64_t> scale_shape = {(shape[0] + br - 1) / br, (shape[1] + bc - 1) / bc};
+  Result<std::vector<float>> scales =
+      read_scales(ck, w, name, name + "_scale_inv", scale_shape,
+                  std::to_string(br) + " x " + std::to_string(bc) + " blocks of " +
+                      shape_string(shape));
+  if (!scales.ok()) return scales.status();
+  const float* s = scales->data();
+  return dequantize_fp8(w, name, shape, rows, cols, out, [&](int64_t r, int64_t c) {
+    return s[(r / br) * scale_shape[1] + c / bc];
+  });
 }
 
 Status load_channel_fp8(const SafetensorsCheckpoint& ck, const WeightFormat& f,
@@ -219,18 +230,9 @@ Status load_channel_fp8(const SafetensorsCheckpoint& ck, const WeightFormat& f,
       f.per_tensor ? std::vector<int64_t>{1} : std::vector<int64_t>{shape[0], 1},
       f.per_tensor ? "one for the tensor" : "one per output row");
   if (!scales.ok()) return scales.status();
-  out.resize(static_cast<size_t>(rows.size() * cols.size()));
-  TensorView row = w;
-  row.shape = {cols.size()};
-  row.bytes = static_cast<size_t>(cols.size());
-  for (int64_t r = rows.begin; r < rows.end; ++r) {
-    row.data = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
-    float* o = out.data() + (r - rows.begin) * cols.size();
-    to_f32(row, o);
-    const float scale = (*scales)[f.per_tensor ? 0 : r];
-    for (int64_t c = 0; c < cols.size(); ++c) o[c] *= scale;
-  }
-  return Status::Ok();
+  const float* s = scales->data();
+  return dequantize_fp8(w, name, shape, rows, cols, out,
+                        [&](int64_t r, int64_t) { return s[f.per_tensor ? 0 : r]; });
 }
 
 // compressed-tensors' pack-quantized: codes q + 2^(bits-1), 32 / bits to an int32 word along the
