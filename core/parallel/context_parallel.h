@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvrt/plugin.hpp"
+
 namespace kvrt::parallel {
 
 struct ContextParallel {
@@ -31,8 +33,12 @@ struct ContextParallel {
   // Whether this rank keeps the token at position `pos`, and which of its tokens that is.
   bool keeps(int64_t pos) const { return pos % size == index; }
   int64_t local_index(int64_t pos) const { return pos / size; }
-  // How many of the positions [0, n) this rank keeps.
-  int64_t kept_before(int64_t n) const { return n > index ? (n - index + size - 1) / size : 0; }
+  // How many of the positions [0, n) this rank keeps: the shard's count, as the attention
+  // plugins count it (sdk::Shard, runs of one token).
+  int64_t kept_before(int64_t n) const {
+    return sdk::Shard{static_cast<uint32_t>(size), static_cast<uint32_t>(index), 1, nullptr}
+        .tokens_before(n);
+  }
 };
 
 // The merge of a group's partial attentions for this rank's query heads. `gathered` holds every

@@ -14,6 +14,12 @@
 
 namespace kvrt::plugin {
 
+// Whether an attention plugin attends a sequence spread over ranks: its plan_sharded and run_lse
+// (ABI 1.4; the registry holds them both or neither).
+inline bool attends_sharded(const LoadedPlugin& plugin) {
+  return plugin.attention.plan_sharded != nullptr && plugin.attention.run_lse != nullptr;
+}
+
 // One attention handle for one layer shape. Used by one thread at a time.
 class Attention {
  public:
@@ -39,10 +45,8 @@ class Attention {
   // writes each row's log-sum-exp per head there (rows x num_q_heads floats).
   Status run(const KvStore& store, const kvrt_kv_layout& layout, kvrt_attention_run_args args,
              float* lse = nullptr);
-  // Whether the plugin attends a sequence spread over ranks (plan_sharded and run_lse, ABI 1.4).
-  bool shardable() const {
-    return plugin_->attention.plan_sharded != nullptr && plugin_->attention.run_lse != nullptr;
-  }
+  // Whether the plugin attends a sequence spread over ranks (attends_sharded).
+  bool shardable() const { return attends_sharded(*plugin_); }
 
  private:
   Attention(const LoadedPlugin& plugin, const kvrt_attention_params& params, kvrt_attention* handle)

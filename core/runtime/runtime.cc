@@ -12,6 +12,7 @@
 #include "core/capacity/stores.h"
 #include "core/model/architecture.h"
 #include "core/model/weights.h"
+#include "core/plugin/attention.h"
 #include "core/plugin/plugin_config.h"
 #include "core/sched/page_hash.h"
 #include "kernels/cpu/gemm.h"
@@ -279,8 +280,7 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
         "every rank, but " + std::to_string(rt.model.num_attention_heads) +
         " heads do not split evenly over tp.size " + std::to_string(tp));
   }
-  if (dcp > 1 && (plugins.attention->attention.plan_sharded == nullptr ||
-                  plugins.attention->attention.run_lse == nullptr)) {
+  if (dcp > 1 && !plugin::attends_sharded(*plugins.attention)) {
     return Status::ConfigError(cfg.source + ": tp.dcp_size " + std::to_string(dcp) +
                                ": attention plugin " + plugins.attention->name +
                                " has no plan_sharded / run_lse (ABI 1.4), so it cannot attend a "
