@@ -21,6 +21,7 @@
 #include "core/backend/cuda_memory.h"
 #include "core/capacity/capacity.h"
 #include "core/plugin/registry.h"
+#include "kvrt/plugin.hpp"
 #include "tests/kernels/cuda/cuda_device.h"
 
 namespace kvrt::plugin {
@@ -256,9 +257,9 @@ void check(const Case& c) {
   }
   // The tokens the stores keep of a sequence of kv_len: all, or shard 1's.
   const uint32_t index = c.shards > 1 ? 1 : 0;
+  const sdk::Shard counting{std::max(1u, c.shards), index, 1, nullptr};
   auto kept = [&](uint32_t kv_len) {
-    return c.shards > 1 ? (kv_len > index ? (kv_len - index + c.shards - 1) / c.shards : 0)
-                        : kv_len;
+    return static_cast<uint32_t>(counting.tokens_before(kv_len));
   };
   uint32_t pages = 0;
   for (const auto& [kv_len, rows] : kSequences) {
