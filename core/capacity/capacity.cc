@@ -4,11 +4,11 @@
 
 namespace kvrt::capacity {
 
-namespace {
-
 std::string bytes_and_exact(uint64_t bytes) {
   return format_bytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
 }
+
+namespace {
 
 std::string fraction(double value) {
   char text[32];
@@ -162,7 +162,8 @@ std::string format_report(const StoreCapacity& capacity, const Budget& budget) {
   };
   out += "capacity of " + capacity.store + " (per TP rank):\n";
   line("device memory", bytes_and_exact(budget.device_memory));
-  line("weights per rank", bytes_and_exact(budget.weights_per_rank));
+  line("weights per rank", bytes_and_exact(budget.weights_per_rank) +
+                               (budget.weights_source.empty() ? "" : ", " + budget.weights_source));
   line("reserve", bytes_and_exact(budget.reserve()) + " = device memory * (1 - " +
                       "mem_fraction_static " + fraction(budget.mem_fraction_static) + ")");
   line("KV budget", bytes_and_exact(p.kv_budget) + " = device memory - weights - reserve");

@@ -15,6 +15,9 @@ struct Budget {
   uint64_t device_memory = 0;         // free at start: the [device] memory budget on CPU
   uint64_t weights_per_rank = 0;      // bytes of weights each rank holds
   double mem_fraction_static = 0.88;  // SGLang's rule: the fraction covers weights + KV
+  // Where weights_per_rank came from, for the report ("" prints nothing): e.g. "the safetensors
+  // headers of DIR".
+  std::string weights_source;
   // memory * (1 - mem_fraction_static): left for activations, workspaces and the allocator.
   uint64_t reserve() const {
     return static_cast<uint64_t>(static_cast<double>(device_memory) * (1 - mem_fraction_static));
@@ -112,5 +115,7 @@ std::string format_report(const StoreCapacity& capacity, const Budget& budget);
 
 // "24.0 GiB", "512.0 MiB", "980 B".
 std::string format_bytes(uint64_t bytes);
+// "24.0 GiB (25769803776 bytes)".
+std::string bytes_and_exact(uint64_t bytes);
 
 }  // namespace kvrt::capacity

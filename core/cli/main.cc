@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -34,6 +35,8 @@
 #include "core/config/config.h"
 #include "core/eval/calibrate.h"
 #include "core/eval/eval.h"
+#include "core/model/architecture.h"
+#include "core/model/safetensors.h"
 #include "core/sampling/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
@@ -105,6 +108,19 @@ std::string configured_model(const config::Config& cfg) {
   return preset != nullptr && preset->source().begin.line > 0 ? cfg.model.preset : "";
 }
 
+// `model`'s config when it is a directory with a safetensors checkpoint of an architecture kvrt
+// runs (whose bytes per rank are then counted from the headers); nullopt otherwise, and the
+// weights are derived from the config's parameter count.
+std::optional<model::ModelConfig> runnable_checkpoint(const std::string& model) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model, ec) || !model::SafetensorsCheckpoint::present(model)) {
+    return std::nullopt;
+  }
+  Result<model::ModelConfig> config = model::parse_hf_config(model + "/config.json");
+  if (!config.ok() || !model::find_architecture(*config).ok()) return std::nullopt;
+  return *config;
+}
+
 int run_capacity(const std::string& path, const std::vector<std::string>& overrides,
                  const CapacityArgs& args) {
   Result<config::Config> cfg = config::load(path, overrides);
@@ -150,12 +166,23 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
                                   std::to_string(*args.weights_gib)));
     }
     weights = static_cast<uint64_t>(*args.weights_gib * (1ull << 30));
+  } else if (std::optional<model::ModelConfig> config = runnable_checkpoint(model)) {
+    // What each rank loads, from the safetensors headers (quantized weights as stored).
+    const int dense = cfg->model.dtype == "bf16" ? 2 : cfg->model.dtype == "f32" ? 4 : 0;
+    Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(model, *config, 1, dense);
+    if (!whole.ok()) return fail(whole.status());
+    Result<model::CheckpointBytes> ranks =
+        model::checkpoint_bytes_per_rank(model, *config, static_cast<int>(tp), dense);
+    if (!ranks.ok()) return fail(ranks.status());
+    weights = whole->most();
+    budget.weights_per_rank = ranks->most();
+    budget.weights_source = ranks->source;
   } else {
     Result<uint64_t> derived = capacity::weight_bytes(*shape, cfg->model.dtype);
     if (!derived.ok()) return fail(derived.status());
     weights = *derived;
   }
-  budget.weights_per_rank = weights / tp;
+  if (budget.weights_source.empty()) budget.weights_per_rank = weights / tp;
   budget.mem_fraction_static = cfg->scheduler.mem_fraction_static;
 
   Result<kvrt_kv_geometry> g = capacity::kv_geometry(
@@ -187,19 +214,21 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
                 g->v_head_dim, g->page_size);
   }
   const std::string weights_source =
-      args.weights_gib ? "--weights-gib" : "from " + model + ", dtype " + cfg->model.dtype;
+      args.weights_gib               ? "--weights-gib"
+      : budget.weights_source.empty() ? "from " + model + "'s parameter count, dtype " +
+                                            cfg->model.dtype
+                                      : budget.weights_source;
   // Which budget it assumed: a default 2 GiB "GPU" makes any real model look as if it cannot fit.
   const std::string memory_source =
       !args.gpu_memory.empty() ? "--gpu-memory"
       : cfg->device.memory_bytes != config::Config{}.device.memory_bytes
           ? "[device] memory of " + cfg->source
           : "[device] memory's default: give --gpu-memory SIZE for your GPU";
-  std::printf("%u GPU%s of %s (%s) at TP %u; weights %s (%s; %s per rank), "
-              "mem_fraction_static %.2f\n\n",
-              gpus, gpus == 1 ? "" : "s", capacity::format_bytes(budget.device_memory).c_str(),
-              memory_source.c_str(), tp,
-              capacity::format_bytes(weights).c_str(), weights_source.c_str(),
-              capacity::format_bytes(budget.weights_per_rank).c_str(), budget.mem_fraction_static);
+  std::printf("%u GPU%s of %s (%s) at TP %u, mem_fraction_static %.2f\n", gpus,
+              gpus == 1 ? "" : "s", capacity::format_bytes(budget.device_memory).c_str(),
+              memory_source.c_str(), tp, budget.mem_fraction_static);
+  std::printf("weights %s, per rank %s: %s\n\n", capacity::bytes_and_exact(weights).c_str(),
+              capacity::bytes_and_exact(budget.weights_per_rank).c_str(), weights_source.c_str());
   std::printf("%-16s %10s %12s %12s %22s %8s %8s %8s %14s\n", "STORE", "BYTES/TOK", "PAGE",
               "KV BUDGET", "MAX_TOTAL_NUM_TOKENS", "@1K", "@4K", "@16K", "HOST TIER TOK");
   for (const capacity::StoreCapacity& s : stores) {

@@ -1,7 +1,11 @@
 #include "core/model/architecture.h"
 
+#include <algorithm>
+#include <set>
+
 #include "core/model/deepseek_v3.h"
 #include "core/model/llama.h"
+#include "core/model/safetensors.h"
 #include "core/model/weights.h"
 
 namespace kvrt::model {
@@ -16,6 +20,60 @@ Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config) {
   for (const std::string& n : supported_architectures()) names += (names.empty() ? "" : ", ") + n;
   return Status::Unsupported("architecture '" + config.architecture +
                              "' has no implementation; there is: " + names);
+}
+
+uint64_t CheckpointBytes::most() const {
+  return per_rank.empty() ? 0 : *std::max_element(per_rank.begin(), per_rank.end());
+}
+
+Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const ModelConfig& config,
+                                                  int tp, int dense_element_bytes) {
+  Result<const ArchitectureFamily*> family = find_architecture(config);
+  if (!family.ok()) return family.status();
+  if (Status s = (*family)->check_tp(config, tp); !s.ok()) return s;
+  Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir);
+  if (!ck.ok()) return ck.status();
+  CheckpointBytes out;
+  std::set<std::string> read;  // the stored tensors the blocks come from, with their companions
+  for (int rank = 0; rank < tp; ++rank) {
+    Result<std::vector<TensorBlock>> blocks = (*family)->tensors(config, rank, tp);
+    if (!blocks.ok()) return blocks.status();
+    Result<uint64_t> bytes =
+        stored_bytes(*ck, config.weight_format, dir, *blocks, dense_element_bytes);
+    if (!bytes.ok()) return bytes.status();
+    out.per_rank.push_back(*bytes);
+    if (rank == 0) {
+      for (const TensorBlock& b : *blocks) read.insert(stored_tensor_name(ck.value(), b.name));
+    }
+  }
+  // A stored name is read when it is a block's tensor, or its module's weight companion
+  // (x.weight_packed, x.weight_scale, x.weight_scale_inv, x.weight_shape of x.weight).
+  uint64_t unread_bytes = 0;
+  std::set<std::string> unread_roots;
+  for (const std::string& name : ck->names()) {
+    if (read.count(name) != 0) continue;
+    const size_t at = name.rfind(".weight");
+    if (at != std::string::npos && read.count(name.substr(0, at) + ".weight") != 0) continue;
+    out.not_loaded.push_back(name);
+    Result<TensorView> t = ck->get(name);
+    if (t.ok()) unread_bytes += t->bytes;
+    unread_roots.insert(name.substr(0, name.find('.') + 1));
+  }
+  const std::string dense = dense_element_bytes > 0
+                                ? std::to_string(dense_element_bytes) + " bytes an element"
+                                : "as stored";
+  out.source = "counted from the safetensors headers of " + dir + " (the tensors each rank loads; " +
+               (config.weight_format.quantized()
+                    ? "quantized weights as stored, " + config.weight_format.describe() +
+                          "; dense ones " + dense + ")"
+                    : "dense, " + dense + ")");
+  if (!out.not_loaded.empty()) {
+    std::string roots;
+    for (const std::string& r : unread_roots) roots += (roots.empty() ? "" : ", ") + r;
+    out.source += "; not loaded: " + std::to_string(out.not_loaded.size()) + " stored tensors (" +
+                  std::to_string(unread_bytes) + " bytes) under " + roots;
+  }
+  return out;
 }
 
 Result<std::unique_ptr<LoadedWeights>> make_preset_weights(std::string_view name, uint64_t seed) {

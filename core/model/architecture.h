@@ -16,6 +16,7 @@
 #include "core/comm/communicator.h"
 #include "core/model/loaded_weights.h"
 #include "core/model/model_config.h"
+#include "core/model/weights.h"
 #include "core/parallel/step_attention.h"
 #include "core/util/status.h"
 
@@ -62,6 +63,9 @@ struct ArchitectureFamily {
   // or misshapen tensor is an error naming it. With tp > 1, only rank `rank`'s shard of each
   // tensor (a process that runs one rank); create() must then be asked for that rank.
   Result<std::unique_ptr<LoadedWeights>> (*load)(const std::string& dir, int rank, int tp);
+  // The blocks of the tensors rank `rank` of `tp` loads (load's own list, with no `out`), for
+  // counting a checkpoint's bytes per rank; a TP size the model cannot be sharded over is an error.
+  Result<std::vector<TensorBlock>> (*tensors)(const ModelConfig& config, int rank, int tp);
   // Seeded weights of `config`'s shape, whole (a synthetic preset, weights.h).
   Result<std::unique_ptr<LoadedWeights>> (*generate)(const ModelConfig& config, uint64_t seed);
   // Rank `rank` of `tp`: takes its shard out of `weights` (which stay the caller's, and must be
@@ -72,6 +76,23 @@ struct ArchitectureFamily {
 
 // The family serving config.architecture, or an error naming it and the families there are.
 Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config);
+
+// The bytes each of `tp` ranks holds of the checkpoint at `dir` (whose config.json reads as
+// `config`), from its safetensors headers: the blocks its family loads on that rank, quantized
+// weights as stored (codes, scales), dense ones at `dense_element_bytes` per element (0: as
+// stored; weights.h stored_bytes). Tensors the family does not load (a vision tower) are not
+// counted. Errors name the tensor or the TP size.
+struct CheckpointBytes {
+  std::vector<uint64_t> per_rank;  // [tp]
+  // How they were counted, for reports: "counted from the safetensors headers of DIR (...)",
+  // and which stored tensors the family does not load ("; not loaded: 23 tensors (...) under
+  // mm_projector., vision_tower.").
+  std::string source;
+  std::vector<std::string> not_loaded;  // stored names no rank reads, sorted
+  uint64_t most() const;  // the largest rank's
+};
+Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const ModelConfig& config,
+                                                  int tp, int dense_element_bytes);
 
 // A synthetic preset's weights (preset_config(name), weights.h), by its family.
 Result<std::unique_ptr<LoadedWeights>> make_preset_weights(std::string_view name,

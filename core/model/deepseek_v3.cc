@@ -465,6 +465,20 @@ Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, in
   return std::unique_ptr<LoadedWeights>(new DeepseekV3Weights(std::move(*w)));
 }
 
+Result<std::vector<TensorBlock>> tensors(const ModelConfig& c, int rank, int tp) {
+  DeepseekV3Weights w;
+  w.config = c;
+  if (tp > 1) {
+    Result<DeepseekV3Shard> shard = deepseek_v3_shard(c, rank, tp);
+    if (!shard.ok()) return shard.status();
+    w.whole = false;
+    w.part = *shard;
+  }
+  std::vector<TensorBlock> blocks = deepseek_v3_blocks(w);
+  for (TensorBlock& b : blocks) b.out = nullptr;  // w goes
+  return blocks;
+}
+
 Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& c, uint64_t seed) {
   return std::unique_ptr<LoadedWeights>(new DeepseekV3Weights(generate_deepseek_v3(c, seed)));
 }
@@ -509,20 +523,9 @@ Result<DeepseekV3Shard> deepseek_v3_shard(const ModelConfig& c, int rank, int tp
   return s;
 }
 
-Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const DeepseekV3Shard* part) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  Result<ModelConfig> config = parse_hf_config(config_path);
-  if (!config.ok()) return config.status();
-  Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir);
-  if (!ck.ok()) return ck.status();
-  DeepseekV3Weights w;
-  w.config = std::move(*config);
+std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w) {
   const ModelConfig& c = w.config;
   const ModelConfig::Mla& mla = c.mla;
-  if (part != nullptr) {
-    w.whole = false;
-    w.part = *part;
-  }
   const int64_t H = c.hidden_size, n = c.num_attention_heads, E = c.moe.n_routed_experts;
   const int64_t N = mla.qk_nope_head_dim, R = mla.qk_rope_head_dim, V = mla.v_head_dim;
   const int64_t L = mla.kv_lora_rank, Lq = mla.q_lora_rank, I = c.intermediate_size;
@@ -534,25 +537,16 @@ Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const Deepsee
   const DeepseekV3Shard& p = w.part;
   const Range q_rows = held(p.heads, n * (N + R), N + R), kv_b_rows = held(p.heads, n * (N + V), N + V);
   const Range o_cols = held(p.heads, n * V, V), vocab = held(p.vocab, c.vocab_size, 1);
-  auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
-                   std::vector<float>& out) {
-    return load_block(*ck, c.weight_format, dir, name, std::move(shape), rows, cols, out);
-  };
-  struct Block {
-    std::string name;
-    std::vector<int64_t> shape;
-    Range rows, cols;
-    std::vector<float>* out;
-  };
   // An MLP under `prefix` holding columns `keep` of `width`.
   auto mlp_blocks = [&](const std::string& prefix, MlpWeights& m, int64_t width, Range keep) {
     const Range cols = w.whole ? all(width) : keep;
-    return std::vector<Block>{{prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
-                              {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
-                              {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
+    return std::vector<TensorBlock>{{prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
+                                    {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
+                                    {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
   };
-  std::vector<Block> plan = {{"model.embed_tokens.weight", {c.vocab_size, H}, vocab, all(H), &w.embed},
-                             {"model.norm.weight", {H}, all(H), {}, &w.final_norm}};
+  std::vector<TensorBlock> plan = {
+      {"model.embed_tokens.weight", {c.vocab_size, H}, vocab, all(H), &w.embed},
+      {"model.norm.weight", {H}, all(H), {}, &w.final_norm}};
   if (!c.tie_word_embeddings) {
     plan.push_back({"lm_head.weight", {c.vocab_size, H}, vocab, all(H), &w.lm_head});
   }
@@ -561,7 +555,7 @@ Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const Deepsee
     DeepseekV3Layer& l = w.layers[i];
     const std::string pre = "model.layers." + std::to_string(i) + ".";
     const std::string at = pre + "self_attn.";
-    std::vector<Block> layer = {
+    std::vector<TensorBlock> layer = {
         {pre + "input_layernorm.weight", {H}, all(H), {}, &l.input_norm},
         {pre + "post_attention_layernorm.weight", {H}, all(H), {}, &l.post_norm},
         {at + "kv_a_proj_with_mqa.weight", {L + R, H}, all(L + R), all(H), &l.kv_a},
@@ -580,26 +574,40 @@ Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const Deepsee
       layer.push_back({pre + "mlp.gate.e_score_correction_bias", {E}, all(E), {}, &l.router_bias});
       l.experts.resize(E);
       for (int64_t e = 0; e < E; ++e) {
-        for (Block& b : mlp_blocks(pre + "mlp.experts." + std::to_string(e) + ".", l.experts[e],
-                                   Ie, p.expert)) {
+        for (TensorBlock& b : mlp_blocks(pre + "mlp.experts." + std::to_string(e) + ".",
+                                         l.experts[e], Ie, p.expert)) {
           layer.push_back(std::move(b));
         }
       }
       if (Is > 0) {
-        for (Block& b : mlp_blocks(pre + "mlp.shared_experts.", l.shared, Is, p.shared)) {
+        for (TensorBlock& b : mlp_blocks(pre + "mlp.shared_experts.", l.shared, Is, p.shared)) {
           layer.push_back(std::move(b));
         }
       }
     } else {
-      for (Block& b : mlp_blocks(pre + "mlp.", l.mlp, I, p.intermediate)) {
+      for (TensorBlock& b : mlp_blocks(pre + "mlp.", l.mlp, I, p.intermediate)) {
         layer.push_back(std::move(b));
       }
     }
-    for (Block& b : layer) plan.push_back(std::move(b));
+    for (TensorBlock& b : layer) plan.push_back(std::move(b));
   }
-  for (const Block& b : plan) {
-    if (Status s = block(b.name, b.shape, b.rows, b.cols, *b.out); !s.ok()) return s;
+  return plan;
+}
+
+Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const DeepseekV3Shard* part) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  Result<ModelConfig> config = parse_hf_config(config_path);
+  if (!config.ok()) return config.status();
+  Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir);
+  if (!ck.ok()) return ck.status();
+  DeepseekV3Weights w;
+  w.config = std::move(*config);
+  if (part != nullptr) {
+    w.whole = false;
+    w.part = *part;
   }
+  const std::vector<TensorBlock> plan = deepseek_v3_blocks(w);
+  if (Status s = load_blocks(*ck, w.config.weight_format, dir, plan); !s.ok()) return s;
   return w;
 }
 
@@ -660,7 +668,8 @@ DeepseekV3Weights generate_deepseek_v3(const ModelConfig& c, uint64_t seed) {
 }
 
 const ArchitectureFamily& deepseek_v3_family() {
-  static const ArchitectureFamily kFamily{"deepseek_v3", check_tp, load, generate, create};
+  static const ArchitectureFamily kFamily{"deepseek_v3", check_tp, load, tensors, generate,
+                                          create};
   return kFamily;
 }
 

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/model/architecture.h"
+#include "core/model/weights.h"
 #include "core/parallel/shard.h"
 
 namespace kvrt::model {
@@ -88,6 +89,9 @@ struct DeepseekV3Weights : LoadedWeights {
 // (model.layers.N.self_attn.kv_a_proj_with_mqa.weight, model.layers.N.mlp.experts.E.gate_proj.weight,
 // ...); with `part`, only that rank's part of each tensor.
 Result<DeepseekV3Weights> load_deepseek_v3(const std::string& dir, const DeepseekV3Shard* part);
+// The blocks of w.config's tensors that `w` holds (all, or w.part), in load order, into w (its
+// layers sized to receive them). load_deepseek_v3 reads this list; capacity planning counts it.
+std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w);
 
 // Seeded weights of `config`'s shape, as make_preset draws them (std 0.02, norms 1; the
 // router's correction bias std 0.02 too, so it does change some choices).

@@ -194,6 +194,20 @@ Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, in
   return std::unique_ptr<LoadedWeights>(new Weights(std::move(*weights)));
 }
 
+Result<std::vector<TensorBlock>> tensors(const ModelConfig& c, int rank, int tp) {
+  Weights w;
+  w.config = c;
+  if (tp > 1) {
+    Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
+                                           c.intermediate_size, c.vocab_size, rank, tp);
+    if (!shard.ok()) return shard.status();
+    w.held = {false, shard->q_heads, shard->kv_heads, shard->intermediate, shard->vocab};
+  }
+  std::vector<TensorBlock> blocks = llama_blocks(w);
+  for (TensorBlock& b : blocks) b.out = nullptr;  // w goes
+  return blocks;
+}
+
 Result<std::unique_ptr<LoadedWeights>> generate(const ModelConfig& config, uint64_t seed) {
   return std::unique_ptr<LoadedWeights>(new Weights(generate_llama(config, seed)));
 }
@@ -280,7 +294,7 @@ std::vector<float> rope_inverse_frequencies(const ModelConfig& c, int64_t head_d
 }
 
 const ArchitectureFamily& llama_family() {
-  static const ArchitectureFamily kFamily{"llama", check_tp, load, generate, create};
+  static const ArchitectureFamily kFamily{"llama", check_tp, load, tensors, generate, create};
   return kFamily;
 }
 

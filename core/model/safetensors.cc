@@ -328,6 +328,13 @@ Status SafetensorsCheckpoint::add_file(const std::string& path) {
   return Status::Ok();
 }
 
+bool SafetensorsCheckpoint::present(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path d(dir);
+  return std::filesystem::exists(d / "model.safetensors.index.json", ec) ||
+         std::filesystem::exists(d / "model.safetensors", ec);
+}
+
 Result<SafetensorsCheckpoint> SafetensorsCheckpoint::open(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

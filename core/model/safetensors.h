@@ -61,6 +61,9 @@ class SafetensorsCheckpoint {
   // .safetensors file. Headers are parsed and every tensor's byte range is checked against its
   // file and dtype here, so a truncated or inconsistent file fails now, naming file and tensor.
   static Result<SafetensorsCheckpoint> open(const std::string& path);
+  // Whether the directory `dir` has a checkpoint open() would try: model.safetensors.index.json
+  // or model.safetensors (a config.json alone is a model to plan, not to load).
+  static bool present(const std::string& dir);
 
   // The tensor, or NotFound naming it; Unsupported naming it and its dtype if that is not F32,
   // BF16, F16, F8_E4M3 or I32.

@@ -379,6 +379,44 @@ Result<WeightFormat> WeightFormat::parse(const json* q, const std::string& sourc
   return f;
 }
 
+Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                                        const std::string& name, const std::vector<int64_t>& shape,
+                                        parallel::Range rows, parallel::Range cols) {
+  if (!format.quantized() || shape.size() != 2) {
+    return Status::NotFound(name + " is not stored quantized");
+  }
+  const std::string module = module_of(name);
+  std::vector<std::string> shared;  // split with the block's share
+  std::string whole;                // counted whole
+  if (format.kind == WeightFormat::Kind::kPackedInt && ck.contains(module + ".weight_packed")) {
+    shared = {module + ".weight_packed", module + ".weight_scale", module + ".weight_zero_point"};
+    whole = module + ".weight_shape";
+  } else {
+    if (!ck.contains(name)) return Status::NotFound(name + " is not stored");
+    Result<TensorView> w = ck.get(name);
+    if (!w.ok()) return w.status();
+    if (w->dtype != DType::kF8E4M3) return Status::NotFound(name + " is stored dense");
+    shared = {name, format.kind == WeightFormat::Kind::kFp8Block ? name + "_scale_inv"
+                                                                  : module + ".weight_scale"};
+  }
+  const double share = static_cast<double>(rows.size()) * static_cast<double>(cols.size()) /
+                       (static_cast<double>(shape[0]) * static_cast<double>(shape[1]));
+  double bytes = 0;
+  for (const std::string& n : shared) {
+    if (!ck.contains(n)) continue;  // a zero point the format has none of; a missing scale is
+                                    // the loader's refusal
+    Result<TensorView> t = ck.get(n);
+    if (!t.ok()) return t.status();
+    bytes += static_cast<double>(t->bytes) * share;
+  }
+  if (!whole.empty() && ck.contains(whole)) {
+    Result<TensorView> t = ck.get(whole);
+    if (!t.ok()) return t.status();
+    bytes += static_cast<double>(t->bytes);
+  }
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
 std::string stored_tensor_name(const SafetensorsCheckpoint& ck, const std::string& name) {
   auto stored = [&](const std::string& n) {
     return ck.contains(n) || ck.contains(module_of(n) + ".weight_packed");

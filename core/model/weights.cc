@@ -135,6 +135,16 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 
 }  // namespace
 
+namespace {
+
+Status check_shape(const TensorView& t, const std::string& name, const std::vector<int64_t>& shape) {
+  if (t.shape == shape) return Status::Ok();
+  return Status::InvalidArgument(t.file + ": tensor '" + name + "': expected shape " +
+                                 shape_string(shape) + ", found " + shape_string(t.shape));
+}
+
+}  // namespace
+
 Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                   const std::string& dir, const std::string& name, std::vector<int64_t> shape,
                   Range rows, Range cols, std::vector<float>& out) {
@@ -157,10 +167,7 @@ Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                                "weights, read with their scales as " + dir +
                                "/config.json's quantization_config says, and it has none)");
   }
-  if (t->shape != shape) {
-    return Status::InvalidArgument(t->file + ": tensor '" + name + "': expected shape " +
-                                   shape_string(shape) + ", found " + shape_string(t->shape));
-  }
+  if (Status s = check_shape(*t, name, shape); !s.ok()) return s;
   const int64_t width = shape.size() > 1 ? shape[1] : 1;
   if (shape.size() == 1) cols = {0, 1};
   const size_t elem = dtype_size(t->dtype);
@@ -175,80 +182,107 @@ Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
   return Status::Ok();
 }
 
+std::vector<TensorBlock> llama_blocks(Weights& w) {
+  const ModelConfig& c = w.config;
+  const HeldPart& held = w.held;
+  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), in = c.intermediate_size;
+  const int64_t d = c.head_dim;
+  // Every tensor's rows and columns this Weights keeps (all of them when whole).
+  auto all = [](int64_t n) { return Range{0, n}; };
+  auto heads = [&](Range r, int64_t n) { return held.whole ? all(n) : Range{r.begin * d, r.end * d}; };
+  const Range q_rows = heads(held.q_heads, q), kv_rows = heads(held.kv_heads, kv);
+  const Range mlp = held.whole ? all(in) : held.intermediate;
+  const Range vocab = held.whole ? all(c.vocab_size) : held.vocab;
+  std::vector<TensorBlock> plan = {
+      {"model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), &w.embed}};
+  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w.layers[static_cast<size_t>(i)];
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    std::vector<TensorBlock> layer = {
+        {p + "input_layernorm.weight", {h}, all(h), {}, &l.input_norm},
+        {p + "self_attn.q_proj.weight", {q, h}, q_rows, all(h), &l.q},
+        {p + "self_attn.k_proj.weight", {kv, h}, kv_rows, all(h), &l.k},
+        {p + "self_attn.v_proj.weight", {kv, h}, kv_rows, all(h), &l.v},
+        {p + "self_attn.o_proj.weight", {h, q}, all(h), q_rows, &l.o},
+        {p + "post_attention_layernorm.weight", {h}, all(h), {}, &l.post_norm},
+        {p + "mlp.gate_proj.weight", {in, h}, mlp, all(h), &l.gate},
+        {p + "mlp.up_proj.weight", {in, h}, mlp, all(h), &l.up},
+        {p + "mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down},
+    };
+    if (c.qk_norm) {  // one weight for every head, so whole on every rank
+      layer.push_back({p + "self_attn.q_norm.weight", {d}, all(d), {}, &l.q_norm});
+      layer.push_back({p + "self_attn.k_norm.weight", {d}, all(d), {}, &l.k_norm});
+    }
+    if (c.attention_bias) {
+      layer.push_back({p + "self_attn.q_proj.bias", {q}, q_rows, {}, &l.q_bias});
+      layer.push_back({p + "self_attn.k_proj.bias", {kv}, kv_rows, {}, &l.k_bias});
+      layer.push_back({p + "self_attn.v_proj.bias", {kv}, kv_rows, {}, &l.v_bias});
+    }
+    for (TensorBlock& b : layer) plan.push_back(std::move(b));
+  }
+  plan.push_back({"model.norm.weight", {h}, all(h), {}, &w.final_norm});
+  if (!c.tie_word_embeddings) {
+    plan.push_back({"lm_head.weight", {c.vocab_size, h}, vocab, all(h), &w.lm_head});
+  }
+  return plan;
+}
+
 Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   auto config = parse_hf_config(config_path);
   if (!config.ok()) return config.status();
   auto ck = SafetensorsCheckpoint::open(dir);
   if (!ck.ok()) return ck.status();
-
   Weights w;
   w.config = std::move(config.value());
-  const ModelConfig& c = w.config;
-  const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), in = c.intermediate_size;
-  const int64_t d = c.head_dim;
   if (part != nullptr) w.held = *part;
-  // Every tensor's rows and columns this Weights keeps (all of them when whole).
-  const HeldPart& held = w.held;
-  auto all = [](int64_t n) { return Range{0, n}; };
-  auto heads = [&](Range r, int64_t n) { return held.whole ? all(n) : Range{r.begin * d, r.end * d}; };
-  const Range q_rows = heads(held.q_heads, q), kv_rows = heads(held.kv_heads, kv);
-  const Range mlp = held.whole ? all(in) : held.intermediate;
-  const Range vocab = held.whole ? all(c.vocab_size) : held.vocab;
-  auto block = [&](const std::string& name, std::vector<int64_t> shape, Range rows, Range cols,
-                   std::vector<float>& out) {
-    return load_block(*ck, c.weight_format, dir, name, std::move(shape), rows, cols, out);
-  };
-  Status s = block("model.embed_tokens.weight", {c.vocab_size, h}, vocab, all(h), w.embed);
-  if (!s.ok()) return s;
-  w.layers.resize(static_cast<size_t>(c.num_hidden_layers));
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    LayerWeights& l = w.layers[static_cast<size_t>(i)];
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    struct Block {
-      const char* name;
-      std::vector<int64_t> shape;
-      Range rows, cols;
-      std::vector<float>* out;
-    };
-    const std::vector<Block> plan = {
-        {"input_layernorm.weight", {h}, all(h), {}, &l.input_norm},
-        {"self_attn.q_proj.weight", {q, h}, q_rows, all(h), &l.q},
-        {"self_attn.k_proj.weight", {kv, h}, kv_rows, all(h), &l.k},
-        {"self_attn.v_proj.weight", {kv, h}, kv_rows, all(h), &l.v},
-        {"self_attn.o_proj.weight", {h, q}, all(h), q_rows, &l.o},
-        {"post_attention_layernorm.weight", {h}, all(h), {}, &l.post_norm},
-        {"mlp.gate_proj.weight", {in, h}, mlp, all(h), &l.gate},
-        {"mlp.up_proj.weight", {in, h}, mlp, all(h), &l.up},
-        {"mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down},
-    };
-    for (const Block& b : plan) {
-      s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
-      if (!s.ok()) return s;
-    }
-    if (c.qk_norm) {  // one weight for every head, so whole on every rank
-      for (const Block& b : {Block{"self_attn.q_norm.weight", {d}, all(d), {}, &l.q_norm},
-                             Block{"self_attn.k_norm.weight", {d}, all(d), {}, &l.k_norm}}) {
-        s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
-        if (!s.ok()) return s;
-      }
-    }
-    if (c.attention_bias) {
-      for (const Block& b : {Block{"self_attn.q_proj.bias", {q}, q_rows, {}, &l.q_bias},
-                             Block{"self_attn.k_proj.bias", {kv}, kv_rows, {}, &l.k_bias},
-                             Block{"self_attn.v_proj.bias", {kv}, kv_rows, {}, &l.v_bias}}) {
-        s = block(p + b.name, b.shape, b.rows, b.cols, *b.out);
-        if (!s.ok()) return s;
-      }
-    }
-  }
-  s = block("model.norm.weight", {h}, all(h), {}, w.final_norm);
-  if (!s.ok()) return s;
-  if (!c.tie_word_embeddings) {
-    s = block("lm_head.weight", {c.vocab_size, h}, vocab, all(h), w.lm_head);
-    if (!s.ok()) return s;
-  }
+  const std::vector<TensorBlock> plan = llama_blocks(w);
+  if (Status s = load_blocks(*ck, w.config.weight_format, dir, plan); !s.ok()) return s;
   return w;
+}
+
+Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                   const std::string& dir, const std::vector<TensorBlock>& blocks) {
+  for (const TensorBlock& b : blocks) {
+    if (Status s = load_block(ck, format, dir, b.name, b.shape, b.rows, b.cols, *b.out); !s.ok()) {
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                              const std::string& dir, const std::vector<TensorBlock>& blocks,
+                              int dense_element_bytes) {
+  uint64_t total = 0;
+  for (const TensorBlock& b : blocks) {
+    const std::string stored = stored_tensor_name(ck, b.name);
+    if (format.quantized()) {
+      Result<uint64_t> q = stored_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols);
+      if (q.ok()) {
+        total += *q;
+        continue;
+      }
+      if (!q.status().IsNotFound()) return q.status();
+    }
+    if (!ck.contains(stored)) {
+      return Status::NotFound(dir + ": tensor '" + b.name + "' is missing (expected shape " +
+                              shape_string(b.shape) + ")");
+    }
+    Result<TensorView> t = ck.get(stored);
+    if (!t.ok()) return t.status();
+    if (Status s = check_shape(*t, b.name, b.shape); !s.ok()) return s;
+    const int64_t numel = t->numel();
+    const int64_t held = b.rows.size() * (b.shape.size() > 1 ? b.cols.size() : 1);
+    const uint64_t bytes = dense_element_bytes > 0
+                               ? static_cast<uint64_t>(numel) * dense_element_bytes
+                               : static_cast<uint64_t>(t->bytes);
+    total += numel > 0 ? static_cast<uint64_t>(
+                             std::llround(static_cast<double>(bytes) * held / numel))
+                       : 0;
+  }
+  return total;
 }
 
 namespace {

@@ -49,6 +49,20 @@ struct Weights : LoadedWeights {
   const std::vector<float>& output_embedding() const { return lm_head.empty() ? embed : lm_head; }
 };
 
+// One block a family's loader reads of one tensor: rows `rows` and columns `cols` (empty for a
+// 1-D tensor) of `name` (transformers' name, as in the checkpoint) of logical `shape`, into *out
+// (nullptr in a list made only to be counted).
+struct TensorBlock {
+  std::string name;
+  std::vector<int64_t> shape;
+  parallel::Range rows, cols;
+  std::vector<float>* out = nullptr;
+};
+
+// The Llama family's blocks of w.config's tensors that `w` holds (w.held), in load order, into
+// w (its layers sized to receive them). load_hf reads this list; capacity planning counts it.
+std::vector<TensorBlock> llama_blocks(Weights& w);
+
 // Loads <dir>/config.json (parse_hf_config) and the safetensors weights (one file or sharded),
 // converting F32 / BF16 / F16 to f32. Tensor names are the transformers ones
 // (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...). A missing tensor or
@@ -68,6 +82,19 @@ class SafetensorsCheckpoint;
 Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                   const std::string& dir, const std::string& name, std::vector<int64_t> shape,
                   parallel::Range rows, parallel::Range cols, std::vector<float>& out);
+
+// Every block of `blocks` (load_block), stopping at the first error.
+Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                   const std::string& dir, const std::vector<TensorBlock>& blocks);
+
+// The bytes `ck` stores for `blocks`, from the safetensors headers alone (no tensor is read):
+// each block's share (its rows x columns of the whole) of the tensors that store it -- a
+// quantized weight's codes and its scales (and zero points), its weight_shape whole. A dense
+// tensor counts `dense_element_bytes` per element where that is not 0 (the dtype it is served
+// in), else its stored bytes. A missing tensor is an error naming it (and `dir`).
+Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                              const std::string& dir, const std::vector<TensorBlock>& blocks,
+                              int dense_element_bytes);
 
 // For each family's presets: n seeded values of mean 0 and standard deviation `stddev` (see
 // below), the stream a function of (seed, name) only.

@@ -11,6 +11,7 @@
 #include "core/capacity/model_shape.h"
 #include "core/capacity/stores.h"
 #include "core/model/architecture.h"
+#include "core/model/safetensors.h"
 #include "core/model/weights.h"
 #include "core/plugin/attention.h"
 #include "core/plugin/plugin_config.h"
@@ -291,7 +292,22 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
                                          static_cast<uint32_t>(dcp));
   g.device = device;
   rt.budget.device_memory = device_memory;
+  // What each rank loads, counted from the checkpoint's headers. A preset, a config.json alone,
+  // or a checkpoint the loader will refuse (a missing or misshapen tensor: it names it, after
+  // the tokenizer's checks) is planned from the parameter count.
   rt.budget.weights_per_rank = static_cast<uint64_t>(rt.model.weight_bytes(bf16 ? 2 : 4)) / tp;
+  rt.budget.weights_source = "the parameter count at " + std::string(bf16 ? "2" : "4") +
+                             " bytes each, over " + std::to_string(tp) + " ranks";
+  if (!cfg.model.path.empty() && model::SafetensorsCheckpoint::present(cfg.model.path)) {
+    Result<model::CheckpointBytes> held =
+        model::checkpoint_bytes_per_rank(cfg.model.path, rt.model, tp, bf16 ? 2 : 4);
+    if (held.ok()) {
+      rt.budget.weights_per_rank = held->most();
+      rt.budget.weights_source = held->source;
+    } else {
+      spdlog::debug("weights planned from the parameter count: {}", held.status().message());
+    }
+  }
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
   // budget that cannot hold one page is refused here, before the pool is allocated.

@@ -13,6 +13,7 @@
 
 #include "core/config/config.h"
 #include "core/exec/generate.h"
+#include "core/model/safetensors.h"
 #include "core/runtime/runtime.h"
 
 namespace kvrt::e2e {
@@ -21,6 +22,25 @@ namespace kvrt::e2e {
 inline std::string shared_model_dir(const std::string& name) {
   const char* root = std::getenv("KVRT_SOURCE_DIR");
   return std::string(root != nullptr ? root : ".") + "/../shared/models/" + name;
+}
+
+// The bytes of every tensor stored in `dir`'s checkpoint whose name starts with none of `skip`
+// (a vision tower), read from its headers: what capacity planning must count for a model whose
+// loader reads all of them.
+inline uint64_t stored_tensor_bytes(const std::string& dir, const std::vector<std::string>& skip) {
+  Result<model::SafetensorsCheckpoint> ck = model::SafetensorsCheckpoint::open(dir);
+  EXPECT_TRUE(ck.ok()) << ck.status().message();
+  if (!ck.ok()) return 0;
+  uint64_t total = 0;
+  for (const std::string& name : ck->names()) {
+    bool skipped = false;
+    for (const std::string& prefix : skip) skipped = skipped || name.rfind(prefix, 0) == 0;
+    if (skipped) continue;
+    Result<model::TensorView> t = ck->get(name);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    if (t.ok()) total += t->bytes;
+  }
+  return total;
 }
 
 // A runtime for the model in `dir` with these settings; the registry outlives it.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/model/architecture.h"
 #include "core/model/weight_format.h"
 #include "core/exec/generate.h"
 #include "core/runtime/runtime.h"
@@ -138,9 +139,9 @@ class TinyDeepseekV3Scheduler : public ::testing::TestWithParam<std::tuple<std::
 TEST_P(TinyDeepseekV3Scheduler, EveryRequestGetsTheReferenceIds) {
   if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
   const auto& [store, tp] = GetParam();
-  // The f32 weights (about 1 MB, split over the ranks), the reserve, and a pool of 13 to 19
-  // 4-token pages of 240 bytes per token.
-  expect_scheduled_requests_get_the_reference(store, tp, 4, tp == 1 ? "1130KiB" : "575KiB");
+  // The f32 weights (about 1 MB, split over the ranks; the MLA down-projections and norms whole
+  // on each), the reserve, and a pool of 13 to 19 4-token pages of 240 bytes per token.
+  expect_scheduled_requests_get_the_reference(store, tp, 4, tp == 1 ? "1130KiB" : "610KiB");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3Scheduler,
@@ -194,7 +195,7 @@ class TinyDeepseekV3DcpScheduler : public ::testing::TestWithParam<std::string> 
 TEST_P(TinyDeepseekV3DcpScheduler, EveryRequestGetsTheReferenceIds) {
   if (!have_model()) GTEST_SKIP() << "tiny-deepseek-v3 not found at " << model_dir();
   // 2-token pages on each rank, 4 tokens a page id: about the tokens of TP 2's pool above.
-  expect_scheduled_requests_get_the_reference(GetParam(), 2, 2, "565KiB", {"tp.dcp_size=2"});
+  expect_scheduled_requests_get_the_reference(GetParam(), 2, 2, "600KiB", {"tp.dcp_size=2"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, TinyDeepseekV3DcpScheduler,
@@ -246,6 +247,21 @@ INSTANTIATE_TEST_SUITE_P(StoresTp, TinyDeepseekV3Fp8Blocks,
                            return std::get<0>(info.param) + "_tp" +
                                   std::to_string(std::get<1>(info.param));
                          });
+
+// The capacity plan counts the fp8 codes and their block scales as stored (every tensor here is
+// loaded): one byte a projection weight, not the two or four it is dequantized to.
+TEST(TinyDeepseekV3Fp8Weights, AreCountedAsStored) {
+  if (!std::filesystem::exists(fp8_dir() + "/model.safetensors.index.json")) {
+    GTEST_SKIP() << "tiny-deepseek-v3-fp8 not found at " << fp8_dir();
+  }
+  Result<model::ModelConfig> config = model::parse_hf_config(fp8_dir() + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  const uint64_t stored = e2e::stored_tensor_bytes(fp8_dir(), {});
+  Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(fp8_dir(), *config, 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_NEAR(static_cast<double>(whole->most()), static_cast<double>(stored), stored * 0.001);
+  EXPECT_TRUE(whole->not_loaded.empty()) << whole->source;
+}
 
 // At the default precision (bf16 weights and activations on this CPU class) and with the fp8 KV
 // store it runs; a near tie may change the ids, so they are not required.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/api/chat_prompt.h"
+#include "core/model/architecture.h"
 #include "core/model/weight_format.h"
 #include "core/runtime/runtime.h"
 #include "tests/e2e/model_run.h"
@@ -85,6 +86,45 @@ TEST(TinyKimiK25Default, ATpSizeThatCutsAnInt4GroupIsRefusedByName) {
                                               "groups of 32 columns"),
             std::string::npos)
       << s.runtime.status().message();
+}
+
+// The capacity plan's weights are the stored bytes of the tensors each rank loads, from the
+// safetensors headers: the int4 experts as packed codes and scales, the vision tower not at all.
+// At TP 2 each rank holds about half (the norms, the router and the MLA down-projections whole).
+TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
+  if (!have_model()) GTEST_SKIP() << "tiny-kimi-k25 not found at " << model_dir();
+  Result<model::ModelConfig> config = model::parse_hf_config(model_dir() + "/config.json");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  const uint64_t language_model =
+      e2e::stored_tensor_bytes(model_dir(), {"vision_tower.", "mm_projector."});
+  Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(model_dir(), *config, 1, 0);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_NEAR(static_cast<double>(whole->most()), static_cast<double>(language_model),
+              language_model * 0.001);
+  // The vision tower's tensors, and only those, are left unread, and the source says so.
+  EXPECT_EQ(whole->not_loaded.size(), 23u);
+  for (const std::string& name : whole->not_loaded) {
+    EXPECT_TRUE(name.rfind("vision_tower.", 0) == 0 || name.rfind("mm_projector.", 0) == 0) << name;
+  }
+  EXPECT_NE(whole->source.find("not loaded: 23 stored tensors"), std::string::npos)
+      << whole->source;
+  Result<model::CheckpointBytes> two = model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 0);
+  ASSERT_TRUE(two.ok()) << two.status().message();
+  ASSERT_EQ(two->per_rank.size(), 2u);
+  for (uint64_t rank : two->per_rank) {
+    EXPECT_GT(rank, language_model / 2);
+    EXPECT_LT(rank, language_model / 2 + language_model / 50);
+  }
+  // The runtime plans with the same count (dense tensors at the f32 it holds them in), and says so.
+  e2e::ModelRun s(model_dir(), "kv_bf16_paged", 2, 16, {"model.dtype=\"f32\"", kMemory});
+  ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
+  Result<model::CheckpointBytes> f32 = model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 4);
+  ASSERT_TRUE(f32.ok()) << f32.status().message();
+  EXPECT_EQ(s.runtime->budget.weights_per_rank, f32->most());
+  EXPECT_NE(s.runtime->capacity_report.find("counted from the safetensors headers of " +
+                                            model_dir()),
+            std::string::npos)
+      << s.runtime->capacity_report;
 }
 
 // The prompt is the chat rendering of this conversation by the model's own template

@@ -15,7 +15,7 @@ namespace {
 TEST(Capacity, SglangBudgetRule) {
   // 24 GiB, 15 GiB of weights, fraction 0.88: reserve 0.12 * 24 GiB; the rest after weights is
   // the KV budget, floored to whole pages.
-  Budget b{24ull << 30, 15ull << 30, 0.88};
+  Budget b{24ull << 30, 15ull << 30, 0.88, ""};
   Result<Plan> p = plan(b, 2u << 20, 16);
   ASSERT_TRUE(p.ok()) << p.status().message();
   const double kv = (24.0 - 15.0 - 0.12 * 24.0) * (1ull << 30);
@@ -27,7 +27,7 @@ TEST(Capacity, SglangBudgetRule) {
 }
 
 TEST(Capacity, RefusesWithTheShortfallInBytes) {
-  Budget b{2ull << 30, 15ull << 30, 0.88};
+  Budget b{2ull << 30, 15ull << 30, 0.88, ""};
   Result<Plan> p = plan(b, 1u << 20, 16);
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(p.status().IsNoMemory());
@@ -40,7 +40,7 @@ TEST(Capacity, RefusesWithTheShortfallInBytes) {
 }
 
 TEST(Capacity, RefusalNamesEveryTerm) {
-  Budget b{2ull << 30, 15ull << 30, 0.875};
+  Budget b{2ull << 30, 15ull << 30, 0.875, ""};
   Result<Plan> p = plan(b, 1u << 20, 16);
   ASSERT_FALSE(p.ok());
   const std::string& m = p.status().message();
@@ -97,7 +97,7 @@ TEST(Capacity, MlaLatentIsOneHeadOnEveryRank) {
 
 TEST(Capacity, ReportPrintsEveryTerm) {
   // 80 GiB, 40 GiB of weights per rank, fraction 0.875: reserve 10 GiB, KV budget 30 GiB.
-  Budget b{80ull << 30, 40ull << 30, 0.875};
+  Budget b{80ull << 30, 40ull << 30, 0.875, ""};
   StoreCapacity c;
   c.store = "kv_bf16_paged";
   c.page_bytes = 70272ull * 16;

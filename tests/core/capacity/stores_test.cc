@@ -40,7 +40,7 @@ TEST_F(Stores, KimiK2SideBySide) {
   Result<kvrt_kv_geometry> g = kv_geometry(kimi->kv, 8, 16);
   ASSERT_TRUE(g.ok()) << g.status().message();
   // 80 GiB per GPU, 40 GiB of weights per rank, fraction 0.875: reserve 10 GiB, KV 30 GiB.
-  const Budget budget{80ull << 30, 40ull << 30, 0.875};
+  const Budget budget{80ull << 30, 40ull << 30, 0.875, ""};
   const uint64_t kv_budget = 30ull << 30;
   std::map<std::string, StoreCapacity> by_store = compare(*g, budget);
   for (const char* name : {"kv_bf16_paged", "kv_fp8_e4m3", "kv_host_tiered"}) {
@@ -83,7 +83,7 @@ TEST_F(Stores, StoreTablesAreHonoured) {
   tables_["kv_host_tiered"].insert_or_assign("host_pool_gib", 1.0);
   Result<kvrt_kv_geometry> g = kv_geometry({61, 0, 0, 0, 512, 64}, 1, 16);
   ASSERT_TRUE(g.ok());
-  std::map<std::string, StoreCapacity> by_store = compare(*g, {80ull << 30, 40ull << 30, 0.875});
+  std::map<std::string, StoreCapacity> by_store = compare(*g, {80ull << 30, 40ull << 30, 0.875, ""});
   EXPECT_EQ(by_store["kv_fp8_e4m3"].plan.bytes_per_token(), 35136u);  // no per-token scales
   EXPECT_EQ(by_store["kv_host_tiered"].host_tier_tokens, (1ull << 30) / (70272 * 16) * 16);
 }
@@ -93,7 +93,7 @@ TEST_F(Stores, ABudgetThatDoesNotFitIsListedWithItsShortfall) {
   ASSERT_TRUE(g.ok());
   // 140 GiB GPUs cannot hold 1 TiB of weights on 8 ranks at fraction 0.875.
   std::map<std::string, StoreCapacity> by_store =
-      compare(*g, {140ull << 30, (1ull << 40) / 8, 0.875});
+      compare(*g, {140ull << 30, (1ull << 40) / 8, 0.875, ""});
   const StoreCapacity& bf16 = by_store["kv_bf16_paged"];
   ASSERT_FALSE(bf16.error.ok());
   EXPECT_TRUE(bf16.error.IsNoMemory());
