@@ -54,14 +54,48 @@ def read_safetensors(path):
     return tensors
 
 
+def yarn(config, scaling, inv, head_dim):
+    """(inverse frequencies, attention factor) of rope_scaling yarn, as transformers'
+    _compute_yarn_parameters computes them (the explicit factor; truncate by default)."""
+    base, factor = config["rope_theta"], scaling["factor"]
+    original = scaling.get("original_max_position_embeddings") or config["max_position_embeddings"]
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            attention = mscale(factor, scaling["mscale"]) / mscale(factor, scaling["mscale_all_dim"])
+        else:
+            attention = mscale(factor)
+
+    def correction(rotations):
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction(scaling.get("beta_fast") or 32)
+    high = correction(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    return inv / factor * (1 - extrapolation) + inv * extrapolation, attention
+
+
 def inverse_frequencies(config, head_dim, llama3=True):
-    """RoPE's inverse frequencies; with rope_scaling llama3 adjusted as transformers does."""
+    """(RoPE's inverse frequencies, the factor on cos and sin); with rope_scaling llama3 or yarn
+    adjusted as transformers does."""
     base = config["rope_theta"]
     inv = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     scaling = config.get("rope_scaling")
     if not llama3 or scaling is None:
-        return inv
+        return inv, 1.0
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "yarn":
+        return yarn(config, scaling, inv, head_dim)
     if kind != "llama3":
         sys.exit(f"rope_scaling {kind} not handled")
     factor = scaling["factor"]
@@ -73,7 +107,7 @@ def inverse_frequencies(config, head_dim, llama3=True):
     smooth = (old_len / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return np.where(medium, smoothed, scaled)
+    return np.where(medium, smoothed, scaled), 1.0
 
 
 def rms_norm(x, weight, eps):
@@ -88,16 +122,18 @@ def rotate(x, cos, sin):
 
 
 class Model:
-    def __init__(self, directory, llama3_scaling=True):
+    def __init__(self, directory, llama3_scaling=True, rope_scaling=None):
         with open(os.path.join(directory, "config.json")) as f:
             self.c = json.load(f)
+        if rope_scaling is not None:
+            self.c["rope_scaling"] = rope_scaling
         self.w = read_safetensors(os.path.join(directory, "model.safetensors"))
         c = self.c
         self.heads = c["num_attention_heads"]
         self.kv_heads = c.get("num_key_value_heads", self.heads)
         self.head_dim = c.get("head_dim") or c["hidden_size"] // self.heads
         self.eps = c["rms_norm_eps"]
-        self.inv_freq = inverse_frequencies(c, self.head_dim, llama3_scaling)
+        self.inv_freq, self.rope_factor = inverse_frequencies(c, self.head_dim, llama3_scaling)
         self.qk_norm = c["architectures"][0] == "Qwen3ForCausalLM"
         embed = self.w["model.embed_tokens.weight"]
         self.lm_head = embed if c.get("tie_word_embeddings") else self.w["lm_head.weight"]
@@ -107,7 +143,7 @@ class Model:
         w, T, D = self.w, len(ids), self.head_dim
         x = w["model.embed_tokens.weight"][np.array(ids)]
         angles = np.arange(T, dtype=np.float64)[:, None] * self.inv_freq[None, :]
-        cos, sin = np.cos(angles), np.sin(angles)
+        cos, sin = np.cos(angles) * self.rope_factor, np.sin(angles) * self.rope_factor
         mask = np.triu(np.full((T, T), -np.inf), 1)
         group = self.heads // self.kv_heads
         for i in range(self.c["num_hidden_layers"]):
@@ -153,6 +189,8 @@ def long_prompt(bos, n, vocab, seed):
 
 
 QWEN3_PROMPT = [151644, 872, 198, 9707, 0, 10479, 525, 498, 30, 151645, 198, 151644, 77091, 198]
+# Qwen3's documented long-context setting (its model cards: YaRN x4 over 32,768 positions).
+QWEN3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
 QWEN3_SMOKE = [121628, 114159, 148887, 25823, 91299, 46495, 24730, 98791]
 # "<|begin_of_text|>I like to" and "<|begin_of_text|>The quick brown fox" in Llama 3.1's
 # tokenizer, then a 320-token prompt.
@@ -194,6 +232,10 @@ def main():
     if qwen3_runs[0][1][: len(QWEN3_SMOKE)] != QWEN3_SMOKE:
         sys.exit(f"tiny-qwen3 smoke check failed: {qwen3_runs[0][1]} != {QWEN3_SMOKE}...")
     llama3_runs = [(p, *llama3.greedy(p, STEPS)) for p in LLAMA3_PROMPTS]
+    qwen3_yarn = Model(os.path.join(MODELS, "tiny-qwen3"), rope_scaling=QWEN3_YARN)
+    yarn_prompts = [QWEN3_PROMPT, long_prompt(151643, 320, 151936, 7)]
+    yarn_runs = [(p, *qwen3_yarn.greedy(p, STEPS)) for p in yarn_prompts]
+    yarn_differs = [qwen3_yarn.greedy(p, STEPS)[0] != qwen3.greedy(p, STEPS)[0] for p in yarn_prompts]
 
     # rope_scaling llama3 must matter: the scaled and the unscaled model disagree.
     differs = []
@@ -228,6 +270,11 @@ def main():
     lines.append("")
     emit("kTinyLlama3Reference", llama3_runs, lines)
     lines.append("")
+    lines.append("// tiny-qwen3 with rope_scaling " + json.dumps(QWEN3_YARN) + " in its config.json")
+    lines.append(f"// (attention factor {qwen3_yarn.rope_factor:.6f}; greedy ids differ from plain RoPE's: "
+                 + ", ".join("yes" if d else "no" for d in yarn_differs) + ").")
+    emit("kTinyQwen3YarnReference", yarn_runs, lines)
+    lines.append("")
     lines.append("// tiny-llama3's RoPE inverse frequencies after rope_scaling llama3, and without it.")
     for name, model in (("kTinyLlama3InverseFrequencies", llama3), ("kTinyLlama3PlainInverseFrequencies", plain)):
         lines.append(f"inline const std::vector<double> {name} = {{")
@@ -238,7 +285,8 @@ def main():
     # The project's layout for the header (.clang-format), where the tool is installed.
     if shutil.which("clang-format"):
         subprocess.run(["clang-format", "-i", OUT], check=True)
-    for name, runs in (("tiny-qwen3", qwen3_runs), ("tiny-llama3", llama3_runs)):
+    for name, runs in (("tiny-qwen3", qwen3_runs), ("tiny-llama3", llama3_runs),
+                       ("tiny-qwen3 yarn", yarn_runs)):
         for prompt, ids, margins in runs:
             print(f"{name} ({len(prompt)} prompt ids): {ids}")
             print("  margins:", " ".join(f"{m:.4f}" for m in margins))

@@ -21,56 +21,6 @@ using parallel::split;
 
 namespace {
 
-double yarn_mscale(double scale, double mscale) {
-  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
-
-}  // namespace
-
-void rope_frequencies(const ModelConfig& c, int64_t dim, std::vector<float>* inv_freq,
-                      float* attention_factor) {
-  const auto base = static_cast<float>(c.rope_theta);
-  const int64_t half = dim / 2;
-  inv_freq->resize(half);
-  *attention_factor = 1;
-  for (int64_t i = 0; i < half; ++i) {
-    (*inv_freq)[i] = kernels::shared::rope_inverse_frequency(i, dim, base);
-  }
-  const ModelConfig::Yarn& y = c.yarn;
-  if (y.factor <= 0) return;
-  auto correction_dim = [&](double rotations) {
-    return dim * std::log(static_cast<double>(y.original_max_position_embeddings) /
-                          (rotations * 2 * M_PI)) /
-           (2 * std::log(static_cast<double>(c.rope_theta)));
-  };
-  double low = correction_dim(y.beta_fast), high = correction_dim(y.beta_slow);
-  if (y.truncate) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(dim - 1));
-  if (low == high) high += 0.001;
-  for (int64_t i = 0; i < half; ++i) {
-    const float extrapolation = (*inv_freq)[i];
-    const float interpolation = extrapolation / static_cast<float>(y.factor);
-    const float ramp = std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)),
-                                  0.0f, 1.0f);
-    const float keep = 1.0f - ramp;  // the share of extrapolation
-    (*inv_freq)[i] = interpolation * (1 - keep) + extrapolation * keep;
-  }
-  if (y.attention_factor > 0) {
-    *attention_factor = static_cast<float>(y.attention_factor);
-  } else if (y.mscale > 0 && y.mscale_all_dim > 0) {
-    *attention_factor =
-        static_cast<float>(yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim));
-  } else {
-    *attention_factor = static_cast<float>(yarn_mscale(y.factor, 1.0));
-  }
-}
-
-namespace {
-
 // The router's working arrays, sized once for the model (no allocation per token).
 struct RouteScratch {
   std::vector<float> scores, choice, group;  // [E], [E], [n_group]

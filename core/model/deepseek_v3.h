@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "core/model/architecture.h"
+#include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/parallel/shard.h"
 
@@ -97,12 +98,6 @@ std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w);
 // router's correction bias std 0.02 too, so it does change some choices).
 DeepseekV3Weights generate_deepseek_v3(const ModelConfig& config, uint64_t seed);
 
-// The rotary inverse frequencies of `dim` values ([dim / 2]) and the factor cos and sin are
-// scaled by: plain RoPE (1 / theta^(2i / dim), factor 1), or YaRN as transformers computes it
-// (_compute_yarn_parameters: interpolation by `factor` blended into extrapolation over the
-// beta_fast..beta_slow correction range; the attention factor from mscale / mscale_all_dim).
-void rope_frequencies(const ModelConfig& config, int64_t dim, std::vector<float>* inv_freq,
-                      float* attention_factor);
 // The attention's softmax scale: 1 / sqrt(qk_nope + qk_rope), times mscale(factor,
 // mscale_all_dim)^2 under YaRN (DeepseekV3Attention's).
 float mla_softmax_scale(const ModelConfig& config);

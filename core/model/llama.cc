@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/parallel/linear.h"
 #include "core/parallel/vocab_parallel.h"
@@ -41,6 +42,7 @@ class Llama : public Architecture {
   int64_t head_dim_ = 0, nq_ = 0, nkv_ = 0;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;           // [D / 2]
+  float rope_scale_ = 1;                  // YaRN's attention factor on cos and sin
   std::unique_ptr<parallel::VocabParallel> vocab_;  // the embedding, final norm and LM head
   // Activations, grown to the largest step seen.
   backend::Buffer x_, cos_, sin_, h_, qkv_, attn_, partial_, gate_up_, act_;
@@ -51,7 +53,7 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& 
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
   head_dim_ = c.head_dim;
-  inv_freq_ = rope_inverse_frequencies(c, head_dim_);
+  rope_frequencies(c, head_dim_, &inv_freq_, &rope_scale_);
   nq_ = shard.q_heads.size();
   nkv_ = shard.kv_heads.size();
   // The shard's rows and columns within the tensors as held: all of each, or one rank's part.
@@ -123,7 +125,7 @@ Status Llama::forward(const StepInputs& in, backend::Backend& be, comm::Communic
   check(vocab_->embed(be, comm, in.ids, x_.data()));
 
   for (backend::Buffer* b : {&cos_, &sin_}) be.reserve(b, T * D / 2);
-  be.rope_tables_from(in.positions, inv_freq_, 1.0f, cos_.data(), sin_.data());
+  be.rope_tables_from(in.positions, inv_freq_, rope_scale_, cos_.data(), sin_.data());
   be.reserve(&h_, T * H);
   be.reserve(&qkv_, T * qkv_width);
   be.reserve(&attn_, T * nq_ * D);
@@ -269,29 +271,6 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
   return s;
 }
 
-std::vector<float> rope_inverse_frequencies(const ModelConfig& c, int64_t head_dim) {
-  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = kernels::shared::rope_inverse_frequency(static_cast<int64_t>(i), head_dim,
-                                                          static_cast<float>(c.rope_theta));
-  }
-  const ModelConfig::Llama3Rope& l = c.llama3;
-  if (l.factor <= 0) return inv_freq;
-  const double original = static_cast<double>(l.original_max_position_embeddings);
-  const double low_wavelen = original / l.low_freq_factor;
-  const double high_wavelen = original / l.high_freq_factor;
-  for (float& f : inv_freq) {
-    const double wavelen = 2 * std::numbers::pi / f;
-    if (wavelen > low_wavelen) {
-      f = static_cast<float>(f / l.factor);
-    } else if (wavelen >= high_wavelen) {
-      const double smooth =
-          (original / wavelen - l.low_freq_factor) / (l.high_freq_factor - l.low_freq_factor);
-      f = static_cast<float>((1 - smooth) * f / l.factor + smooth * f);
-    }
-  }
-  return inv_freq;
-}
 
 const ArchitectureFamily& llama_family() {
   static const ArchitectureFamily kFamily{"llama", check_tp, load, tensors, generate, create};

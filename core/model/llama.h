@@ -29,11 +29,5 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
 
 const ArchitectureFamily& llama_family();
 
-// RoPE's inverse frequencies for heads of `head_dim` ([head_dim / 2]): 1 / theta^(2i / head_dim)
-// in f32 as transformers computes them, with rope_scaling llama3 (config.llama3.factor > 0)
-// adjusted as its _compute_llama3_parameters does: wavelengths beyond
-// original_max_position_embeddings / low_freq_factor are divided by factor, those below
-// original / high_freq_factor kept, and those between interpolated.
-std::vector<float> rope_inverse_frequencies(const ModelConfig& config, int64_t head_dim);
 
 }  // namespace kvrt::model

@@ -469,15 +469,6 @@ Status check_deepseek(const ModelConfig& c, const std::string& source) {
     if (value <= 0) return error(key, "a positive value is required (MLA)");
   }
   if (c.mla.qk_rope_head_dim % 2 != 0) return error("qk_rope_head_dim", "must be even");
-  const ModelConfig::Yarn& y = c.yarn;
-  if (y.factor > 0) {
-    if (!(y.beta_fast > 0 && y.beta_slow > 0 && y.original_max_position_embeddings > 0)) {
-      return error("rope_scaling",
-                   "yarn needs positive beta_fast, beta_slow and "
-                   "original_max_position_embeddings");
-    }
-    if (!(c.rope_theta > 1)) return error("rope_theta", "yarn needs a base above 1");
-  }
   const ModelConfig::Moe& m = c.moe;
   if (m.n_routed_experts == 0) return Status::Ok();
   if (m.moe_intermediate_size <= 0) return error("moe_intermediate_size", "must be positive");
@@ -509,17 +500,30 @@ Status check_deepseek(const ModelConfig& c, const std::string& source) {
   return Status::Ok();
 }
 
-// rope_scaling as the executor runs it: "default" (plain RoPE), llama3 in the Llama family,
-// yarn in DeepSeek-V3; every other type is refused by name rather than run as plain RoPE.
+// rope_scaling as the executor runs it: "default" (plain RoPE) and yarn everywhere, llama3 in
+// the Llama family; every other type is refused by name rather than run as plain RoPE.
 Status check_rope_scaling(const ModelConfig& c, bool deepseek, const std::string& source) {
   const std::string& type = c.rope_scaling_type;
   const std::string implemented =
       deepseek ? "DeepSeek-V3 runs \"default\" and \"yarn\""
-               : "the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\" and \"llama3\"";
+               : "the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\", \"llama3\" "
+                 "and \"yarn\"";
   if (type.empty()) {
     return Status::Unsupported(source + ": rope_scaling: no rope_type (" + implemented + ")");
   }
-  if (type == "default" || (deepseek && type == "yarn")) return Status::Ok();
+  if (type == "default") return Status::Ok();
+  if (type == "yarn") {
+    const ModelConfig::Yarn& y = c.yarn;
+    if (!(y.beta_fast > 0 && y.beta_slow > 0 && y.original_max_position_embeddings > 0)) {
+      return Status::Unsupported(source +
+                                 ": rope_scaling: yarn needs positive beta_fast, beta_slow and "
+                                 "original_max_position_embeddings");
+    }
+    if (!(c.rope_theta > 1)) {
+      return Status::Unsupported(source + ": rope_theta: yarn needs a base above 1");
+    }
+    return Status::Ok();
+  }
   if (deepseek || type != "llama3") {
     return Status::Unsupported(source + ": rope_scaling: unsupported type '" + type + "' (" +
                                implemented + ")");

@@ -145,7 +145,7 @@ Result<ModelConfig> read_hf_config_file(const std::string& path);
 
 // Whether the executor can run `config`: a supported architecture (supported_architectures()),
 // the required fields present, hidden_act silu, rope_scaling absent, "default", "llama3" (the
-// Llama family) or "yarn" (DeepSeek-V3) -- "linear", "dynamic" and the rest are refused by name
+// Llama family) or "yarn" (both families) -- "linear", "dynamic" and the rest are refused by name
 // --, no mlp_bias, no Qwen2 / Qwen3 sliding window, DeepSeek-V3's MLA and router fields usable,
 // and validate(). Errors name `source` and the field.
 Status check_runnable(const ModelConfig& config, const std::string& source);

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/model/llama.h"
+#include "core/model/rope.h"
 #include "tests/e2e/greedy_reference.h"
 #include "tests/e2e/model_run.h"
 #include "tests/e2e/tiny_hf_reference.h"
@@ -32,9 +33,12 @@ TEST(TinyLlama3, InverseFrequenciesAreLlama3s) {
   if (!have_model()) GTEST_SKIP() << "tiny-llama3 not found at " << model_dir();
   Result<model::ModelConfig> c = model::parse_hf_config(model_dir() + "/config.json");
   ASSERT_TRUE(c.ok()) << c.status().message();
-  const std::vector<float> scaled = model::rope_inverse_frequencies(*c, c->head_dim);
+  std::vector<float> scaled, plain;
+  float factor = 0;
+  model::rope_frequencies(*c, c->head_dim, &scaled, &factor);
+  EXPECT_EQ(factor, 1.0f);
   c->llama3 = {};
-  const std::vector<float> plain = model::rope_inverse_frequencies(*c, c->head_dim);
+  model::rope_frequencies(*c, c->head_dim, &plain, &factor);
   ASSERT_EQ(scaled.size(), e2e::kTinyLlama3InverseFrequencies.size());
   for (size_t i = 0; i < scaled.size(); ++i) {
     SCOPED_TRACE(i);

@@ -8,6 +8,11 @@
 // 10).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -63,6 +68,39 @@ TEST(TinyQwen3Runtime, ChatPromptTextGivesTheReferenceIds) {
   EXPECT_EQ(run.runtime->tokenizer->encode(chat, /*add_special_tokens=*/false),
             e2e::kTinyQwen3Reference[0].prompt);
   e2e::expect_reference_ids(*run.runtime->engine, e2e::kTinyQwen3Reference);
+}
+
+// YaRN in the Llama family: tiny-qwen3 with Qwen3's documented long-context rope_scaling
+// ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}) written into a
+// copy of its config.json. The reference computes transformers' _compute_yarn_parameters in
+// float64 (interpolated low frequencies, cos and sin scaled by 0.1 ln 4 + 1); the greedy ids,
+// which differ from plain RoPE's on both prompts, match at TP 1 and 2 in f32.
+TEST(TinyQwen3Yarn, GreedyIdsMatchTheReference) {
+  if (!have_model()) GTEST_SKIP() << "tiny-qwen3 not found at " << model_dir();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kvrt_qwen3_yarn_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  for (const fs::directory_entry& e : fs::directory_iterator(model_dir())) {
+    if (e.path().filename() != "config.json") {
+      fs::create_symlink(fs::absolute(e.path()), dir / e.path().filename());
+    }
+  }
+  std::ifstream in(model_dir() + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["rope_scaling"] = {{"rope_type", "yarn"},
+                            {"factor", 4.0},
+                            {"original_max_position_embeddings", 32768}};
+  std::ofstream(dir / "config.json") << config.dump(2);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("TP " + std::to_string(tp));
+    e2e::ModelRun run(dir.string(), "kv_f32_paged", tp, 16,
+                      {"model.dtype=\"f32\"", "model.matmul_precision=\"highest\"",
+                       "device.memory=\"128MiB\""});
+    ASSERT_TRUE(run.runtime.ok()) << run.runtime.status().message();
+    EXPECT_DOUBLE_EQ(run.runtime->model.yarn.factor, 4.0);
+    e2e::expect_reference_ids(*run.runtime->engine, e2e::kTinyQwen3YarnReference);
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -348,8 +348,17 @@ TEST(ModelConfigTest, RopeScalingTypes) {
     ASSERT_TRUE(c.ok()) << c.status().message();
     EXPECT_EQ(c->llama3.factor, 0);
   }
+  // yarn (Qwen's long-context setting) is read, under either key.
+  for (const char* key : {"type", "rope_type"}) {
+    auto c = with("{\"" + std::string(key) +
+                  "\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}");
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_DOUBLE_EQ(c->yarn.factor, 4.0);
+    EXPECT_EQ(c->yarn.original_max_position_embeddings, 32768);
+    EXPECT_EQ(c->llama3.factor, 0);
+  }
   // Types not implemented are refused by name, with the file and the key, under either key.
-  for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
+  for (const char* type : {"linear", "dynamic", "longrope"}) {
     for (const char* key : {"type", "rope_type"}) {
       SCOPED_TRACE(std::string(key) + " " + type);
       auto c = with("{\"" + std::string(key) + "\": \"" + type + "\", \"factor\": 2.0}");
@@ -357,8 +366,8 @@ TEST(ModelConfigTest, RopeScalingTypes) {
       EXPECT_EQ(c.status().code(), Status::Code::kUnsupported);
       EXPECT_THAT(c.status().message(),
                   HasSubstr("config.json: rope_scaling: unsupported type '" + std::string(type) +
-                            "' (the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\" "
-                            "and \"llama3\")"));
+                            "' (the Llama family (Llama, Mistral, Qwen2, Qwen3) runs \"default\", "
+                            "\"llama3\" and \"yarn\")"));
     }
   }
   auto untyped = with("{\"factor\": 2.0}");
