@@ -106,9 +106,10 @@ Status parse_compressed_tensors(const json& q, const Bad& bad, WeightFormat* f) 
   if (symmetric == nullptr || !symmetric->is_boolean()) {
     return bad(wat + ".symmetric", "missing, or not a boolean");
   }
-  if (!symmetric->get<bool>()) {
-    return bad(wat + ".symmetric", "false is not served yet (asymmetric codes with zero points)");
+  if (!symmetric->get<bool>() && fmt != "pack-quantized") {
+    return bad(wat + ".symmetric", "false is served for pack-quantized int codes only");
   }
+  f->symmetric = symmetric->get<bool>();
   if (const json* dynamic = field("dynamic"); dynamic != nullptr && *dynamic != false) {
     return bad(wat + ".dynamic", dynamic->dump() + " is not served");
   }
@@ -285,18 +286,53 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
                   std::vector<int64_t>{shape[0], groups},
                   "groups of " + std::to_string(group) + " of " + shape_string(shape));
   if (!scales.ok()) return scales.status();
-  const uint32_t mask = (1u << f.bits) - 1, offset = 1u << (f.bits - 1);
+  const uint32_t mask = (1u << f.bits) - 1;
+  const auto offset = static_cast<int32_t>(1u << (f.bits - 1));
+  // The i-th code of a word, as the signed value it was packed from.
+  auto unpack = [&](uint32_t word, int64_t i) {
+    return static_cast<int32_t>((word >> (f.bits * i)) & mask) - offset;
+  };
+  // Asymmetric: zero points packed down the rows, [ceil(out / per_word)][groups].
+  Result<TensorView> zeros = Status::NotFound("symmetric");
+  if (!f.symmetric) {
+    const std::string zero_name = module + ".weight_zero_point";
+    const std::vector<int64_t> zero_shape = {(shape[0] + per_word - 1) / per_word, groups};
+    if (!ck.contains(zero_name)) {
+      return refuse(*packed, packed_name, "its zero points " + in_quotes(zero_name) + " (I32 " +
+                                              shape_string(zero_shape) +
+                                              ") are missing, and the config is asymmetric");
+    }
+    // A part must hold whole words of zero points too (rows are cut only at their edges).
+    auto whole_rows = [&](int64_t r) { return r == shape[0] || r % per_word == 0; };
+    if (!whole_rows(rows.begin) || !whole_rows(rows.end)) {
+      return refuse(*packed, zero_name,
+                    "rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                        ") of a TP rank cut a word of " + std::to_string(per_word) +
+                        " zero points (choose a TP size that splits the output dimension at them)");
+    }
+    zeros = ck.get(zero_name);
+    if (!zeros.ok()) return zeros.status();
+    if (zeros->dtype != DType::kI32 || zeros->shape != zero_shape) {
+      return refuse(*zeros, zero_name,
+                    "expected I32 " + shape_string(zero_shape) + " (" + std::to_string(per_word) +
+                        " zero points a word down the rows of " + shape_string(shape) +
+                        "), found " + std::string(dtype_name(zeros->dtype)) + " " +
+                        shape_string(zeros->shape));
+    }
+  }
   out.resize(static_cast<size_t>(rows.size() * cols.size()));
   for (int64_t r = rows.begin; r < rows.end; ++r) {
     float* o = out.data() + (r - rows.begin) * cols.size();
     const float* row_scales = scales->data() + r * groups;
     for (int64_t c = cols.begin; c < cols.end; ++c) {
       const auto word = static_cast<uint32_t>(int32_at(*packed, r * words + c / per_word));
-      const uint32_t code = (word >> (f.bits * (c % per_word))) & mask;
-      // q x scale: exact in f32 for a bf16 scale and |q| <= 128.
-      o[c - cols.begin] =
-          static_cast<float>(static_cast<int32_t>(code) - static_cast<int32_t>(offset)) *
-          row_scales[c / group];
+      int32_t q = unpack(word, c % per_word);
+      if (zeros.ok()) {
+        q -= unpack(static_cast<uint32_t>(int32_at(*zeros, (r / per_word) * groups + c / group)),
+                    r % per_word);
+      }
+      // (q - z) x scale: exact in f32 for a bf16 scale and |q - z| <= 256.
+      o[c - cols.begin] = static_cast<float>(q) * row_scales[c / group];
     }
   }
   return Status::Ok();
@@ -314,7 +350,7 @@ std::string WeightFormat::describe() const {
     case Kind::kPackedInt:
       return "compressed-tensors int" + std::to_string(bits) + ", " +
              (group_size > 0 ? "groups of " + std::to_string(group_size) : std::string("per row")) +
-             ", symmetric (dequantized at load)";
+             (symmetric ? ", symmetric" : ", zero points") + " (dequantized at load)";
     case Kind::kChannelFp8:
       return std::string("compressed-tensors fp8 e4m3, ") +
              (per_tensor ? "one scale" : "a scale per row") + " (dequantized at load)";

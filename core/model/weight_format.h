@@ -11,10 +11,12 @@
 //    element's global row and column.
 //  - compressed-tensors (Kimi-K2-Thinking / K2.5's experts, llm-compressor's output): quant_method
 //    "compressed-tensors" with one config group of weights
-//    - format "pack-quantized", type "int", 4 or 8 bits, symmetric, strategy "group" (group_size)
-//      or "channel": `<module>.weight_packed` int32 words (8 or 4 codes each, lowest bits first,
+//    - format "pack-quantized", type "int", 4 or 8 bits, strategy "group" (group_size) or
+//      "channel": `<module>.weight_packed` int32 words (8 or 4 codes each, lowest bits first,
 //      stored as q + 2^(bits-1)), `<module>.weight_scale` [out, groups] and `<module>.weight_shape`
-//      [out, in]; the weight is q x scale per group. A TP part may not cut a group or a word;
+//      [out, in]; the weight is q x scale per group when symmetric, (q - z) x scale when not,
+//      the zero points z in `<module>.weight_zero_point`, packed the same way down the rows
+//      ([ceil(out / codes a word), groups]). A TP part may not cut a group or a word;
 //    - format "float-quantized", type "float", 8 bits: `<module>.weight` F8_E4M3 and
 //      `<module>.weight_scale` per output row ("channel") or one ("tensor").
 //    `ignore` names the modules left dense, exactly or as "re:" regular expressions matched from
@@ -42,6 +44,7 @@ struct WeightFormat {
   int64_t block_rows = 0, block_cols = 0;  // kFp8Block: weight_block_size
   int bits = 0;                            // kPackedInt: 4 or 8
   int64_t group_size = 0;                  // kPackedInt: 0 = one group per row ("channel")
+  bool symmetric = true;                   // kPackedInt: false = zero points (weight_zero_point)
   bool per_tensor = false;                 // kChannelFp8: one scale ("tensor")
   // Modules left unquantized by name (modules_to_not_convert / ignored_layers / ignore), exactly
   // as written ("re:" for a regular expression); a stored dtype says the same, and a quantized

@@ -1205,15 +1205,102 @@ TEST(WeightFormat, PackedInt4GroupsDequantizeAndHostileOnesAreRefusedByName) {
                                          "[2, 16]");
   const nlohmann::json gptq = {{"quant_method", "gptq"}};
   EXPECT_FALSE(WeightFormat::parse(&gptq, "config.json").ok());
-  const nlohmann::json asymmetric = nlohmann::json::parse(
-      R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
-          {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
-          "symmetric": false, "strategy": "group", "group_size": 32}}}})");
-  Result<WeightFormat> a = WeightFormat::parse(&asymmetric, "config.json");
+  // Asymmetric fp8 has no zero points to read: refused by key.
+  const nlohmann::json asymmetric_fp8 = nlohmann::json::parse(
+      R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups":
+          {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+          "symmetric": false, "strategy": "channel"}}}})");
+  Result<WeightFormat> a = WeightFormat::parse(&asymmetric_fp8, "config.json");
   ASSERT_FALSE(a.ok());
   EXPECT_THAT(a.status().message(),
-              HasSubstr("quantization_config.config_groups.g.weights.symmetric: false is not "
-                        "served yet"));
+              HasSubstr("quantization_config.config_groups.g.weights.symmetric: false is served "
+                        "for pack-quantized int codes only"));
+}
+
+// Asymmetric int4 (compressed-tensors with symmetric false): weight = (q - z) x scale, the zero
+// points z packed 8 to a word down the rows ([ceil(out / 8), groups]) as compressed-tensors'
+// pack_to_int32(packed_dim=0) writes them; missing or misshapen zero points, and a TP part
+// that cuts a word of them, are refused by name.
+TEST(WeightFormat, AsymmetricInt4DequantizesWithPackedZeroPoints) {
+  TempDir dir;
+  const nlohmann::json config = nlohmann::json::parse(
+      R"({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups":
+          {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int",
+          "symmetric": false, "strategy": "group", "group_size": 8}}}})");
+  Result<WeightFormat> f = WeightFormat::parse(&config, "config.json");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_FALSE(f->symmetric);
+  EXPECT_THAT(f->describe(), HasSubstr("zero points"));
+  // 10 rows (two words of zero points, the second half full) of 16 columns, groups of 8.
+  constexpr int kRows = 10, kCols = 16, kGroups = 2;
+  auto q_of = [](int r, int c) { return ((r * 5 + c * 3) % 16) - 8; };
+  auto z_of = [](int r, int g) { return ((r * 3 + g * 7) % 16) - 8; };
+  std::vector<int32_t> codes(kRows * kCols / 8, 0), zeros(2 * kGroups, 0);
+  std::vector<float> scales(kRows * kGroups);
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kCols; ++c) {
+      codes[r * 2 + c / 8] |= static_cast<int32_t>(static_cast<uint32_t>(q_of(r, c) + 8) << (4 * (c % 8)));
+    }
+    for (int g = 0; g < kGroups; ++g) {
+      zeros[(r / 8) * kGroups + g] |=
+          static_cast<int32_t>(static_cast<uint32_t>(z_of(r, g) + 8) << (4 * (r % 8)));
+      scales[r * kGroups + g] = 0.25f * static_cast<float>(1 + (r + g) % 3);
+    }
+  }
+  auto write = [&](const std::vector<int64_t>& zero_shape, bool with_zeros) {
+    std::vector<RawTensor> tensors = {{"w.weight_scale", "BF16", {kRows, kGroups}, BF16Bytes(scales)},
+                                       {"w.weight_packed", "I32", {kRows, 2}, I32Bytes(codes)}};
+    if (with_zeros) {
+      std::vector<int32_t> z = zeros;
+      z.resize(static_cast<size_t>(zero_shape[0] * zero_shape[1]));
+      tensors.push_back({"w.weight_zero_point", "I32", zero_shape, I32Bytes(z)});
+    }
+    WriteSafetensors(dir / "model.safetensors", tensors);
+    return SafetensorsCheckpoint::open(dir.path());
+  };
+  {
+    Result<SafetensorsCheckpoint> ck = write({2, kGroups}, true);
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    for (parallel::Range rows : {parallel::Range{0, kRows}, parallel::Range{8, kRows}}) {
+      std::vector<float> out;
+      const Status s =
+          load_block(*ck, *f, dir.path(), "w.weight", {kRows, kCols}, rows, {0, kCols}, out);
+      ASSERT_TRUE(s.ok()) << s.message();
+      for (int64_t r = rows.begin; r < rows.end; ++r) {
+        for (int c = 0; c < kCols; ++c) {
+          const int r32 = static_cast<int>(r);
+          EXPECT_EQ(out[(r - rows.begin) * kCols + c],
+                    static_cast<float>(q_of(r32, c) - z_of(r32, c / 8)) * scales[r * kGroups + c / 8])
+              << "[" << r << ", " << c << "]";
+        }
+      }
+    }
+    // Stored bytes count the zero points with the codes and scales.
+    Result<uint64_t> bytes =
+        stored_quantized_bytes(*ck, *f, "w.weight", {kRows, kCols}, {0, kRows}, {0, kCols});
+    ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+    EXPECT_EQ(*bytes, codes.size() * 4 + scales.size() * 2 + 2 * kGroups * 4);
+    std::vector<float> out;
+    const Status cut =
+        load_block(*ck, *f, dir.path(), "w.weight", {kRows, kCols}, {0, 5}, {0, kCols}, out);
+    ASSERT_FALSE(cut.ok());
+    EXPECT_THAT(cut.message(), HasSubstr("'w.weight_zero_point': rows [0, 5) of a TP rank cut a "
+                                         "word of 8 zero points"));
+  }
+  auto refused = [&](Result<SafetensorsCheckpoint> ck, const std::string& message) {
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    std::vector<float> out;
+    const Status s =
+        load_block(*ck, *f, dir.path(), "w.weight", {kRows, kCols}, {0, kRows}, {0, kCols}, out);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_THAT(s.message(), HasSubstr(message));
+  };
+  refused(write({2, kGroups}, false),
+          "its zero points 'w.weight_zero_point' (I32 [2, 2]) are missing, and the config is "
+          "asymmetric");
+  refused(write({1, kGroups}, true),
+          "'w.weight_zero_point': expected I32 [2, 2] (8 zero points a word down the rows of "
+          "[10, 16]), found I32 [1, 2]");
 }
 
 }  // namespace
