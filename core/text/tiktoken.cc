@@ -403,11 +403,16 @@ Result<std::unique_ptr<Tokenizer>> load_tiktoken(const std::string& model_path,
   if (!model.ok()) return model.status();
   Result<TokenizerConfig> config = read_tokenizer_config_if_any(config_path);
   if (!config.ok()) return config.status();
-  auto tokenizer = std::make_unique<TiktokenTokenizer>();
-  if (Status s = tokenizer->read_model(*model, model_path); !s.ok()) return s;
   // Without a tokenizer_config.json, what the specials lack is the model's doing.
-  const std::string& config_name = config_path.empty() ? model_path : config_path;
-  if (Status s = tokenizer->configure(*config, config_name); !s.ok()) return s;
+  return parse_tiktoken(*model, *config, model_path, config_path.empty() ? model_path : config_path);
+}
+
+Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model, const TokenizerConfig& config,
+                                                  const std::string& model_name,
+                                                  const std::string& config_name) {
+  auto tokenizer = std::make_unique<TiktokenTokenizer>();
+  if (Status s = tokenizer->read_model(model, model_name); !s.ok()) return s;
+  if (Status s = tokenizer->configure(config, config_name); !s.ok()) return s;
   return std::unique_ptr<Tokenizer>(std::move(tokenizer));
 }
 

@@ -10,8 +10,10 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/text/tokenizer.h"
+#include "core/text/tokenizer_config.h"
 #include "core/util/file.h"
 #include "core/util/status.h"
 
@@ -27,5 +29,11 @@ inline constexpr util::FileKind kTiktokenFile{"tiktoken model", 64 * util::kMiB}
 // naming that file and the key.
 Result<std::unique_ptr<Tokenizer>> load_tiktoken(const std::string& model_path,
                                                  const std::string& config_path);
+
+// The same from text already read: tiktoken.model's `model` (messages name `model_name`) and a
+// tokenizer_config.json's `config` (`config_name`; a default TokenizerConfig for none).
+Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model, const TokenizerConfig& config,
+                                                  const std::string& model_name,
+                                                  const std::string& config_name);
 
 }  // namespace kvrt::text

@@ -14,7 +14,7 @@ work=$(cd "$bin/.." && pwd)
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(config model_config safetensors safetensors_index workload trace matrix corpus_ids
-           plugin_file generate_body chat_template tokenizer)
+           plugin_file generate_body chat_template tokenizer tiktoken)
 fi
 # The repository's own files of each kind are seeds too (not copied: libFuzzer reads them).
 extra_seeds() {
