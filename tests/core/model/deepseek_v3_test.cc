@@ -109,12 +109,18 @@ TEST(DeepseekV3Config, RefusesWhatItCannotRunByName) {
     ASSERT_FALSE(r.ok()) << c.to;
     EXPECT_THAT(r.status().message(), HasSubstr(c.expect));
   }
-  // A Llama with yarn is refused: yarn is DeepSeek-V3's here (Llama's is llama3).
+  // yarn runs in both families (a Llama with yarn is Qwen's long-context setting); llama3 is the
+  // Llama family's only, refused on DeepSeek-V3 by name.
   Result<ModelConfig> llama = parse(replace(
       replace(base, "DeepseekV3ForCausalLM", "LlamaForCausalLM"), "\"rope_scaling\": null",
       "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}"));
-  ASSERT_FALSE(llama.ok());
-  EXPECT_THAT(llama.status().message(), HasSubstr("rope_scaling: unsupported type 'yarn'"));
+  ASSERT_TRUE(llama.ok()) << llama.status().message();
+  Result<ModelConfig> deepseek = parse(replace(
+      base, "\"rope_scaling\": null",
+      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+      "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}"));
+  ASSERT_FALSE(deepseek.ok());
+  EXPECT_THAT(deepseek.status().message(), HasSubstr("rope_scaling: unsupported type 'llama3'"));
 }
 
 // The expected values are transformers' _compute_yarn_parameters (float32 pow and divisions,
