@@ -32,29 +32,27 @@ int64_t unix_time() {
       .count();
 }
 
-void respond_json(Exchange& exchange, int status, std::string body) {
-  exchange.respond(status, std::move(body), "application/json", /*retry_after=*/false);
+Reply json_reply(int status, std::string body) {
+  Reply r;
+  r.answer = Reply::Answer{status, std::move(body), "application/json", /*retry_after=*/false};
+  return r;
 }
 
-void respond_error(Exchange& exchange, const ApiError& e) {
+Reply error_reply(const ApiError& e) {
+  Reply r = json_reply(e.status, error_body(e));
   // "Full now": the client may retry; nothing else is worth a retry.
-  exchange.respond(e.status, error_body(e), "application/json", e.type == "server_overloaded");
+  r.answer->retry_after = e.type == "server_overloaded";
+  return r;
 }
 
-Call::Call(Service& service, GenerateCall call, std::shared_ptr<Exchange> exchange, bool health)
-    : service_(service), call_(std::move(call)), exchange_(std::move(exchange)), health_(health) {}
-
-void Call::finish() { exchange_.reset(); }
+Call::Call(Service& service, GenerateCall call, Post post, bool health)
+    : service_(service), call_(std::move(call)), post_(std::move(post)), health_(health) {}
 
 void Call::refuse(const ApiError& e) {
   pending_.clear();
   answered_ = true;
-  if (health_) {
-    respond_json(*exchange_, 503, error_body({503, e.message, "", "server_error"}));
-  } else {
-    respond_error(*exchange_, e);
-  }
-  finish();
+  reply_ = health_ ? json_reply(503, error_body({503, e.message, "", "server_error"}))
+                   : error_reply(e);
 }
 
 // One id for the call, its choices told apart by index (as OpenAI's).
@@ -68,11 +66,11 @@ std::string Call::openai_id() const {
 // The Responses API's message id, beside the response's ("resp_<rid>", "msg_<rid>").
 std::string Call::message_id() const { return "msg_" + pending_[0].result.rid; }
 
-bool Call::start() {
+Reply Call::start() {
   // The prompt step: text and conversations to ids (a refusal names the call's field).
   if (auto e = tokenize_prompts(&call_, service_.limits())) {
     refuse(*e);
-    return false;
+    return take();
   }
   // Unseeded: a fresh seed per call (recorded in the trace), so that two unseeded requests
   // are two draws, as in SGLang and vLLM, yet each can be replayed exactly.
@@ -105,7 +103,7 @@ bool Call::start() {
     // Nothing of the call was submitted.
     pending_.clear();
     refuse(refusal(s, call_, refused));
-    return false;
+    return take();
   }
   for (size_t i = 0; i < call_.prompts.size(); ++i) {
     pending_[i * per].submitted = true;
@@ -114,26 +112,26 @@ bool Call::start() {
   answered_ = false;
   unfinished_ = pending_.size();
   if (call_.stream) {
-    exchange_->begin_stream();
+    reply_.begin_stream = true;
     if (call_.dialect == Dialect::kResponses) begin_responses_stream();
   }
-  return true;
+  return take();
 }
 
 // The response and its one message open before any text.
 void Call::begin_responses_stream() {
   sequence_ = 0;
   const json response = responses_json(call_, pending_[0].result, openai_id(), created_);
-  exchange_->write_event(
+  write_event(
       sse_event(responses_event("response.created", sequence_++, {{"response", response}})));
-  exchange_->write_event(
+  write_event(
       sse_event(responses_event("response.in_progress", sequence_++, {{"response", response}})));
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       "response.output_item.added", sequence_++,
       {{"output_index", 0},
        {"item", {{"type", "message"}, {"id", message_id()}, {"status", "in_progress"},
                  {"role", "assistant"}, {"content", json::array()}}}})));
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       "response.content_part.added", sequence_++,
       {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
        {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}})));
@@ -150,23 +148,23 @@ void Call::end_responses_stream(const Pending& p) {
                                     ? "server_error"
                                     : "request_aborted"},
                        {"message", p.result.message}};
-    exchange_->write_event(
+    write_event(
         sse_event(responses_event("response.failed", sequence_++, {{"response", failed}})));
     return;
   }
   const json part = {{"type", "output_text"}, {"text", p.result.text},
                      {"annotations", json::array()}};
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       "response.output_text.done", sequence_++,
       {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
        {"text", p.result.text}, {"logprobs", json::array()}})));
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       "response.content_part.done", sequence_++,
       {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0}, {"part", part}})));
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       "response.output_item.done", sequence_++,
       {{"output_index", 0}, {"item", response["output"][0]}})));
-  exchange_->write_event(sse_event(responses_event(
+  write_event(sse_event(responses_event(
       response["status"] == "completed" ? "response.completed" : "response.incomplete",
       sequence_++, {{"response", response}})));
 }
@@ -199,9 +197,9 @@ std::pair<serve::GenerateRequest, serve::RequestSink> Call::request_for(size_t k
   r.stream = call_.stream || (p.candidate == 0 && candidates() > 1);
   // The sinks keep the call and its connection alive until the request ends (the core drops
   // them then), so its answer always has a connection to go to.
-  serve::RequestSink sink = [self = shared_from_this(), exchange = exchange_,
+  serve::RequestSink sink = [self = shared_from_this(), post = post_,
                              k](serve::RequestOutput out) {
-    exchange->post([self, k, out = std::move(out)] { self->on_output(k, out); });
+    post([self, k, out = std::move(out)] { return self->on_output(k, out); });
   };
   return {std::move(r), std::move(sink)};
 }
@@ -238,11 +236,11 @@ void Call::submit_rest(size_t prompt) {
                             ? first.reason
                             : serve::FinishReason::kAborted;
     end.message = s.message();
-    on_output(k, end);
+    output(k, end);
   }
 }
 
-void Call::abort(const std::string& reason) {
+Reply Call::abort(const std::string& reason) {
   for (size_t k = 0; k < pending_.size(); ++k) {
     const Pending& p = pending_[k];
     if (p.result.finished) continue;
@@ -255,12 +253,18 @@ void Call::abort(const std::string& reason) {
       end.finished = true;
       end.finish_reason = serve::FinishReason::kAborted;
       end.message = reason;
-      on_output(k, end);
+      output(k, end);
     }
   }
+  return take();
 }
 
-void Call::on_output(size_t k, const serve::RequestOutput& out) {
+Reply Call::on_output(size_t k, const serve::RequestOutput& out) {
+  output(k, out);
+  return take();
+}
+
+void Call::output(size_t k, const serve::RequestOutput& out) {
   if (k >= pending_.size() || pending_[k].id != out.id) return;
   Pending& p = pending_[k];
   if (p.result.finished) return;
@@ -282,27 +286,29 @@ void Call::answer(Pending& last) {
   answered_ = true;
   for (const Pending& p : pending_) service_.forget_rid(p.result.rid, p.id);
   if (health_) {
-    serve::completed(last.result.reason)
-        ? exchange_->respond(200, "", "text/plain", false)
-        : respond_json(*exchange_, 503, error_body({503, last.result.message, "", "server_error"}));
-    return finish();
+    if (serve::completed(last.result.reason)) {
+      reply_.answer = Reply::Answer{200, "", "text/plain", false};
+    } else {
+      reply_.answer = json_reply(503, error_body({503, last.result.message, "", "server_error"})).answer;
+    }
+    return;
   }
   if (call_.stream && call_.dialect == Dialect::kResponses) {
     stream_chunk(last);
     end_responses_stream(last);
-    exchange_->end_stream();
-    return finish();
+    reply_.end_stream = true;
+    return;
   }
   if (call_.stream) {
     stream_chunk(last);
     if (call_.include_usage) {
-      exchange_->write_event(
-          "data: " + to_text(openai_usage_chunk(call_, shown_results(), openai_id(), created_)) +
-          "\n\n");
+      write_event("data: " +
+                  to_text(openai_usage_chunk(call_, shown_results(), openai_id(), created_)) +
+                  "\n\n");
     }
-    exchange_->write_event("data: [DONE]\n\n");
-    exchange_->end_stream();
-    return finish();
+    write_event("data: [DONE]\n\n");
+    reply_.end_stream = true;
+    return;
   }
   const bool openai = call_.dialect != Dialect::kGenerate;
   for (const Pending& q : pending_) {
@@ -310,16 +316,17 @@ void Call::answer(Pending& last) {
     // finish reasons are "stop" and "length" (SGLang's /generate answers finish_reason abort).
     if (q.result.reason == serve::FinishReason::kEngineFailure ||
         (openai && !serve::completed(q.result.reason))) {
-      respond_error(*exchange_, openai_abort_error(q.result));
-      return finish();
+      reply_.answer = error_reply(openai_abort_error(q.result)).answer;
+      return;
     }
   }
   std::vector<GenerateResult> results = shown_results();
   if (call_.dialect == Dialect::kResponses) {
-    respond_json(*exchange_, 200,
-                 to_text(responses_json(call_, results[0], openai_id(), created_)));
+    reply_.answer =
+        json_reply(200, to_text(responses_json(call_, results[0], openai_id(), created_))).answer;
   } else if (openai) {
-    respond_json(*exchange_, 200, to_text(openai_json(call_, results, openai_id(), created_)));
+    reply_.answer =
+        json_reply(200, to_text(openai_json(call_, results, openai_id(), created_))).answer;
   } else {
     json body;
     if (call_.batch || candidates() > 1) {
@@ -328,9 +335,8 @@ void Call::answer(Pending& last) {
     } else {
       body = generate_json(call_, results[0]);
     }
-    respond_json(*exchange_, 200, to_text(body));
+    reply_.answer = json_reply(200, to_text(body)).answer;
   }
-  finish();
 }
 
 // The answered results in choice order (prompt by prompt, n each): with best_of > n, the n of
@@ -372,20 +378,20 @@ void Call::stream_chunk(Pending& p) {
                     : generate_event(call_, p.result, &p.event_cache);
     p.sent_ids = p.result.output_ids.size();
     p.sent_text = p.result.text.size();
-    return exchange_->write_event("data: " + event + "\n\n");
+    return write_event("data: " + event + "\n\n");
   }
   if (call_.dialect == Dialect::kResponses) {
     const std::string delta =
         p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
     p.sent_text = p.result.text.size();
     if (delta.empty()) return;
-    return exchange_->write_event(sse_event(responses_event(
+    return write_event(sse_event(responses_event(
         "response.output_text.delta", sequence_++,
         {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
          {"delta", delta}, {"logprobs", json::array()}})));
   }
   if (p.result.finished && !serve::completed(p.result.reason)) {
-    return exchange_->write_event("data: " + error_body(openai_abort_error(p.result)) + "\n\n");
+    return write_event("data: " + error_body(openai_abort_error(p.result)) + "\n\n");
   }
   const std::string delta = p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
   if (delta.empty() && !p.result.finished) return;  // its ids' log-probabilities wait too
@@ -399,10 +405,10 @@ void Call::stream_chunk(Pending& p) {
   p.sent_logprobs = p.result.logprobs.size();
   const size_t index = p.prompt * static_cast<size_t>(std::max(call_.n, int32_t{1})) +
                        p.candidate;  // the choice's index, as OpenAI orders them
-  exchange_->write_event("data: " +
-                         to_text(openai_chunk(call_, p.result, delta, openai_id(), created_, index,
-                                              logprobs, offset)) +
-                         "\n\n");
+  write_event("data: " +
+              to_text(openai_chunk(call_, p.result, delta, openai_id(), created_, index, logprobs,
+                                   offset)) +
+              "\n\n");
 }
 
 }  // namespace kvrt::api

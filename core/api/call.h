@@ -1,15 +1,18 @@
 // One generating call of kvrt serve's API, apart from any socket: its prompts tokenized, fanned
 // out into prompts x n (or best_of) serve::GenerateRequests submitted to the step loop, their
-// outputs gathered into GenerateResults, and the answer written through an Exchange -- whole, or
-// as the stream's events (first, middle, last, then [DONE]). The transport (core/http) drives it
-// and implements Exchange; a test can drive it with an Exchange of its own.
+// outputs gathered into GenerateResults, and the answer returned as a Reply for the transport
+// to write -- whole, or as the stream's events (first, middle, last, then [DONE]). The
+// transport (core/http) calls the Call and writes what it returns; the Call never calls the
+// transport. A test drives it the same way.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/api/generate.h"
@@ -18,49 +21,53 @@
 
 namespace kvrt::api {
 
-// What the API layer needs of the connection a request came on. Every method is called on the
-// connection's strand (one at a time), and the transport calls the Call's there too.
-class Exchange {
- public:
-  virtual ~Exchange() = default;
-  // The whole answer: its status, body and content type; `retry_after` adds "Retry-After: 1"
-  // (a full queue: the client may retry). Ends the exchange.
-  virtual void respond(int status, std::string body, const char* content_type,
-                       bool retry_after) = 0;
-  // A stream: its head (200, text/event-stream), its events (each written as it comes, in
-  // order), then its end, which ends the exchange.
-  virtual void begin_stream() = 0;
-  virtual void write_event(const std::string& data) = 0;
-  virtual void end_stream() = 0;
-  // Runs `task` on the connection's strand, keeping the connection alive until it has run (the
-  // step loop's sinks call it from the step thread).
-  virtual void post(std::function<void()> task) = 0;
+// What the API gives the transport to write, in order: a whole answer, or a stream's head, its
+// events and its end. Either the answer or the end ends the exchange; an empty Reply writes
+// nothing (the call goes on).
+struct Reply {
+  struct Answer {
+    int status = 200;
+    std::string body;
+    const char* content_type = "application/json";
+    bool retry_after = false;  // "Retry-After: 1": a full queue, the client may retry
+  };
+  std::optional<Answer> answer;     // the whole answer
+  bool begin_stream = false;        // the stream's head (200, text/event-stream), first
+  std::vector<std::string> events;  // the stream's events, each as written, in order
+  bool end_stream = false;          // the stream's end, last
+  bool ends() const { return answer.has_value() || end_stream; }
 };
 
 // An answer of JSON (application/json), and a refusal in the API's error shape (a 503
 // server_overloaded with Retry-After).
-void respond_json(Exchange& exchange, int status, std::string body);
-void respond_error(Exchange& exchange, const ApiError& error);
+Reply json_reply(int status, std::string body);
+Reply error_reply(const ApiError& error);
+
+// How the transport runs a call's work on its connection: `task` runs there, one at a time with
+// the connection's other work, and the Reply it returns is written. The step loop's sinks post
+// through it from the step thread; it keeps the connection alive until the task has run.
+using Post = std::function<void(std::function<Reply()> task)>;
 
 class Service;
 
 class Call : public std::enable_shared_from_this<Call> {
  public:
   // `health`: GET /health_generate's one-token call, answered 200 with no body, or 503.
-  Call(Service& service, GenerateCall call, std::shared_ptr<Exchange> exchange,
-       bool health = false);
+  // `post` runs the call's outputs on its connection (the sinks' way back).
+  Call(Service& service, GenerateCall call, Post post, bool health = false);
 
   // The call's steps after parsing: tokenize its prompts, draw its seed when unseeded, submit
-  // each prompt's first candidate (the others once it has a token) and, for a stream, write the
-  // stream's head. False when it was refused (its refusal is answered, and nothing runs).
-  bool start();
+  // each prompt's first candidate (the others once it has a token). Returns the stream's head
+  // for a stream, nothing for a whole answer (it comes when the requests end), or the refusal
+  // (Reply::ends(): nothing runs).
+  Reply start();
   // Ends every request of the call not yet ended with `reason` (the client went away, the
   // server shuts down, request_timeout_s passed); each is answered as aborted.
-  void abort(const std::string& reason);
+  Reply abort(const std::string& reason);
   // Requests still running (0 once the call is answered).
   size_t unfinished() const { return unfinished_; }
-  // One output of request k (pending_[k]), on the connection's strand.
-  void on_output(size_t k, const serve::RequestOutput& out);
+  // One output of request k (pending_[k]), on the connection: what to write for it.
+  Reply on_output(size_t k, const serve::RequestOutput& out);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -78,6 +85,8 @@ class Call : public std::enable_shared_from_this<Call> {
     GenerateEventCache event_cache;  // /generate streams: the ids and text sent so far, as JSON
   };
 
+  // Each writes into reply_ what its step has to say (on_output, abort and start return it).
+  void output(size_t k, const serve::RequestOutput& out);
   void refuse(const ApiError& e);
   std::string openai_id() const;
   std::string message_id() const;
@@ -90,12 +99,14 @@ class Call : public std::enable_shared_from_this<Call> {
   void answer(Pending& last);
   std::vector<GenerateResult> shown_results() const;
   void stream_chunk(Pending& p);
-  // The exchange is over: nothing more is written, and the connection is no longer held.
-  void finish();
+  void write_event(std::string event) { reply_.events.push_back(std::move(event)); }
+  // What was written since the last take.
+  Reply take() { return std::exchange(reply_, Reply{}); }
 
   Service& service_;
   GenerateCall call_;
-  std::shared_ptr<Exchange> exchange_;  // null once answered
+  Post post_;
+  Reply reply_;  // what the call's work has written, until the transport takes it
   bool health_ = false;
   std::vector<int32_t> stop_ids_;  // the call's stop ids and, unless ignore_eos, the model's EOS
   bool answered_ = false;          // the call's answer went out (or began to)

@@ -29,29 +29,22 @@ Status Service::start() {
 }
 
 std::vector<Route> Service::routes() {
-  auto at_once = [](void (Service::*answer)(Exchange&), Service* self) -> Handler {
-    return [self, answer](const Request&, const std::shared_ptr<Exchange>& out) {
-      (self->*answer)(*out);
-      return std::shared_ptr<Call>();
+  auto at_once = [](Reply (Service::*answer)(), Service* self) -> Handler {
+    return [self, answer](const Request&, const Post&) { return Handled{(self->*answer)(), {}}; };
+  };
+  auto with_body = [](Reply (Service::*answer)(const Request&), Service* self) -> Handler {
+    return [self, answer](const Request& request, const Post&) {
+      return Handled{(self->*answer)(request), {}};
     };
   };
-  auto with_body = [](void (Service::*answer)(const Request&, Exchange&), Service* self) {
-    return Handler([self, answer](const Request& request, const std::shared_ptr<Exchange>& out) {
-      (self->*answer)(request, *out);
-      return std::shared_ptr<Call>();
-    });
+  const Handler generating = [this](const Request& request, const Post& post) {
+    return generate(request, post);
   };
-  const Handler generating = [this](const Request& request,
-                                    const std::shared_ptr<Exchange>& out) {
-    return generate(request, out);
+  const Handler model_info = [this](const Request&, const Post&) {
+    return Handled{json_reply(200, info_.model_info), {}};
   };
-  const Handler model_info = [this](const Request&, const std::shared_ptr<Exchange>& out) {
-    respond_json(*out, 200, info_.model_info);
-    return std::shared_ptr<Call>();
-  };
-  const Handler server_info = [this](const Request&, const std::shared_ptr<Exchange>& out) {
-    respond_json(*out, 200, loop_.snapshot()->description);
-    return std::shared_ptr<Call>();
+  const Handler server_info = [this](const Request&, const Post&) {
+    return Handled{json_reply(200, loop_.snapshot()->description), {}};
   };
   const Handler tokenizing = with_body(&Service::tokenize, this);
   const Handler flush = at_once(&Service::flush_cache, this);
@@ -61,9 +54,7 @@ std::vector<Route> Service::routes() {
       {"POST", "/abort_request", with_body(&Service::abort_request, this)},
       {"GET", "/health", at_once(&Service::health, this)},
       {"GET", "/health_generate",
-       [this](const Request&, const std::shared_ptr<Exchange>& out) {
-         return health_generate(out);
-       }},
+       [this](const Request&, const Post& post) { return health_generate(post); }},
       {"GET", "/get_model_info", model_info},
       {"GET", "/get_server_info", server_info},
       {"GET", "/model_info", model_info},
@@ -81,9 +72,15 @@ std::vector<Route> Service::routes() {
   };
 }
 
+Handled Service::started(std::shared_ptr<Call> call) {
+  Reply first = call->start();
+  // A refusal ends the exchange at once, and nothing of the call runs.
+  if (first.ends()) call.reset();
+  return Handled{std::move(first), std::move(call)};
+}
+
 // The body read into a call (parse), then the call's own steps: tokenize, submit, answer.
-std::shared_ptr<Call> Service::generate(const Request& request,
-                                        const std::shared_ptr<Exchange>& out) {
+Handled Service::generate(const Request& request, const Post& post) {
   auto parsed = request.path == "/generate"       ? read_generate(request.body, limits_)
                 : request.path == "/v1/responses" ? read_responses(request.body, limits_)
                                                   : read_openai(request.body, limits_,
@@ -92,23 +89,18 @@ std::shared_ptr<Call> Service::generate(const Request& request,
   if (auto* call = std::get_if<GenerateCall>(&parsed); call && call->model.empty()) {
     call->model = info_.model_name;
   }
-  if (auto* e = std::get_if<ApiError>(&parsed)) {
-    respond_error(*out, *e);
-    return nullptr;
-  }
-  auto call = std::make_shared<Call>(*this, std::get<GenerateCall>(std::move(parsed)), out);
-  return call->start() ? call : nullptr;
+  if (auto* e = std::get_if<ApiError>(&parsed)) return Handled{error_reply(*e), {}};
+  return started(std::make_shared<Call>(*this, std::get<GenerateCall>(std::move(parsed)), post));
 }
 
 // One token from BOS (or id 0), through the whole serving path.
-std::shared_ptr<Call> Service::health_generate(const std::shared_ptr<Exchange>& out) {
+Handled Service::health_generate(const Post& post) {
   const int32_t bos = limits_.tokenizer ? limits_.tokenizer->bos_id() : 0;
   GenerateCall call;
   call.prompts = {{bos >= 0 ? bos : 0}};
   call.rids = {""};
   call.max_new_tokens = 1;
-  auto health = std::make_shared<Call>(*this, std::move(call), out, /*health=*/true);
-  return health->start() ? health : nullptr;
+  return started(std::make_shared<Call>(*this, std::move(call), post, /*health=*/true));
 }
 
 void Service::remember_rid(const std::string& rid, uint64_t id) {

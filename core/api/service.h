@@ -1,6 +1,6 @@
 // kvrt serve's API as a table of routes (method, path, handler), apart from any socket: each
-// handler reads its request's body and answers through an Exchange -- at once (the status
-// endpoints, /tokenize, a refusal) or through a Call that generates. Endpoints, in SGLang's
+// handler reads its request's body and returns the Reply to write -- the whole answer at once
+// (the status endpoints, /tokenize, a refusal) or a Call that generates and whose Replies follow. Endpoints, in SGLang's
 // shapes: POST /generate, /abort_request, /flush_cache; GET /health, /health_generate,
 // /get_model_info (/model_info), /get_server_info (/server_info), /get_load, /metrics; OpenAI's
 // POST /v1/completions, /v1/chat/completions, /v1/responses, GET /v1/models; vLLM's POST
@@ -49,11 +49,14 @@ struct Request {
   std::string_view path;
   std::string_view body;
 };
-// Answers `request` through the exchange; returns the Call when it generates (null when it was
-// answered at once or refused), for the transport to abort when the client goes away.
-using Handler =
-    std::function<std::shared_ptr<Call>(const Request& request,
-                                        const std::shared_ptr<Exchange>& exchange)>;
+// What a handler gives the transport: the Reply to write now and, when the request generates,
+// its Call (null when it was answered at once or refused), for the transport to abort when the
+// client goes away; the call's later Replies come through `post`.
+struct Handled {
+  Reply reply;
+  std::shared_ptr<Call> call;
+};
+using Handler = std::function<Handled(const Request& request, const Post& post)>;
 struct Route {
   const char* method;  // "GET", "POST"
   const char* path;
@@ -87,16 +90,18 @@ class Service {
               const sampling::SamplingParams& sampling);
 
  private:
-  std::shared_ptr<Call> generate(const Request& request, const std::shared_ptr<Exchange>& out);
-  std::shared_ptr<Call> health_generate(const std::shared_ptr<Exchange>& out);
+  Handled generate(const Request& request, const Post& post);
+  Handled health_generate(const Post& post);
+  // A call started: kept while it runs, with what its start wrote.
+  static Handled started(std::shared_ptr<Call> call);
   // status.cc: the endpoints answered at once.
-  void health(Exchange& out);
-  void metrics(Exchange& out);
-  void get_load(Exchange& out);
-  void abort_request(const Request& request, Exchange& out);
-  void tokenize(const Request& request, Exchange& out);
-  void flush_cache(Exchange& out);
-  void models(Exchange& out);
+  Reply health();
+  Reply metrics();
+  Reply get_load();
+  Reply abort_request(const Request& request);
+  Reply tokenize(const Request& request);
+  Reply flush_cache();
+  Reply models();
   // /metrics' text from the snapshot's (kvrt: names): metric_names says which names go out.
   std::string metrics_text(const std::string& kvrt) const;
 

@@ -11,11 +11,13 @@ namespace kvrt::api {
 
 using nlohmann::json;
 
-void Service::health(Exchange& out) {
+Reply Service::health() {
   if (loop_.snapshot()->engine_broken) {
-    return respond_json(out, 503, error_body({503, "the engine is broken", "", "server_error"}));
+    return json_reply(503, error_body({503, "the engine is broken", "", "server_error"}));
   }
-  out.respond(200, "", "text/plain", false);
+  Reply ok;
+  ok.answer = Reply::Answer{200, "", "text/plain", false};
+  return ok;
 }
 
 std::string Service::metrics_text(const std::string& kvrt) const {
@@ -25,25 +27,27 @@ std::string Service::metrics_text(const std::string& kvrt) const {
   return options_.metric_names == "sglang" ? sglang : kvrt + sglang;
 }
 
-void Service::metrics(Exchange& out) {
-  out.respond(200, metrics_text(loop_.snapshot()->prometheus), "text/plain; version=0.0.4",
-              false);
+Reply Service::metrics() {
+  Reply r;
+  r.answer = Reply::Answer{200, metrics_text(loop_.snapshot()->prometheus),
+                           "text/plain; version=0.0.4", false};
+  return r;
 }
 
-void Service::get_load(Exchange& out) {
+Reply Service::get_load() {
   // SGLang's shape: one entry per data-parallel rank (kvrt has one).
   const std::shared_ptr<const serve::LoopSnapshot> snap = loop_.snapshot();
-  respond_json(out, 200, to_text(json::array({{{"dp_rank", 0},
+  return json_reply(200, to_text(json::array({{{"dp_rank", 0},
                                                {"num_reqs", snap->running + snap->waiting},
                                                {"num_running_reqs", snap->running},
                                                {"num_waiting_reqs", snap->waiting},
                                                {"num_tokens", snap->tokens_in_use}}})));
 }
 
-void Service::abort_request(const Request& request, Exchange& out) {
+Reply Service::abort_request(const Request& request) {
   const json j = json::parse(request.body, nullptr, false);
   if (!j.is_object() || !j.contains("rid") || !j["rid"].is_string()) {
-    return respond_json(out, 400, error_body({400, "rid: expected a string", "rid"}));
+    return json_reply(400, error_body({400, "rid: expected a string", "rid"}));
   }
   std::vector<uint64_t> ids;
   {
@@ -52,35 +56,35 @@ void Service::abort_request(const Request& request, Exchange& out) {
     for (auto it = from; it != to; ++it) ids.push_back(it->second);
   }
   for (uint64_t id : ids) loop_.abort(id, "aborted by /abort_request");
-  respond_json(out, 200, json{{"success", !ids.empty()}}.dump());
+  return json_reply(200, json{{"success", !ids.empty()}}.dump());
 }
 
-void Service::tokenize(const Request& request, Exchange& out) {
+Reply Service::tokenize(const Request& request) {
   auto answer = request.path == "/tokenize" ? tokenize_json(request.body, limits_)
                                             : detokenize_json(request.body, limits_);
-  if (auto* e = std::get_if<ApiError>(&answer)) return respond_error(out, *e);
-  respond_json(out, 200, to_text(std::get<json>(answer)));
+  if (auto* e = std::get_if<ApiError>(&answer)) return error_reply(*e);
+  return json_reply(200, to_text(std::get<json>(answer)));
 }
 
-void Service::flush_cache(Exchange& out) {
+Reply Service::flush_cache() {
   // Refused while requests run, as SGLang does: their pages are in the cache.
   Result<uint64_t> flushed = loop_.call([](serve::ServingCore& core) {
     return core.flush_cache();
   });
   if (!flushed.ok()) {
-    return respond_json(out, 400, error_body({400, flushed.status().message(), ""}));
+    return json_reply(400, error_body({400, flushed.status().message(), ""}));
   }
-  respond_json(out, 200,
+  return json_reply(200,
                json{{"success", true},
                     {"flushed_pages", *flushed},
                     {"message", "the prefix cache is empty; a host tier keeps its copies"}}
                    .dump());
 }
 
-void Service::models(Exchange& out) {
+Reply Service::models() {
   const json model = {{"id", info_.model_name}, {"object", "model"},
                       {"created", unix_time()}, {"owned_by", "kvrt"}};
-  respond_json(out, 200, to_text(json{{"object", "list"}, {"data", json::array({model})}}));
+  return json_reply(200, to_text(json{{"object", "list"}, {"data", json::array({model})}}));
 }
 
 }  // namespace kvrt::api

@@ -319,7 +319,9 @@ void Session::handle() {
     return respond_json_body(405, api::error_body({405, path + " takes " + match.allowed, "",
                                                    "invalid_request_error"}));
   }
-  call_ = (*match.handler)(api::Request{path, request_.body()}, shared_from_this());
+  api::Handled handled = (*match.handler)(api::Request{path, request_.body()}, poster());
+  call_ = std::move(handled.call);
+  write(std::move(handled.reply));
   if (call_ == nullptr) return;  // answered at once (or refused)
   if (server_.options.request_timeout_s > 0) {
     timer_.expires_after(seconds(server_.options.request_timeout_s));
@@ -328,8 +330,9 @@ void Session::handle() {
       auto self = weak.lock();
       auto running = call.lock();
       if (self && running && !ec) {
-        running->abort("request_timeout_s (" +
-                       util::fixed(self->server_.options.request_timeout_s, 1) + " s) passed");
+        self->write(running->abort("request_timeout_s (" +
+                                   util::fixed(self->server_.options.request_timeout_s, 1) +
+                                   " s) passed"));
       }
     });
   }
@@ -337,7 +340,24 @@ void Session::handle() {
 }
 
 void Session::abort_generation(const std::string& reason) {
-  if (call_) call_->abort(reason);
+  if (call_) write(call_->abort(reason));
+}
+
+void Session::write(api::Reply reply) {
+  if (reply.answer) {
+    api::Reply::Answer& a = *reply.answer;
+    return respond(a.status, std::move(a.body), a.content_type, a.retry_after);
+  }
+  if (reply.begin_stream) begin_stream();
+  for (const std::string& event : reply.events) write_event(event);
+  if (reply.end_stream) end_stream();
+}
+
+api::Post Session::poster() {
+  return [self = shared_from_this()](std::function<api::Reply()> task) {
+    net::post(self->stream_.get_executor(),
+              [self, task = std::move(task)] { self->write(task()); });
+  };
 }
 
 void Session::respond_json_body(int status, std::string body) {
@@ -379,12 +399,6 @@ void Session::end_stream() {
   timer_.cancel();  // a call's request_timeout_s: it is answered
   if (chunked_) send_raw("0\r\n\r\n");
   after_response();
-}
-
-void Session::post(std::function<void()> task) {
-  net::post(stream_.get_executor(), [self = shared_from_this(), task = std::move(task)] {
-    task();
-  });
 }
 
 }  // namespace kvrt::http

@@ -62,10 +62,10 @@ struct HttpServer::Impl {
   bool make_room();
 };
 
-class Session : public api::Exchange, public std::enable_shared_from_this<Session> {
+class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, HttpServer::Impl& server);
-  ~Session() override;
+  ~Session();
 
   void start();
   void close();
@@ -78,15 +78,16 @@ class Session : public api::Exchange, public std::enable_shared_from_this<Sessio
   // has finished it meanwhile (its request then goes on).
   bool close_if_reading_header(Clock::rep since);
 
-  // api::Exchange: how the API layer answers on this connection.
-  void respond(int status, std::string body, const char* content_type,
-               bool retry_after) override;
-  void begin_stream() override;
-  void write_event(const std::string& data) override;
-  void end_stream() override;
-  void post(std::function<void()> task) override;
-
  private:
+  // Writes what the API gave back for this connection's request, in order (call.h's Reply).
+  void write(api::Reply reply);
+  // The call's way back: its task runs on this connection's strand and its Reply is written.
+  api::Post poster();
+  void respond(int status, std::string body, const char* content_type, bool retry_after);
+  void begin_stream();
+  void write_event(const std::string& data);
+  void end_stream();
+
   // What a read waits for, and so which timeout ends it.
   enum class Phase { kIdle, kHeader, kBody };
 

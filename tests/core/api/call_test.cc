@@ -1,5 +1,5 @@
 // The call apart from any socket: a POST /generate and a streamed /v1/completions through the
-// API's route table over stories260k, answered to an Exchange that records what it is given
+// API's route table over stories260k, their Replies recorded as a connection would write them
 // (the body, or the stream's head, events and end), and a refused request, answered at once.
 #include "core/api/call.h"
 
@@ -31,30 +31,37 @@ namespace {
 
 using nlohmann::json;
 
-// An Exchange on a strand of its own: posted tasks run one at a time on the test's thread
-// (drain), as a connection's strand would run them.
-class RecordingExchange : public Exchange {
+// A connection of its own: Replies are recorded as the transport would write them (the body,
+// or the stream's head, events and end), and posted tasks run one at a time on the test's
+// thread (drain), as a connection's strand would run them, their Replies recorded too.
+class RecordingConnection : public std::enable_shared_from_this<RecordingConnection> {
  public:
-  void respond(int s, std::string b, const char* type, bool retry) override {
-    status = s;
-    body = std::move(b);
-    content_type = type;
-    retry_after = retry;
-    ended = true;
+  void write(Reply r) {
+    if (r.answer) {
+      status = r.answer->status;
+      body = std::move(r.answer->body);
+      content_type = r.answer->content_type;
+      retry_after = r.answer->retry_after;
+      ended = true;
+      return;
+    }
+    if (r.begin_stream) streaming = true;
+    for (std::string& e : r.events) events.push_back(std::move(e));
+    if (r.end_stream) ended = true;
   }
-  void begin_stream() override { streaming = true; }
-  void write_event(const std::string& data) override { events.push_back(data); }
-  void end_stream() override { ended = true; }
-  void post(std::function<void()> task) override {
-    std::lock_guard lock(mutex_);
-    tasks_.push_back(std::move(task));
-    ready_.notify_one();
+  Post post() {
+    // Holds the connection, as a socket's does, until the task has run.
+    return [self = shared_from_this()](std::function<Reply()> task) {
+      std::lock_guard lock(self->mutex_);
+      self->tasks_.push_back(std::move(task));
+      self->ready_.notify_one();
+    };
   }
   // Runs posted tasks until the exchange has ended (or 30 s pass).
   void drain() {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!ended && std::chrono::steady_clock::now() < deadline) {
-      std::function<void()> task;
+      std::function<Reply()> task;
       {
         std::unique_lock lock(mutex_);
         ready_.wait_until(lock, deadline, [this] { return !tasks_.empty(); });
@@ -62,7 +69,7 @@ class RecordingExchange : public Exchange {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       }
-      task();
+      write(task());
     }
   }
 
@@ -74,7 +81,7 @@ class RecordingExchange : public Exchange {
  private:
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> tasks_;
+  std::deque<std::function<Reply()>> tasks_;
 };
 
 class CallTest : public ::testing::Test {
@@ -113,11 +120,18 @@ class CallTest : public ::testing::Test {
     if (loop_) loop_->stop();
   }
 
-  // The handler of `path`, as the transport's router finds it.
-  Handler handler(const std::string& method, const std::string& path) {
+  // The handler of `path`, as the transport's router finds it, run as the transport runs it:
+  // its first Reply written, and its Call (null when answered at once) returned.
+  std::shared_ptr<Call> handle(const std::string& method, const std::string& path,
+                               const std::string& body, RecordingConnection& out) {
     for (Route& r : service_->routes()) {
-      if (r.method == method && r.path == path) return r.handler;
+      if (r.method == method && r.path == path) {
+        Handled h = r.handler(Request{path, body}, out.post());
+        out.write(std::move(h.reply));
+        return h.call;
+      }
     }
+    ADD_FAILURE() << "no route " << method << " " << path;
     return nullptr;
   }
 
@@ -130,12 +144,12 @@ class CallTest : public ::testing::Test {
 };
 
 TEST_F(CallTest, AGenerateCallIsAnsweredWithOneBody) {
-  auto out = std::make_shared<RecordingExchange>();
+  auto out = std::make_shared<RecordingConnection>();
   const std::string body =
       json{{"text", "Once upon a time"},
            {"sampling_params", {{"max_new_tokens", 4}, {"temperature", 0}}}}
           .dump();
-  std::shared_ptr<Call> call = handler("POST", "/generate")(Request{"/generate", body}, out);
+  std::shared_ptr<Call> call = handle("POST", "/generate", body, *out);
   ASSERT_NE(call, nullptr);
   out->drain();
   ASSERT_TRUE(out->ended);
@@ -148,12 +162,12 @@ TEST_F(CallTest, AGenerateCallIsAnsweredWithOneBody) {
 }
 
 TEST_F(CallTest, AStreamedCompletionsCallWritesItsEventsThenDone) {
-  auto out = std::make_shared<RecordingExchange>();
+  auto out = std::make_shared<RecordingConnection>();
   const std::string body =
       json{{"prompt", "Once upon a time"}, {"max_tokens", 5}, {"temperature", 0},
            {"stream", true}}
           .dump();
-  ASSERT_NE(handler("POST", "/v1/completions")(Request{"/v1/completions", body}, out), nullptr);
+  ASSERT_NE(handle("POST", "/v1/completions", body, *out), nullptr);
   out->drain();
   ASSERT_TRUE(out->ended);
   EXPECT_TRUE(out->streaming);
@@ -166,9 +180,9 @@ TEST_F(CallTest, AStreamedCompletionsCallWritesItsEventsThenDone) {
 }
 
 TEST_F(CallTest, ARefusedRequestIsAnsweredAtOnceAndNothingRuns) {
-  auto out = std::make_shared<RecordingExchange>();
+  auto out = std::make_shared<RecordingConnection>();
   const std::string body = json{{"text", "a"}, {"sampling_params", {{"top_p", 0}}}}.dump();
-  EXPECT_EQ(handler("POST", "/generate")(Request{"/generate", body}, out), nullptr);
+  EXPECT_EQ(handle("POST", "/generate", body, *out), nullptr);
   ASSERT_TRUE(out->ended);
   EXPECT_EQ(out->status, 400);
   EXPECT_EQ(json::parse(out->body)["error"]["param"], "sampling_params.top_p") << out->body;
