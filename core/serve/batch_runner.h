@@ -25,7 +25,7 @@ class BatchRunner {
 
 // The engine: the scheduled batch as the engine's (tokens, start positions, page tables; every
 // row's logits for a chunk whose prompt log-probabilities were asked for), then one
-// Engine::step_and_sample.
+// Engine::step_and_sample (serving_core.cc, beside its one user).
 class EngineRunner : public BatchRunner {
  public:
   explicit EngineRunner(exec::Engine* engine) : engine_(engine) {}
