@@ -51,6 +51,7 @@ Call::Call(Service& service, GenerateCall call, Post post, bool health)
 void Call::refuse(const ApiError& e) {
   pending_.clear();
   answered_ = true;
+  release();
   reply_ = health_ ? json_reply(503, error_body({503, e.message, "", "server_error"}))
                    : error_reply(e);
 }
@@ -284,6 +285,7 @@ void Call::output(size_t k, const serve::RequestOutput& out) {
 void Call::answer(Pending& last) {
   if (answered_) return;
   answered_ = true;
+  release();
   for (const Pending& p : pending_) service_.forget_rid(p.result.rid, p.id);
   if (health_) {
     if (serve::completed(last.result.reason)) {

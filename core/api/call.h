@@ -100,6 +100,10 @@ class Call : public std::enable_shared_from_this<Call> {
   std::vector<GenerateResult> shown_results() const;
   void stream_chunk(Pending& p);
   void write_event(std::string event) { reply_.events.push_back(std::move(event)); }
+  // The answer is out: the call no longer holds its connection (the connection holds the call
+  // while it runs, so keeping post_ would keep both alive; the sinks still in the step loop
+  // keep their own copies until it drops them).
+  void release() { post_ = nullptr; }
   // What was written since the last take.
   Reply take() { return std::exchange(reply_, Reply{}); }
 
