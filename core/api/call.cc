@@ -52,8 +52,8 @@ void Call::refuse(const ApiError& e) {
   pending_.clear();
   answered_ = true;
   release();
-  reply_ = health_ ? json_reply(503, error_body({503, e.message, "", "server_error"}))
-                   : error_reply(e);
+  reply_ =
+      health_ ? json_reply(503, error_body({503, e.message, "", "server_error"})) : error_reply(e);
 }
 
 // One id for the call, its choices told apart by index (as OpenAI's).
@@ -127,14 +127,19 @@ void Call::begin_responses_stream() {
       sse_event(responses_event("response.created", sequence_++, {{"response", response}})));
   write_event(
       sse_event(responses_event("response.in_progress", sequence_++, {{"response", response}})));
-  write_event(sse_event(responses_event(
-      "response.output_item.added", sequence_++,
-      {{"output_index", 0},
-       {"item", {{"type", "message"}, {"id", message_id()}, {"status", "in_progress"},
-                 {"role", "assistant"}, {"content", json::array()}}}})));
+  write_event(sse_event(responses_event("response.output_item.added", sequence_++,
+                                        {{"output_index", 0},
+                                         {"item",
+                                          {{"type", "message"},
+                                           {"id", message_id()},
+                                           {"status", "in_progress"},
+                                           {"role", "assistant"},
+                                           {"content", json::array()}}}})));
   write_event(sse_event(responses_event(
       "response.content_part.added", sequence_++,
-      {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
+      {{"item_id", message_id()},
+       {"output_index", 0},
+       {"content_index", 0},
        {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}})));
 }
 
@@ -149,25 +154,25 @@ void Call::end_responses_stream(const Pending& p) {
                                     ? "server_error"
                                     : "request_aborted"},
                        {"message", p.result.message}};
-    write_event(
-        sse_event(responses_event("response.failed", sequence_++, {{"response", failed}})));
+    write_event(sse_event(responses_event("response.failed", sequence_++, {{"response", failed}})));
     return;
   }
   const json part = {{"type", "output_text"}, {"text", p.result.text},
                      {"annotations", json::array()}};
-  write_event(sse_event(responses_event(
-      "response.output_text.done", sequence_++,
-      {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
-       {"text", p.result.text}, {"logprobs", json::array()}})));
+  write_event(sse_event(responses_event("response.output_text.done", sequence_++,
+                                        {{"item_id", message_id()},
+                                         {"output_index", 0},
+                                         {"content_index", 0},
+                                         {"text", p.result.text},
+                                         {"logprobs", json::array()}})));
   write_event(sse_event(responses_event(
       "response.content_part.done", sequence_++,
       {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0}, {"part", part}})));
+  write_event(sse_event(responses_event("response.output_item.done", sequence_++,
+                                        {{"output_index", 0}, {"item", response["output"][0]}})));
   write_event(sse_event(responses_event(
-      "response.output_item.done", sequence_++,
-      {{"output_index", 0}, {"item", response["output"][0]}})));
-  write_event(sse_event(responses_event(
-      response["status"] == "completed" ? "response.completed" : "response.incomplete",
-      sequence_++, {{"response", response}})));
+      response["status"] == "completed" ? "response.completed" : "response.incomplete", sequence_++,
+      {{"response", response}})));
 }
 
 // The sampling of pending_[k]'s request: the call's, its seed its choice's own.
@@ -198,8 +203,7 @@ std::pair<serve::GenerateRequest, serve::RequestSink> Call::request_for(size_t k
   r.stream = call_.stream || (p.candidate == 0 && candidates() > 1);
   // The sinks keep the call and its connection alive until the request ends (the core drops
   // them then), so its answer always has a connection to go to.
-  serve::RequestSink sink = [self = shared_from_this(), post = post_,
-                             k](serve::RequestOutput out) {
+  serve::RequestSink sink = [self = shared_from_this(), post = post_, k](serve::RequestOutput out) {
     post([self, k, out = std::move(out)] { return self->on_output(k, out); });
   };
   return {std::move(r), std::move(sink)};
@@ -291,7 +295,8 @@ void Call::answer(Pending& last) {
     if (serve::completed(last.result.reason)) {
       reply_.answer = Reply::Answer{200, "", "text/plain", false};
     } else {
-      reply_.answer = json_reply(503, error_body({503, last.result.message, "", "server_error"})).answer;
+      reply_.answer =
+          json_reply(503, error_body({503, last.result.message, "", "server_error"})).answer;
     }
     return;
   }
@@ -304,9 +309,9 @@ void Call::answer(Pending& last) {
   if (call_.stream) {
     stream_chunk(last);
     if (call_.include_usage) {
-      write_event("data: " +
-                  to_text(openai_usage_chunk(call_, shown_results(), openai_id(), created_)) +
-                  "\n\n");
+      write_event(
+          "data: " + to_text(openai_usage_chunk(call_, shown_results(), openai_id(), created_)) +
+          "\n\n");
     }
     write_event("data: [DONE]\n\n");
     reply_.end_stream = true;
@@ -387,10 +392,12 @@ void Call::stream_chunk(Pending& p) {
         p.result.text.substr(std::min(p.sent_text, p.result.text.size()));
     p.sent_text = p.result.text.size();
     if (delta.empty()) return;
-    return write_event(sse_event(responses_event(
-        "response.output_text.delta", sequence_++,
-        {{"item_id", message_id()}, {"output_index", 0}, {"content_index", 0},
-         {"delta", delta}, {"logprobs", json::array()}})));
+    return write_event(sse_event(responses_event("response.output_text.delta", sequence_++,
+                                                 {{"item_id", message_id()},
+                                                  {"output_index", 0},
+                                                  {"content_index", 0},
+                                                  {"delta", delta},
+                                                  {"logprobs", json::array()}})));
   }
   if (p.result.finished && !serve::completed(p.result.reason)) {
     return write_event("data: " + error_body(openai_abort_error(p.result)) + "\n\n");

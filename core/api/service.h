@@ -1,11 +1,11 @@
 // kvrt serve's API as a table of routes (method, path, handler), apart from any socket: each
 // handler reads its request's body and returns the Reply to write -- the whole answer at once
-// (the status endpoints, /tokenize, a refusal) or a Call that generates and whose Replies follow. Endpoints, in SGLang's
-// shapes: POST /generate, /abort_request, /flush_cache; GET /health, /health_generate,
-// /get_model_info (/model_info), /get_server_info (/server_info), /get_load, /metrics; OpenAI's
-// POST /v1/completions, /v1/chat/completions, /v1/responses, GET /v1/models; vLLM's POST
-// /tokenize, /detokenize. What every call shares lives here: the step loop, the model's limits
-// and EOS ids, the rids of the requests in flight, the trace.
+// (the status endpoints, /tokenize, a refusal) or a Call that generates and whose Replies follow.
+// Endpoints, in SGLang's shapes: POST /generate, /abort_request, /flush_cache; GET /health,
+// /health_generate, /get_model_info (/model_info), /get_server_info (/server_info), /get_load,
+// /metrics; OpenAI's POST /v1/completions, /v1/chat/completions, /v1/responses, GET /v1/models;
+// vLLM's POST /tokenize, /detokenize. What every call shares lives here: the step loop, the model's
+// limits and EOS ids, the rids of the requests in flight, the trace.
 #pragma once
 
 #include <chrono>

@@ -75,10 +75,10 @@ Reply Service::flush_cache() {
     return json_reply(400, error_body({400, flushed.status().message(), ""}));
   }
   return json_reply(200,
-               json{{"success", true},
-                    {"flushed_pages", *flushed},
-                    {"message", "the prefix cache is empty; a host tier keeps its copies"}}
-                   .dump());
+                    json{{"success", true},
+                         {"flushed_pages", *flushed},
+                         {"message", "the prefix cache is empty; a host tier keeps its copies"}}
+                        .dump());
 }
 
 Reply Service::models() {

@@ -10,10 +10,9 @@
 //   kvrt serve [--config FILE]                the HTTP server (core/cli/serve.cc)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,12 +36,12 @@
 #include "core/eval/eval.h"
 #include "core/model/architecture.h"
 #include "core/model/safetensors.h"
-#include "core/sampling/sampler.h"
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 #include "core/report/matrix_report.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
+#include "core/sampling/sampler.h"
 #include "core/serve/eos.h"
 
 namespace kvrt {
@@ -169,7 +168,8 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   } else if (std::optional<model::ModelConfig> config = runnable_checkpoint(model)) {
     // What each rank loads, from the safetensors headers (quantized weights as stored).
     const int dense = cfg->model.dtype == "bf16" ? 2 : cfg->model.dtype == "f32" ? 4 : 0;
-    Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(model, *config, 1, dense);
+    Result<model::CheckpointBytes> whole =
+        model::checkpoint_bytes_per_rank(model, *config, 1, dense);
     if (!whole.ok()) return fail(whole.status());
     Result<model::CheckpointBytes> ranks =
         model::checkpoint_bytes_per_rank(model, *config, static_cast<int>(tp), dense);
@@ -214,10 +214,10 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
                 g->v_head_dim, g->page_size);
   }
   const std::string weights_source =
-      args.weights_gib               ? "--weights-gib"
-      : budget.weights_source.empty() ? "from " + model + "'s parameter count, dtype " +
-                                            cfg->model.dtype
-                                      : budget.weights_source;
+      args.weights_gib ? "--weights-gib"
+      : budget.weights_source.empty()
+          ? "from " + model + "'s parameter count, dtype " + cfg->model.dtype
+          : budget.weights_source;
   // Which budget it assumed: a default 2 GiB "GPU" makes any real model look as if it cannot fit.
   const std::string memory_source =
       !args.gpu_memory.empty() ? "--gpu-memory"

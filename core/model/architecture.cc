@@ -62,7 +62,8 @@ Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const 
   const std::string dense = dense_element_bytes > 0
                                 ? std::to_string(dense_element_bytes) + " bytes an element"
                                 : "as stored";
-  out.source = "counted from the safetensors headers of " + dir + " (the tensors each rank loads; " +
+  out.source = "counted from the safetensors headers of " + dir +
+               " (the tensors each rank loads; " +
                (config.weight_format.quantized()
                     ? "quantized weights as stored, " + config.weight_format.describe() +
                           "; dense ones " + dense + ")"

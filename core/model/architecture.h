@@ -89,7 +89,7 @@ struct CheckpointBytes {
   // mm_projector., vision_tower.").
   std::string source;
   std::vector<std::string> not_loaded;  // stored names no rank reads, sorted
-  uint64_t most() const;  // the largest rank's
+  uint64_t most() const;                // the largest rank's
 };
 Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const ModelConfig& config,
                                                   int tp, int dense_element_bytes);

@@ -490,9 +490,10 @@ std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w) {
   // An MLP under `prefix` holding columns `keep` of `width`.
   auto mlp_blocks = [&](const std::string& prefix, MlpWeights& m, int64_t width, Range keep) {
     const Range cols = w.whole ? all(width) : keep;
-    return std::vector<TensorBlock>{{prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
-                                    {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
-                                    {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
+    return std::vector<TensorBlock>{
+        {prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
+        {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
+        {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
   };
   std::vector<TensorBlock> plan = {
       {"model.embed_tokens.weight", {c.vocab_size, H}, vocab, all(H), &w.embed},
@@ -618,8 +619,7 @@ DeepseekV3Weights generate_deepseek_v3(const ModelConfig& c, uint64_t seed) {
 }
 
 const ArchitectureFamily& deepseek_v3_family() {
-  static const ArchitectureFamily kFamily{"deepseek_v3", check_tp, load, tensors, generate,
-                                          create};
+  static const ArchitectureFamily kFamily{"deepseek_v3", check_tp, load, tensors, generate, create};
   return kFamily;
 }
 

@@ -271,7 +271,6 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
   return s;
 }
 
-
 const ArchitectureFamily& llama_family() {
   static const ArchitectureFamily kFamily{"llama", check_tp, load, tensors, generate, create};
   return kFamily;

@@ -29,5 +29,4 @@ Result<LlamaShard> llama_shard(int64_t num_heads, int64_t num_kv_heads, int64_t 
 
 const ArchitectureFamily& llama_family();
 
-
 }  // namespace kvrt::model

@@ -49,8 +49,8 @@ float scale_yarn(const ModelConfig& c, int64_t dim, std::vector<float>& inv_freq
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     const float extrapolation = inv_freq[i];
     const float interpolation = extrapolation / static_cast<float>(y.factor);
-    const float ramp = std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)),
-                                  0.0f, 1.0f);
+    const float ramp =
+        std::clamp(static_cast<float>((static_cast<double>(i) - low) / (high - low)), 0.0f, 1.0f);
     const float keep = 1.0f - ramp;  // the share of extrapolation
     inv_freq[i] = interpolation * (1 - keep) + extrapolation * keep;
   }

@@ -298,9 +298,9 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
     const std::string zero_name = module + ".weight_zero_point";
     const std::vector<int64_t> zero_shape = {(shape[0] + per_word - 1) / per_word, groups};
     if (!ck.contains(zero_name)) {
-      return refuse(*packed, packed_name, "its zero points " + in_quotes(zero_name) + " (I32 " +
-                                              shape_string(zero_shape) +
-                                              ") are missing, and the config is asymmetric");
+      return refuse(*packed, packed_name,
+                    "its zero points " + in_quotes(zero_name) + " (I32 " +
+                        shape_string(zero_shape) + ") are missing, and the config is asymmetric");
     }
     // A part must hold whole words of zero points too (rows are cut only at their edges).
     auto whole_rows = [&](int64_t r) { return r == shape[0] || r % per_word == 0; };
@@ -433,14 +433,15 @@ Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const W
     if (!w.ok()) return w.status();
     if (w->dtype != DType::kF8E4M3) return Status::NotFound(name + " is stored dense");
     shared = {name, format.kind == WeightFormat::Kind::kFp8Block ? name + "_scale_inv"
-                                                                  : module + ".weight_scale"};
+                                                                 : module + ".weight_scale"};
   }
   const double share = static_cast<double>(rows.size()) * static_cast<double>(cols.size()) /
                        (static_cast<double>(shape[0]) * static_cast<double>(shape[1]));
   double bytes = 0;
   for (const std::string& n : shared) {
-    if (!ck.contains(n)) continue;  // a zero point the format has none of; a missing scale is
-                                    // the loader's refusal
+    if (!ck.contains(n))
+      continue;  // a zero point the format has none of; a missing scale is
+                 // the loader's refusal
     Result<TensorView> t = ck.get(n);
     if (!t.ok()) return t.status();
     bytes += static_cast<double>(t->bytes) * share;

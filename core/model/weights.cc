@@ -137,7 +137,8 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
 
 namespace {
 
-Status check_shape(const TensorView& t, const std::string& name, const std::vector<int64_t>& shape) {
+Status check_shape(const TensorView& t, const std::string& name,
+                   const std::vector<int64_t>& shape) {
   if (t.shape == shape) return Status::Ok();
   return Status::InvalidArgument(t.file + ": tensor '" + name + "': expected shape " +
                                  shape_string(shape) + ", found " + shape_string(t.shape));
@@ -278,9 +279,9 @@ Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightForma
     const uint64_t bytes = dense_element_bytes > 0
                                ? static_cast<uint64_t>(numel) * dense_element_bytes
                                : static_cast<uint64_t>(t->bytes);
-    total += numel > 0 ? static_cast<uint64_t>(
-                             std::llround(static_cast<double>(bytes) * held / numel))
-                       : 0;
+    total += numel > 0
+                 ? static_cast<uint64_t>(std::llround(static_cast<double>(bytes) * held / numel))
+                 : 0;
   }
   return total;
 }

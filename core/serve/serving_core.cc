@@ -26,8 +26,8 @@ Status EngineRunner::run(const sched::ScheduledBatch& batch,
     const int32_t last_predicted = s.start + static_cast<int32_t>(s.tokens.size());
     e.all_logits = sampler.params().prompt_logprobs_from >= 0 && wanted < s.request->prompt_len &&
                    last_predicted >= wanted;
-    sampling_[i] = exec::SequenceSampling{samplers[i], s.request->tokens, s.request->prompt_len,
-                                          s.samples};
+    sampling_[i] =
+        exec::SequenceSampling{samplers[i], s.request->tokens, s.request->prompt_len, s.samples};
   }
   Result<std::vector<int32_t>> tokens = engine_->step_and_sample(exec_batch_, sampling_);
   if (!tokens.ok()) return tokens.status();

@@ -404,10 +404,12 @@ Result<std::unique_ptr<Tokenizer>> load_tiktoken(const std::string& model_path,
   Result<TokenizerConfig> config = read_tokenizer_config_if_any(config_path);
   if (!config.ok()) return config.status();
   // Without a tokenizer_config.json, what the specials lack is the model's doing.
-  return parse_tiktoken(*model, *config, model_path, config_path.empty() ? model_path : config_path);
+  return parse_tiktoken(*model, *config, model_path,
+                        config_path.empty() ? model_path : config_path);
 }
 
-Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model, const TokenizerConfig& config,
+Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model,
+                                                  const TokenizerConfig& config,
                                                   const std::string& model_name,
                                                   const std::string& config_name) {
   auto tokenizer = std::make_unique<TiktokenTokenizer>();

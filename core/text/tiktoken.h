@@ -32,7 +32,8 @@ Result<std::unique_ptr<Tokenizer>> load_tiktoken(const std::string& model_path,
 
 // The same from text already read: tiktoken.model's `model` (messages name `model_name`) and a
 // tokenizer_config.json's `config` (`config_name`; a default TokenizerConfig for none).
-Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model, const TokenizerConfig& config,
+Result<std::unique_ptr<Tokenizer>> parse_tiktoken(std::string_view model,
+                                                  const TokenizerConfig& config,
                                                   const std::string& model_name,
                                                   const std::string& config_name);
 

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/exec/generate.h"
 #include "core/model/architecture.h"
 #include "core/model/weight_format.h"
-#include "core/exec/generate.h"
 #include "core/runtime/runtime.h"
 #include "core/serve/serving_core.h"
 #include "tests/e2e/model_run.h"

@@ -97,7 +97,8 @@ TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
   ASSERT_TRUE(config.ok()) << config.status().message();
   const uint64_t language_model =
       e2e::stored_tensor_bytes(model_dir(), {"vision_tower.", "mm_projector."});
-  Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(model_dir(), *config, 1, 0);
+  Result<model::CheckpointBytes> whole =
+      model::checkpoint_bytes_per_rank(model_dir(), *config, 1, 0);
   ASSERT_TRUE(whole.ok()) << whole.status().message();
   EXPECT_NEAR(static_cast<double>(whole->most()), static_cast<double>(language_model),
               language_model * 0.001);
@@ -121,9 +122,9 @@ TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
   Result<model::CheckpointBytes> f32 = model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 4);
   ASSERT_TRUE(f32.ok()) << f32.status().message();
   EXPECT_EQ(s.runtime->budget.weights_per_rank, f32->most());
-  EXPECT_NE(s.runtime->capacity_report.find("counted from the safetensors headers of " +
-                                            model_dir()),
-            std::string::npos)
+  EXPECT_NE(
+      s.runtime->capacity_report.find("counted from the safetensors headers of " + model_dir()),
+      std::string::npos)
       << s.runtime->capacity_report;
 }
 

@@ -7,13 +7,12 @@
 // states; all 16 reference steps are compared, the smallest margin crossed 0.0148 logits (step
 // 10).
 #include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/e2e/greedy_reference.h"
@@ -87,15 +86,14 @@ TEST(TinyQwen3Yarn, GreedyIdsMatchTheReference) {
   }
   std::ifstream in(model_dir() + "/config.json");
   nlohmann::json config = nlohmann::json::parse(in);
-  config["rope_scaling"] = {{"rope_type", "yarn"},
-                            {"factor", 4.0},
-                            {"original_max_position_embeddings", 32768}};
+  config["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
   std::ofstream(dir / "config.json") << config.dump(2);
   for (int tp : {1, 2}) {
     SCOPED_TRACE("TP " + std::to_string(tp));
-    e2e::ModelRun run(dir.string(), "kv_f32_paged", tp, 16,
-                      {"model.dtype=\"f32\"", "model.matmul_precision=\"highest\"",
-                       "device.memory=\"128MiB\""});
+    e2e::ModelRun run(
+        dir.string(), "kv_f32_paged", tp, 16,
+        {"model.dtype=\"f32\"", "model.matmul_precision=\"highest\"", "device.memory=\"128MiB\""});
     ASSERT_TRUE(run.runtime.ok()) << run.runtime.status().message();
     EXPECT_DOUBLE_EQ(run.runtime->model.yarn.factor, 4.0);
     e2e::expect_reference_ids(*run.runtime->engine, e2e::kTinyQwen3YarnReference);

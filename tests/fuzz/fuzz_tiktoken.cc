@@ -44,13 +44,16 @@ std::string small_model() {
     tokens.emplace_back(t);
   }
   std::string model;
-  for (size_t i = 0; i < tokens.size(); ++i) model += base64(tokens[i]) + " " + std::to_string(i) + "\n";
+  for (size_t i = 0; i < tokens.size(); ++i)
+    model += base64(tokens[i]) + " " + std::to_string(i) + "\n";
   return model;
 }
 
 kvrt::text::TokenizerConfig specials(int64_t first) {
   kvrt::text::TokenizerConfig c;
-  c.added_tokens_decoder = {{first, "[BOS]"}, {first + 1, "[EOS]"}, {first + 2, "<|im_end|>"},
+  c.added_tokens_decoder = {{first, "[BOS]"},
+                            {first + 1, "[EOS]"},
+                            {first + 2, "<|im_end|>"},
                             {first + 3, "<|im_user|>"}};
   c.bos_token = "[BOS]";
   c.eos_token = "[EOS]";
@@ -82,7 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view rest(reinterpret_cast<const char*>(data) + 1, size - 1);
   if (data[0] % 2 == 0) {
     for (bool with_config : {false, true}) {
-      auto t = kvrt::text::parse_tiktoken(rest, with_config ? specials(3) : kvrt::text::TokenizerConfig{},
+      auto t = kvrt::text::parse_tiktoken(rest,
+                                          with_config ? specials(3) : kvrt::text::TokenizerConfig{},
                                           "tiktoken.model", "tokenizer_config.json");
       if (t.ok()) exercise(**t, "Hello, world! 你好 12345 [BOS]\r\n  x", false);
     }

@@ -83,7 +83,8 @@ TEST_F(Stores, StoreTablesAreHonoured) {
   tables_["kv_host_tiered"].insert_or_assign("host_pool_gib", 1.0);
   Result<kvrt_kv_geometry> g = kv_geometry({61, 0, 0, 0, 512, 64}, 1, 16);
   ASSERT_TRUE(g.ok());
-  std::map<std::string, StoreCapacity> by_store = compare(*g, {80ull << 30, 40ull << 30, 0.875, ""});
+  std::map<std::string, StoreCapacity> by_store =
+      compare(*g, {80ull << 30, 40ull << 30, 0.875, ""});
   EXPECT_EQ(by_store["kv_fp8_e4m3"].plan.bytes_per_token(), 35136u);  // no per-token scales
   EXPECT_EQ(by_store["kv_host_tiered"].host_tier_tokens, (1ull << 30) / (70272 * 16) * 16);
 }

@@ -1239,7 +1239,8 @@ TEST(WeightFormat, AsymmetricInt4DequantizesWithPackedZeroPoints) {
   std::vector<float> scales(kRows * kGroups);
   for (int r = 0; r < kRows; ++r) {
     for (int c = 0; c < kCols; ++c) {
-      codes[r * 2 + c / 8] |= static_cast<int32_t>(static_cast<uint32_t>(q_of(r, c) + 8) << (4 * (c % 8)));
+      codes[r * 2 + c / 8] |=
+          static_cast<int32_t>(static_cast<uint32_t>(q_of(r, c) + 8) << (4 * (c % 8)));
     }
     for (int g = 0; g < kGroups; ++g) {
       zeros[(r / 8) * kGroups + g] |=
@@ -1248,8 +1249,9 @@ TEST(WeightFormat, AsymmetricInt4DequantizesWithPackedZeroPoints) {
     }
   }
   auto write = [&](const std::vector<int64_t>& zero_shape, bool with_zeros) {
-    std::vector<RawTensor> tensors = {{"w.weight_scale", "BF16", {kRows, kGroups}, BF16Bytes(scales)},
-                                       {"w.weight_packed", "I32", {kRows, 2}, I32Bytes(codes)}};
+    std::vector<RawTensor> tensors = {
+        {"w.weight_scale", "BF16", {kRows, kGroups}, BF16Bytes(scales)},
+        {"w.weight_packed", "I32", {kRows, 2}, I32Bytes(codes)}};
     if (with_zeros) {
       std::vector<int32_t> z = zeros;
       z.resize(static_cast<size_t>(zero_shape[0] * zero_shape[1]));
@@ -1269,8 +1271,9 @@ TEST(WeightFormat, AsymmetricInt4DequantizesWithPackedZeroPoints) {
       for (int64_t r = rows.begin; r < rows.end; ++r) {
         for (int c = 0; c < kCols; ++c) {
           const int r32 = static_cast<int>(r);
-          EXPECT_EQ(out[(r - rows.begin) * kCols + c],
-                    static_cast<float>(q_of(r32, c) - z_of(r32, c / 8)) * scales[r * kGroups + c / 8])
+          EXPECT_EQ(
+              out[(r - rows.begin) * kCols + c],
+              static_cast<float>(q_of(r32, c) - z_of(r32, c / 8)) * scales[r * kGroups + c / 8])
               << "[" << r << ", " << c << "]";
         }
       }
