@@ -10,9 +10,10 @@
 //   kvrt serve [--config FILE]                the HTTP server (core/cli/serve.cc)
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -168,13 +169,10 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
   } else if (std::optional<model::ModelConfig> config = runnable_checkpoint(model)) {
     // What each rank loads, from the safetensors headers (quantized weights as stored).
     const int dense = cfg->model.dtype == "bf16" ? 2 : cfg->model.dtype == "f32" ? 4 : 0;
-    Result<model::CheckpointBytes> whole =
-        model::checkpoint_bytes_per_rank(model, *config, 1, dense);
-    if (!whole.ok()) return fail(whole.status());
     Result<model::CheckpointBytes> ranks =
         model::checkpoint_bytes_per_rank(model, *config, static_cast<int>(tp), dense);
     if (!ranks.ok()) return fail(ranks.status());
-    weights = whole->most();
+    weights = ranks->whole;
     budget.weights_per_rank = ranks->most();
     budget.weights_source = ranks->source;
   } else {

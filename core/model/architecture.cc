@@ -33,27 +33,26 @@ Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const 
   if (Status s = (*family)->check_tp(config, tp); !s.ok()) return s;
   Result<SafetensorsCheckpoint> ck = SafetensorsCheckpoint::open(dir);
   if (!ck.ok()) return ck.status();
-  CheckpointBytes out;
-  std::set<std::string> read;  // the stored tensors the blocks come from, with their companions
-  for (int rank = 0; rank < tp; ++rank) {
-    Result<std::vector<TensorBlock>> blocks = (*family)->tensors(config, rank, tp);
+  // Rank r of `ranks`' bytes; the stored tensors counted go to *counted when given.
+  auto count = [&](int r, int ranks, std::set<std::string>* counted) -> Result<uint64_t> {
+    Result<std::vector<TensorBlock>> blocks = (*family)->tensors(config, r, ranks);
     if (!blocks.ok()) return blocks.status();
-    Result<uint64_t> bytes =
-        stored_bytes(*ck, config.weight_format, dir, *blocks, dense_element_bytes);
+    return stored_bytes(*ck, config.weight_format, dir, *blocks, dense_element_bytes, counted);
+  };
+  CheckpointBytes out;
+  std::set<std::string> read;  // every stored tensor the model reads (each rank reads a part)
+  Result<uint64_t> whole = count(0, 1, &read);
+  if (!whole.ok()) return whole.status();
+  out.whole = *whole;
+  for (int rank = 0; rank < tp; ++rank) {
+    Result<uint64_t> bytes = tp == 1 ? whole : count(rank, tp, nullptr);
     if (!bytes.ok()) return bytes.status();
     out.per_rank.push_back(*bytes);
-    if (rank == 0) {
-      for (const TensorBlock& b : *blocks) read.insert(stored_tensor_name(ck.value(), b.name));
-    }
   }
-  // A stored name is read when it is a block's tensor, or its module's weight companion
-  // (x.weight_packed, x.weight_scale, x.weight_scale_inv, x.weight_shape of x.weight).
   uint64_t unread_bytes = 0;
   std::set<std::string> unread_roots;
   for (const std::string& name : ck->names()) {
     if (read.count(name) != 0) continue;
-    const size_t at = name.rfind(".weight");
-    if (at != std::string::npos && read.count(name.substr(0, at) + ".weight") != 0) continue;
     out.not_loaded.push_back(name);
     Result<TensorView> t = ck->get(name);
     if (t.ok()) unread_bytes += t->bytes;

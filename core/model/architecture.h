@@ -84,6 +84,7 @@ Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config);
 // counted. Errors name the tensor or the TP size.
 struct CheckpointBytes {
   std::vector<uint64_t> per_rank;  // [tp]
+  uint64_t whole = 0;              // the model's, unsharded (what one rank would hold at TP 1)
   // How they were counted, for reports: "counted from the safetensors headers of DIR (...)",
   // and which stored tensors the family does not load ("; not loaded: 23 tensors (...) under
   // mm_projector., vision_tower.").

@@ -417,7 +417,8 @@ Result<WeightFormat> WeightFormat::parse(const json* q, const std::string& sourc
 
 Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                                         const std::string& name, const std::vector<int64_t>& shape,
-                                        parallel::Range rows, parallel::Range cols) {
+                                        parallel::Range rows, parallel::Range cols,
+                                        std::set<std::string>* counted) {
   if (!format.quantized() || shape.size() != 2) {
     return Status::NotFound(name + " is not stored quantized");
   }
@@ -438,18 +439,21 @@ Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const W
   const double share = static_cast<double>(rows.size()) * static_cast<double>(cols.size()) /
                        (static_cast<double>(shape[0]) * static_cast<double>(shape[1]));
   double bytes = 0;
-  for (const std::string& n : shared) {
-    if (!ck.contains(n))
-      continue;  // a zero point the format has none of; a missing scale is
-                 // the loader's refusal
+  // A tensor not stored is a zero point the format has none of (a missing scale is the
+  // loader's refusal, not the count's).
+  auto add = [&](const std::string& n, double part) -> Status {
+    if (!ck.contains(n)) return Status::Ok();
     Result<TensorView> t = ck.get(n);
     if (!t.ok()) return t.status();
-    bytes += static_cast<double>(t->bytes) * share;
+    bytes += static_cast<double>(t->bytes) * part;
+    if (counted != nullptr) counted->insert(n);
+    return Status::Ok();
+  };
+  for (const std::string& n : shared) {
+    if (Status s = add(n, share); !s.ok()) return s;
   }
-  if (!whole.empty() && ck.contains(whole)) {
-    Result<TensorView> t = ck.get(whole);
-    if (!t.ok()) return t.status();
-    bytes += static_cast<double>(t->bytes);
+  if (!whole.empty()) {
+    if (Status s = add(whole, 1); !s.ok()) return s;
   }
   return static_cast<uint64_t>(std::llround(bytes));
 }

@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -69,10 +70,12 @@ Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat&
 
 // The bytes `ck` stores for rows `rows` and columns `cols` of the quantized weight `name` (of
 // logical `shape`), from the headers: that share of its codes and of its scales (and zero
-// points), its weight_shape whole. NotFound when `name` is not stored quantized.
+// points), its weight_shape whole; the stored tensors counted are added to *counted when it is
+// given. NotFound when `name` is not stored quantized.
 Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                                         const std::string& name, const std::vector<int64_t>& shape,
-                                        parallel::Range rows, parallel::Range cols);
+                                        parallel::Range rows, parallel::Range cols,
+                                        std::set<std::string>* counted = nullptr);
 
 // The name `ck` stores the tensor `name` (transformers' name in the language model) under: as is,
 // or under "language_model." where a multimodal checkpoint (Kimi-K2.5) keeps its text model

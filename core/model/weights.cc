@@ -133,9 +133,17 @@ void ForEachTensor(const Weights& w, const std::function<void(const std::vector<
   f(w.lm_head);
 }
 
-}  // namespace
-
-namespace {
+// The tensor `name` as `ck` stores it (under `stored`), or NotFound naming it, `dir` and the
+// shape expected.
+Result<TensorView> stored_tensor(const SafetensorsCheckpoint& ck, const std::string& dir,
+                                 const std::string& name, const std::string& stored,
+                                 const std::vector<int64_t>& shape) {
+  if (!ck.contains(stored)) {
+    return Status::NotFound(dir + ": tensor '" + name + "' is missing (expected shape " +
+                            shape_string(shape) + ")");
+  }
+  return ck.get(stored);
+}
 
 Status check_shape(const TensorView& t, const std::string& name,
                    const std::vector<int64_t>& shape) {
@@ -155,11 +163,7 @@ Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
     Status q = load_quantized_block(ck, format, stored, shape, rows, cols, out);
     if (!q.IsNotFound()) return q;  // dequantized, or refused by name
   }
-  if (!ck.contains(stored)) {
-    return Status::NotFound(dir + ": tensor '" + name + "' is missing (expected shape " +
-                            shape_string(shape) + ")");
-  }
-  auto t = ck.get(stored);
+  Result<TensorView> t = stored_tensor(ck, dir, name, stored, shape);
   if (!t.ok()) return t.status();
   if (t->dtype == DType::kF8E4M3 || t->dtype == DType::kI32) {
     return Status::Unsupported(t->file + ": tensor '" + name + "' has dtype " +
@@ -255,25 +259,23 @@ Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
 
 Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                               const std::string& dir, const std::vector<TensorBlock>& blocks,
-                              int dense_element_bytes) {
+                              int dense_element_bytes, std::set<std::string>* counted) {
   uint64_t total = 0;
   for (const TensorBlock& b : blocks) {
     const std::string stored = stored_tensor_name(ck, b.name);
     if (format.quantized()) {
-      Result<uint64_t> q = stored_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols);
+      Result<uint64_t> q =
+          stored_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols, counted);
       if (q.ok()) {
         total += *q;
         continue;
       }
       if (!q.status().IsNotFound()) return q.status();
     }
-    if (!ck.contains(stored)) {
-      return Status::NotFound(dir + ": tensor '" + b.name + "' is missing (expected shape " +
-                              shape_string(b.shape) + ")");
-    }
-    Result<TensorView> t = ck.get(stored);
+    Result<TensorView> t = stored_tensor(ck, dir, b.name, stored, b.shape);
     if (!t.ok()) return t.status();
     if (Status s = check_shape(*t, b.name, b.shape); !s.ok()) return s;
+    if (counted != nullptr) counted->insert(stored);
     const int64_t numel = t->numel();
     const int64_t held = b.rows.size() * (b.shape.size() > 1 ? b.cols.size() : 1);
     const uint64_t bytes = dense_element_bytes > 0

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,10 +92,11 @@ Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
 // each block's share (its rows x columns of the whole) of the tensors that store it -- a
 // quantized weight's codes and its scales (and zero points), its weight_shape whole. A dense
 // tensor counts `dense_element_bytes` per element where that is not 0 (the dtype it is served
-// in), else its stored bytes. A missing tensor is an error naming it (and `dir`).
+// in), else its stored bytes. A missing tensor is an error naming it (and `dir`). The stored
+// tensors counted are added to *counted when it is given.
 Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                               const std::string& dir, const std::vector<TensorBlock>& blocks,
-                              int dense_element_bytes);
+                              int dense_element_bytes, std::set<std::string>* counted = nullptr);
 
 // For each family's presets: n seeded values of mean 0 and standard deviation `stddev` (see
 // below), the stream a function of (seed, name) only.
