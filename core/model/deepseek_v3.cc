@@ -5,11 +5,11 @@
 #include <filesystem>
 #include <numeric>
 
+#include "core/model/rope.h"
 #include "core/model/safetensors.h"
 #include "core/model/weights.h"
 #include "core/parallel/linear.h"
 #include "core/parallel/vocab_parallel.h"
-#include "kernels/shared/rope.h"
 
 namespace kvrt::model {
 

@@ -33,7 +33,6 @@
 #include <vector>
 
 #include "core/model/architecture.h"
-#include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/parallel/shard.h"
 

@@ -1,13 +1,11 @@
 #include "core/model/llama.h"
 
 #include <cmath>
-#include <numbers>
 
 #include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/parallel/linear.h"
 #include "core/parallel/vocab_parallel.h"
-#include "kernels/shared/rope.h"
 
 namespace kvrt::model {
 
@@ -181,15 +179,23 @@ Status check_tp(const ModelConfig& c, int tp) {
       .status();
 }
 
+// What rank `rank` of `tp` holds of each tensor: all of it at TP 1.
+Result<HeldPart> held_part(const ModelConfig& c, int rank, int tp) {
+  if (tp <= 1) return HeldPart{};
+  Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
+                                         c.intermediate_size, c.vocab_size, rank, tp);
+  if (!shard.ok()) return shard.status();
+  return HeldPart{false, shard->q_heads, shard->kv_heads, shard->intermediate, shard->vocab};
+}
+
 Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, int tp) {
   HeldPart part;
   if (tp > 1) {
     Result<ModelConfig> c = parse_hf_config(dir + "/config.json");
     if (!c.ok()) return c.status();
-    Result<LlamaShard> shard = llama_shard(c->num_attention_heads, c->num_key_value_heads,
-                                           c->intermediate_size, c->vocab_size, rank, tp);
-    if (!shard.ok()) return shard.status();
-    part = {false, shard->q_heads, shard->kv_heads, shard->intermediate, shard->vocab};
+    Result<HeldPart> held = held_part(*c, rank, tp);
+    if (!held.ok()) return held.status();
+    part = *held;
   }
   Result<Weights> weights = load_hf(dir, tp > 1 ? &part : nullptr);
   if (!weights.ok()) return weights.status();
@@ -199,12 +205,9 @@ Result<std::unique_ptr<LoadedWeights>> load(const std::string& dir, int rank, in
 Result<std::vector<TensorBlock>> tensors(const ModelConfig& c, int rank, int tp) {
   Weights w;
   w.config = c;
-  if (tp > 1) {
-    Result<LlamaShard> shard = llama_shard(c.num_attention_heads, c.num_key_value_heads,
-                                           c.intermediate_size, c.vocab_size, rank, tp);
-    if (!shard.ok()) return shard.status();
-    w.held = {false, shard->q_heads, shard->kv_heads, shard->intermediate, shard->vocab};
-  }
+  Result<HeldPart> held = held_part(c, rank, tp);
+  if (!held.ok()) return held.status();
+  w.held = *held;
   std::vector<TensorBlock> blocks = llama_blocks(w);
   for (TensorBlock& b : blocks) b.out = nullptr;  // w goes
   return blocks;

@@ -18,7 +18,6 @@ using jinja::Value;
 
 uint64_t input_bytes(const std::vector<ChatMessage>& messages, const RenderOptions& o) {
   uint64_t n = o.bos_token.size() + o.eos_token.size();
-
   for (const ChatMessage& m : messages) n += m.role.size() + m.content.size();
   return n;
 }

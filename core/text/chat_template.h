@@ -52,12 +52,12 @@ struct ChatMessage {
   std::string role, content;
 };
 
-// What a template sees besides the messages, as transformers' apply_chat_template passes it.
 // A variable a caller hands the template beside the messages (SGLang's and vLLM's
 // chat_template_kwargs: Kimi's `thinking`, Qwen3's `enable_thinking`): a string, a number, a
 // boolean or none, as JSON.
 using TemplateVariables = std::vector<std::pair<std::string, nlohmann::json>>;
 
+// What a template sees besides the messages, as transformers' apply_chat_template passes it.
 struct RenderOptions {
   bool add_generation_prompt = true;
   std::string bos_token, eos_token;

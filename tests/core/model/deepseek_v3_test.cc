@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/model/model_config.h"
+#include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/util/file.h"
 
