@@ -32,10 +32,14 @@ int64_t unix_time() {
       .count();
 }
 
-Reply json_reply(int status, std::string body) {
+Reply text_reply(int status, std::string body, const char* content_type) {
   Reply r;
-  r.answer = Reply::Answer{status, std::move(body), "application/json", /*retry_after=*/false};
+  r.answer = Reply::Answer{status, std::move(body), content_type, /*retry_after=*/false};
   return r;
+}
+
+Reply json_reply(int status, std::string body) {
+  return text_reply(status, std::move(body), "application/json");
 }
 
 Reply error_reply(const ApiError& e) {
@@ -291,13 +295,11 @@ void Call::answer(Pending& last) {
   answered_ = true;
   release();
   for (const Pending& p : pending_) service_.forget_rid(p.result.rid, p.id);
+  // A whole answer is all the reply holds (nothing of a stream was written).
   if (health_) {
-    if (serve::completed(last.result.reason)) {
-      reply_.answer = Reply::Answer{200, "", "text/plain", false};
-    } else {
-      reply_.answer =
-          json_reply(503, error_body({503, last.result.message, "", "server_error"})).answer;
-    }
+    reply_ = serve::completed(last.result.reason)
+                 ? text_reply(200, "", "text/plain")
+                 : json_reply(503, error_body({503, last.result.message, "", "server_error"}));
     return;
   }
   if (call_.stream && call_.dialect == Dialect::kResponses) {
@@ -323,17 +325,15 @@ void Call::answer(Pending& last) {
     // finish reasons are "stop" and "length" (SGLang's /generate answers finish_reason abort).
     if (q.result.reason == serve::FinishReason::kEngineFailure ||
         (openai && !serve::completed(q.result.reason))) {
-      reply_.answer = error_reply(openai_abort_error(q.result)).answer;
+      reply_ = error_reply(openai_abort_error(q.result));
       return;
     }
   }
   std::vector<GenerateResult> results = shown_results();
   if (call_.dialect == Dialect::kResponses) {
-    reply_.answer =
-        json_reply(200, to_text(responses_json(call_, results[0], openai_id(), created_))).answer;
+    reply_ = json_reply(200, to_text(responses_json(call_, results[0], openai_id(), created_)));
   } else if (openai) {
-    reply_.answer =
-        json_reply(200, to_text(openai_json(call_, results, openai_id(), created_))).answer;
+    reply_ = json_reply(200, to_text(openai_json(call_, results, openai_id(), created_)));
   } else {
     json body;
     if (call_.batch || candidates() > 1) {
@@ -342,7 +342,7 @@ void Call::answer(Pending& last) {
     } else {
       body = generate_json(call_, results[0]);
     }
-    reply_.answer = json_reply(200, to_text(body)).answer;
+    reply_ = json_reply(200, to_text(body));
   }
 }
 

@@ -38,8 +38,9 @@ struct Reply {
   bool ends() const { return answer.has_value() || end_stream; }
 };
 
-// An answer of JSON (application/json), and a refusal in the API's error shape (a 503
-// server_overloaded with Retry-After).
+// A whole answer of `content_type`, one of JSON (application/json), and a refusal in the API's
+// error shape (a 503 server_overloaded with Retry-After).
+Reply text_reply(int status, std::string body, const char* content_type);
 Reply json_reply(int status, std::string body);
 Reply error_reply(const ApiError& error);
 

@@ -71,6 +71,10 @@ Result<std::vector<int32_t>> chat_prompt_ids(const ChatFormat& format,
 // chat_template_kwargs that is wrong ("" for the whole) and why.
 struct VariableError {
   std::string field, why;
+  // The field's name under `root` (the request's key or the command line's flag).
+  std::string at(const std::string& root) const {
+    return field.empty() ? root : root + "." + field;
+  }
 };
 std::optional<VariableError> read_template_variables(const nlohmann::json& kwargs,
                                                      text::TemplateVariables* out);

@@ -67,7 +67,7 @@ std::optional<ApiError> template_variables(const json& j, text::TemplateVariable
   auto kwargs = j.find("chat_template_kwargs");
   if (kwargs == j.end()) return std::nullopt;
   if (std::optional<VariableError> e = read_template_variables(*kwargs, out)) {
-    return bad("chat_template_kwargs" + (e->field.empty() ? "" : "." + e->field), e->why);
+    return bad(e->at("chat_template_kwargs"), e->why);
   }
   return std::nullopt;
 }

@@ -15,9 +15,7 @@ Reply Service::health() {
   if (loop_.snapshot()->engine_broken) {
     return json_reply(503, error_body({503, "the engine is broken", "", "server_error"}));
   }
-  Reply ok;
-  ok.answer = Reply::Answer{200, "", "text/plain", false};
-  return ok;
+  return text_reply(200, "", "text/plain");
 }
 
 std::string Service::metrics_text(const std::string& kvrt) const {
@@ -28,10 +26,7 @@ std::string Service::metrics_text(const std::string& kvrt) const {
 }
 
 Reply Service::metrics() {
-  Reply r;
-  r.answer = Reply::Answer{200, metrics_text(loop_.snapshot()->prometheus),
-                           "text/plain; version=0.0.4", false};
-  return r;
+  return text_reply(200, metrics_text(loop_.snapshot()->prometheus), "text/plain; version=0.0.4");
 }
 
 Reply Service::get_load() {
