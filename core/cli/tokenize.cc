@@ -39,8 +39,7 @@ Result<std::vector<int32_t>> chat_ids(const TokenizeArgs& args, const text::Toke
       return Status::InvalidArgument("--chat-template-kwargs: not valid JSON");
     }
     if (auto e = api::read_template_variables(kwargs, &variables)) {
-      return Status::InvalidArgument("--chat-template-kwargs" +
-                                     (e->field.empty() ? "" : "." + e->field) + ": " + e->why);
+      return Status::InvalidArgument(e->at("--chat-template-kwargs") + ": " + e->why);
     }
   }
   Result<api::ChatFormat> format = api::resolve_chat_format("", args.dir, &tokenizer);
