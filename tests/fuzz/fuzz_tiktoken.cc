@@ -13,7 +13,7 @@
 
 #include "core/text/tiktoken.h"
 #include "core/text/tokenizer_config.h"
-#include "core/text/utf8.h"
+#include "tests/fuzz/tokenizer_checks.h"
 
 namespace {
 
@@ -60,24 +60,6 @@ kvrt::text::TokenizerConfig specials(int64_t first) {
   return c;
 }
 
-void check(bool ok) {
-  if (!ok) __builtin_trap();
-}
-
-void exercise(const Tokenizer& t, std::string_view text, bool round_trip) {
-  for (bool special : {false, true}) {  // add_special_tokens (BOS)
-    const std::vector<int32_t> ids = t.encode(text, special);
-    for (int32_t id : ids) check(id >= 0 && id < t.vocab_size());
-    for (bool skip : {false, true}) {
-      const std::string decoded = t.decode(ids, kvrt::text::DecodeOptions{skip});
-      check(kvrt::text::valid_utf8(decoded));
-      // Byte-level BPE loses nothing: valid text comes back as it was (special-token strings in
-      // it, matched as their ids, included when they are kept; no BOS added).
-      if (round_trip && !special && !skip && kvrt::text::valid_utf8(text)) check(decoded == text);
-    }
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -88,19 +70,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto t = kvrt::text::parse_tiktoken(rest,
                                           with_config ? specials(3) : kvrt::text::TokenizerConfig{},
                                           "tiktoken.model", "tokenizer_config.json");
-      if (t.ok()) exercise(**t, "Hello, world! 你好 12345 [BOS]\r\n  x", false);
+      if (t.ok()) {
+        kvrt::fuzz::check_encode_decode(**t, "Hello, world! 你好 12345 [BOS]\r\n  x",
+                                        /*lossless=*/false);
+      }
     }
     return 0;
   }
   static const Tokenizer* const small = [] {
     auto t = kvrt::text::parse_tiktoken(small_model(), specials(272), "small", "small config");
-    check(t.ok());
+    kvrt::fuzz::check(t.ok());
     return t->release();
   }();
-  exercise(*small, rest, true);
-  std::vector<int32_t> as_ids(rest.size() / 4);
-  if (!as_ids.empty()) std::memcpy(as_ids.data(), rest.data(), as_ids.size() * 4);
-  check(kvrt::text::valid_utf8(small->decode(as_ids)));
-  check(kvrt::text::valid_utf8(small->decode(as_ids, kvrt::text::DecodeOptions{false})));
+  kvrt::fuzz::check_encode_decode(*small, rest, /*lossless=*/true);
+  kvrt::fuzz::check_decodes_bytes_as_ids(*small, rest);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/text/tokenizer_json.h"
+#include "tests/fuzz/tokenizer_checks.h"
 
 namespace {
 
@@ -126,54 +127,16 @@ std::unique_ptr<Tokenizer> sentencepiece_like() {
   return kvrt::text::parse_hf_tokenizer(j.dump(), {}, "sentencepiece-like").value();
 }
 
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = c < 0x80                 ? 1
-               : c >= 0xC2 && c <= 0xDF ? 2
-               : c >= 0xE0 && c <= 0xEF ? 3
-               : c >= 0xF0 && c <= 0xF4 ? 4
-                                        : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    for (size_t k = 1; k < n; ++k) {
-      if ((static_cast<uint8_t>(s[i + k]) & 0xC0) != 0x80) return false;
-    }
-    const uint8_t second = static_cast<uint8_t>(s[i + 1 < s.size() ? i + 1 : i]);
-    if ((c == 0xE0 && second < 0xA0) || (c == 0xED && second > 0x9F) ||
-        (c == 0xF0 && second < 0x90) || (c == 0xF4 && second > 0x8F)) {
-      return false;
-    }
-    i += n;
-  }
-  return true;
-}
-
-void check(bool ok) {
-  if (!ok) __builtin_trap();
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const Tokenizer* const tokenizers[] = {byte_level().release(),
                                                 sentencepiece_like().release()};
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  std::vector<int32_t> as_ids(size / 4);
-  if (!as_ids.empty()) std::memcpy(as_ids.data(), data, as_ids.size() * 4);
   for (const Tokenizer* t : tokenizers) {
-    for (bool special : {false, true}) {
-      const std::vector<int32_t> ids = t->encode(text, special);
-      for (int32_t id : ids) check(id >= 0 && id < t->vocab_size());
-      for (bool skip : {false, true}) {
-        const std::string decoded = t->decode(ids, kvrt::text::DecodeOptions{skip});
-        check(valid_utf8(decoded));
-        // The byte-level tokenizer loses nothing: valid text comes back as it was (special-token
-        // strings in it included, when they are kept).
-        if (t == tokenizers[0] && valid_utf8(text) && !special && !skip) check(decoded == text);
-      }
-    }
-    check(valid_utf8(t->decode(as_ids)));
-    check(valid_utf8(t->decode(as_ids, kvrt::text::DecodeOptions{false})));
+    // The byte-level tokenizer loses nothing.
+    kvrt::fuzz::check_encode_decode(*t, text, /*lossless=*/t == tokenizers[0]);
+    kvrt::fuzz::check_decodes_bytes_as_ids(*t, text);
   }
   return 0;
 }
