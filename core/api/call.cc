@@ -9,7 +9,6 @@
 #include "core/api/prompt.h"
 #include "core/api/responses.h"
 #include "core/api/service.h"
-#include "core/serve/eos.h"
 #include "core/text/utf8.h"
 #include "core/util/text.h"
 
@@ -85,8 +84,6 @@ Reply Call::start() {
   const size_t per = candidates();
   pending_.resize(call_.prompts.size() * per);
   started_ = Clock::now();
-  stop_ids_ = call_.stop_token_ids;
-  serve::add_eos_stop_ids(service_.eos_ids(), call_.ignore_eos, &stop_ids_);
   for (size_t k = 0; k < pending_.size(); ++k) {
     Pending& p = pending_[k];
     p.prompt = k / per;
@@ -201,7 +198,8 @@ std::pair<serve::GenerateRequest, serve::RequestSink> Call::request_for(size_t k
   // Each candidate its own seed stream; best_of ranks by the candidates' log-probabilities.
   r.sampling = sampling_of(p);
   if (call_.best_of > call_.n) r.sampling.logprobs = std::max(r.sampling.logprobs, 0);
-  r.stop_token_ids = stop_ids_;
+  r.stop_token_ids = call_.stop_token_ids;
+  r.ignore_eos = call_.ignore_eos;
   r.stop = call_.stop;
   // A first candidate with others to follow streams, so its first token is heard.
   r.stream = call_.stream || (p.candidate == 0 && candidates() > 1);

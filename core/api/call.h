@@ -113,9 +113,8 @@ class Call : public std::enable_shared_from_this<Call> {
   Post post_;
   Reply reply_;  // what the call's work has written, until the transport takes it
   bool health_ = false;
-  std::vector<int32_t> stop_ids_;  // the call's stop ids and, unless ignore_eos, the model's EOS
-  bool answered_ = false;          // the call's answer went out (or began to)
-  int64_t sequence_ = 0;           // a Responses stream's next sequence_number
+  bool answered_ = false;  // the call's answer went out (or began to)
+  int64_t sequence_ = 0;  // a Responses stream's next sequence_number
   std::vector<Pending> pending_;
   size_t unfinished_ = 0;
   Clock::time_point started_;

@@ -12,9 +12,8 @@ namespace kvrt::api {
 using nlohmann::json;
 
 Service::Service(ServiceOptions options, serve::StepLoop& loop, ModelLimits limits,
-                 ServerInfo info, std::vector<int32_t> eos_ids)
-    : options_(std::move(options)), loop_(loop), limits_(limits), info_(std::move(info)),
-      eos_ids_(std::move(eos_ids)) {}
+                 ServerInfo info)
+    : options_(std::move(options)), loop_(loop), limits_(limits), info_(std::move(info)) {}
 
 Status Service::start() {
   if (!options_.record_trace.empty()) {

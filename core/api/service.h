@@ -5,7 +5,7 @@
 // /health_generate, /get_model_info (/model_info), /get_server_info (/server_info), /get_load,
 // /metrics; OpenAI's POST /v1/completions, /v1/chat/completions, /v1/responses, GET /v1/models;
 // vLLM's POST /tokenize, /detokenize. What every call shares lives here: the step loop, the model's
-// limits and EOS ids, the rids of the requests in flight, the trace.
+// limits, the rids of the requests in flight, the trace.
 #pragma once
 
 #include <chrono>
@@ -21,7 +21,7 @@
 
 #include "core/api/call.h"
 #include "core/api/protocol.h"
-#include "core/serve/step_loop.h"
+#include "core/serve/serving_core.h"
 #include "core/util/status.h"
 
 namespace kvrt::api {
@@ -65,8 +65,7 @@ struct Route {
 
 class Service {
  public:
-  Service(ServiceOptions options, serve::StepLoop& loop, ModelLimits limits, ServerInfo info,
-          std::vector<int32_t> eos_ids);
+  Service(ServiceOptions options, serve::StepLoop& loop, ModelLimits limits, ServerInfo info);
   Service(const Service&) = delete;
   Service& operator=(const Service&) = delete;
 
@@ -79,7 +78,6 @@ class Service {
   serve::StepLoop& loop() { return loop_; }
   const ModelLimits& limits() const { return limits_; }
   const ServiceOptions& options() const { return options_; }
-  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
   // /abort_request finds a submitted request by its rid (the candidates of one prompt, n or
   // best_of > 1, share it).
   void remember_rid(const std::string& rid, uint64_t id);
@@ -109,7 +107,6 @@ class Service {
   serve::StepLoop& loop_;
   ModelLimits limits_;
   ServerInfo info_;
-  std::vector<int32_t> eos_ids_;
   std::mutex rid_mutex_;
   std::unordered_multimap<std::string, uint64_t> rids_;
   // record_trace: the file, and when the server started (the trace's time 0).

@@ -43,7 +43,6 @@
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/sampling/sampler.h"
-#include "core/serve/eos.h"
 
 namespace kvrt {
 namespace {
@@ -328,10 +327,10 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
     Result<std::vector<int32_t>> stop = parse_ids(args.stop, "--stop");
     if (!stop.ok()) return fail(stop.status());
     request.stop_token_ids = *stop;
-  } else {
-    // No --stop: the model's EOS ids, unless --ignore-eos.
-    serve::add_eos_stop_ids(rt->model.eos_token_ids, args.ignore_eos, &request.stop_token_ids);
   }
+  // --stop replaces the model's EOS ids (which the serving core adds otherwise), as does
+  // --ignore-eos.
+  request.ignore_eos = args.ignore_eos || !args.stop.empty();
   request.max_new_tokens = args.max_new_tokens;
   request.sampling = args.sampling;
   if (args.verbose) {
@@ -350,6 +349,7 @@ int run_generate(const std::string& path, const std::vector<std::string>& overri
   // tier, chunked prefill, the scheduler's checks); its scheduler log lines are for servers.
   serve::ServingOptions options = runtime::serving_options(*cfg, *rt, {});
   options.scheduler.log_interval = 0;
+  options.eos_token_ids = rt->model.eos_token_ids;
   serve::ServingCore core(options, rt->engine.get());
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();

@@ -20,7 +20,7 @@
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
-#include "core/serve/step_loop.h"
+#include "core/serve/serving_core.h"
 #include "core/text/tokenizer.h"
 
 namespace kvrt::cli {
@@ -78,6 +78,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
   serve::ServingOptions serving =
       runtime::serving_options(cfg, rt, runtime::store_ceilings(registry, rt));
   serving.tokenizer = rt.tokenizer.get();  // the answers' text and the stop strings
+  serving.eos_token_ids = rt.model.eos_token_ids;
   serve::ServingCore core(serving, rt.engine.get());
   serve::StepLoopOptions loop_options;
   loop_options.max_queued_requests = static_cast<size_t>(cfg.server.max_queued_requests);
@@ -150,7 +151,7 @@ int run_serve(const std::string& config_path, const std::vector<std::string>& ov
                           {"num_running_reqs", c.scheduler().num_running()}});
     return described.dump(-1, ' ', false, json::error_handler_t::replace);
   });
-  http::HttpServer http(options, loop, limits, std::move(info), rt.model.eos_token_ids);
+  http::HttpServer http(options, loop, limits, std::move(info));
   // A broken engine (its TP group failed) ends the server: the main thread hears it as SIGUSR1.
   loop.on_engine_broken([](const std::string&) { kill(getpid(), SIGUSR1); });
   loop.start();

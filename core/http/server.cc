@@ -24,8 +24,8 @@ api::ServiceOptions service_options(const ServerOptions& o) {
 }  // namespace
 
 HttpServer::Impl::Impl(const ServerOptions& o, serve::StepLoop& loop, ModelLimits limits,
-                       ServerInfo info, std::vector<int32_t> eos)
-    : options(o), service(service_options(o), loop, limits, std::move(info), std::move(eos)),
+                       ServerInfo info)
+    : options(o), service(service_options(o), loop, limits, std::move(info)),
       router(service.routes()), acceptor(net::make_strand(ioc)) {}
 
 void HttpServer::Impl::accept() {
@@ -115,8 +115,8 @@ ServerOptions server_options(const config::Config& cfg) {
 }
 
 HttpServer::HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,
-                       ServerInfo info, std::vector<int32_t> eos_ids)
-    : impl_(std::make_unique<Impl>(options, loop, limits, std::move(info), std::move(eos_ids))) {}
+                       ServerInfo info)
+    : impl_(std::make_unique<Impl>(options, loop, limits, std::move(info))) {}
 
 HttpServer::~HttpServer() { shutdown(); }
 

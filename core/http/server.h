@@ -1,6 +1,6 @@
 // kvrt serve's HTTP/1.1 transport (Boost.Beast over Asio): a few network threads, a strand per
-// connection, keep-alive, no thread per connection. Each request is routed (router.h) to the
-// API layer (api::Service, core/api), which answers it through its connection (session.h): a
+// connection, keep-alive, no thread per connection. Each request is routed (session.h: Router)
+// to the API layer (api::Service, core/api), which answers it through its connection (session.h): a
 // body, or a stream of server-sent events. The transport knows nothing of generation.
 //
 // Slow and idle clients: a connection has header_timeout_s from its accept, or from the first
@@ -22,7 +22,7 @@
 #include "core/api/protocol.h"
 #include "core/api/service.h"
 #include "core/config/config.h"
-#include "core/serve/step_loop.h"
+#include "core/serve/serving_core.h"
 #include "core/util/status.h"
 
 namespace kvrt::http {
@@ -63,7 +63,7 @@ class HttpServer {
   // The API (api::Service) over `loop`, with the model's limits, what it reports of itself and
   // its EOS ids (a request stops at them unless it ignores them).
   HttpServer(const ServerOptions& options, serve::StepLoop& loop, ModelLimits limits,
-             ServerInfo info, std::vector<int32_t> eos_ids);
+             ServerInfo info);
   ~HttpServer();  // shutdown()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

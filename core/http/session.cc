@@ -17,6 +17,24 @@ Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+Router::Router(std::vector<api::Route> routes) {
+  for (api::Route& r : routes) {
+    entries_.push_back({r.path, bhttp::string_to_verb(r.method), std::move(r.handler)});
+  }
+}
+
+Router::Match Router::find(bhttp::verb method, const std::string& path) const {
+  Match match;
+  for (const Entry& e : entries_) {
+    if (path != e.path) continue;
+    if (e.method == method && match.handler == nullptr) match.handler = &e.handler;
+    match.allowed += (match.allowed.empty() ? "" : " or ") +
+                     std::string(bhttp::to_string(e.method));
+  }
+  if (match.handler == nullptr) match.status = match.allowed.empty() ? 404 : 405;
+  return match;
+}
+
 Session::Session(tcp::socket socket, HttpServer::Impl& server)
     : stream_(std::move(socket)), server_(server), timer_(stream_.get_executor()) {}
 

@@ -23,7 +23,6 @@
 
 #include "core/api/call.h"
 #include "core/api/service.h"
-#include "core/http/router.h"
 #include "core/http/server.h"
 
 namespace kvrt::http {
@@ -35,6 +34,29 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 Clock::duration seconds(double s);
+
+// Method + path -> handler: the table the API layer gives (api::Service::routes), looked up for
+// each request; a path that is not there is a 404, one asked with another method a 405 naming
+// the methods it takes.
+class Router {
+ public:
+  explicit Router(std::vector<api::Route> routes);
+
+  struct Match {
+    const api::Handler* handler = nullptr;  // null: no route
+    int status = 200;                        // 404 (no such path) or 405 (not that method)
+    std::string allowed;                     // a 405's methods: "POST or GET"
+  };
+  Match find(boost::beast::http::verb method, const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string path;
+    boost::beast::http::verb method;
+    api::Handler handler;
+  };
+  std::vector<Entry> entries_;
+};
 
 class Session;
 
@@ -53,8 +75,7 @@ struct HttpServer::Impl {
   std::mutex session_mutex;
   std::vector<std::weak_ptr<Session>> sessions;
 
-  Impl(const ServerOptions& o, serve::StepLoop& loop, ModelLimits limits, ServerInfo info,
-       std::vector<int32_t> eos);
+  Impl(const ServerOptions& o, serve::StepLoop& loop, ModelLimits limits, ServerInfo info);
   void accept();
   // Past max_connections: closes an idle connection to make room, else the one that has spent
   // longest reading its header (a slow client's, or a slowloris'); false when every connection

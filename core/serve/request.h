@@ -28,8 +28,11 @@ struct GenerateRequest {
   // ends with kLength and no ids.
   int32_t max_new_tokens = 128;
   sampling::SamplingParams sampling;
-  // Generation ends after one of these (the model's EOS ids are the caller's to add).
+  // Generation ends after one of these, and after the model's EOS ids
+  // (ServingOptions::eos_token_ids) unless ignore_eos.
   std::vector<int32_t> stop_token_ids;
+  // SGLang's sampling_params.ignore_eos, `kvrt generate --ignore-eos`: only stop_token_ids stop.
+  bool ignore_eos = false;
   // Generation ends when the decoded output contains one of these; the text is cut before it.
   // Needs the core to have a tokenizer.
   std::vector<std::string> stop;

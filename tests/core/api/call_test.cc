@@ -23,7 +23,7 @@
 #include "core/plugin/registry.h"
 #include "core/runtime/runtime.h"
 #include "core/serve/serving_core.h"
-#include "core/serve/step_loop.h"
+#include "core/serve/serving_core.h"
 #include "tests/e2e/stories260k_reference.h"
 
 namespace kvrt::api {
@@ -101,6 +101,7 @@ class CallTest : public ::testing::Test {
     rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
     serve::ServingOptions serving = runtime::serving_options(*cfg_, *rt_, {});
     serving.tokenizer = rt_->tokenizer.get();
+    serving.eos_token_ids = rt_->model.eos_token_ids;
     core_ = std::make_unique<serve::ServingCore>(serving, rt_->engine.get());
     serve::StepLoopOptions loop_options;
     loop_options.max_running_requests = 8;
@@ -111,8 +112,7 @@ class CallTest : public ::testing::Test {
     limits.vocab_size = static_cast<int32_t>(rt_->model.vocab_size);
     limits.context_length = rt_->model.max_position_embeddings;
     service_ = std::make_unique<Service>(ServiceOptions{}, *loop_, limits,
-                                         ServerInfo{"{}", "test-model"},
-                                         rt_->model.eos_token_ids);
+                                         ServerInfo{"{}", "test-model"});
     ASSERT_TRUE(service_->start().ok());
     loop_->start();
   }

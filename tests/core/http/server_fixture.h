@@ -119,6 +119,7 @@ class ServerTest : public ::testing::Test {
     rt_ = std::make_unique<runtime::Runtime>(std::move(*rt));
     serve::ServingOptions serving = runtime::serving_options(*cfg_, *rt_, {});
     serving.tokenizer = rt_->tokenizer.get();
+    serving.eos_token_ids = rt_->model.eos_token_ids;  // as kvrt serve does
     if (poison >= 0) {
       faulty_ = std::make_unique<FaultyExecutor>(rt_->engine.get(), poison);
       core_ = std::make_unique<serve::ServingCore>(serving, faulty_.get(), nullptr);
@@ -154,7 +155,7 @@ class ServerTest : public ::testing::Test {
     ServerInfo info;
     info.model_name = "test-model";
     info.model_info = json{{"model_path", rt_->model_name}}.dump();
-    http_ = std::make_unique<HttpServer>(options, *loop_, limits, info, rt_->model.eos_token_ids);
+    http_ = std::make_unique<HttpServer>(options, *loop_, limits, info);
     loop_->start();
     ASSERT_TRUE(http_->start().ok());
     port_ = http_->port();

@@ -205,6 +205,29 @@ TEST(ServingCore, AStopTokenEndsItNamingTheId) {
   EXPECT_EQ(heard.ids, std::vector<int32_t>({40, 41, 99}));
 }
 
+// The model's EOS ids, given to the core, stop every request beside its own stop ids, unless it
+// ignores them (ignore_eos); then only its own stop ids do.
+TEST(ServingCore, TheModelsEosIdsStopARequestUnlessItIgnoresThem) {
+  ServingOptions o = options();
+  o.eos_token_ids = {41, 42};
+  for (bool ignore : {false, true}) {
+    Scripted executor({40, 42, 99, 43});
+    ServingCore core(o, &executor, nullptr);
+    Heard heard;
+    GenerateRequest r = request(1);
+    r.max_new_tokens = 10;
+    r.stop_token_ids = {99};
+    r.ignore_eos = ignore;
+    ASSERT_TRUE(core.submit(r, heard.sink()).ok());
+    run(core);
+    ASSERT_EQ(heard.ends(), 1);
+    EXPECT_EQ(heard.outputs.back().finish_reason, FinishReason::kStopToken);
+    EXPECT_EQ(heard.outputs.back().matched_token, ignore ? 99 : 42);
+    EXPECT_EQ(heard.ids, ignore ? std::vector<int32_t>({40, 42, 99})
+                                : std::vector<int32_t>({40, 42}));
+  }
+}
+
 // max_new_tokens 0 (SGLang's, as bench_serving's random dataset sends it): the prompt is
 // prefilled and its pages cached, and the request ends with no ids, as a length, even when the
 // token the prefill sampled is a stop id.
