@@ -34,6 +34,7 @@
 #include "core/backend/cpu_backend.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quant_gemm.h"
 
 namespace {
 
@@ -74,8 +75,33 @@ enum class Mode {
   kCache,   // the same on one copy of the weights, which stays in cache: the kernel's own rate
   kWidenedSgemm,  // the baseline: what CpuBackend did before the packed kernel at m > 16, each
                   // thread widening its band of bf16 weights to f32, then OpenBLAS's sgemm
-  kMemoryBf16X    // kMemory with x rounded to bf16 (model.matmul_precision = "medium")
+  kMemoryBf16X,   // kMemory with x rounded to bf16 (model.matmul_precision = "medium")
+  kMemoryInt4,    // kMemory with int4 weights (group 32, bf16 scales: quant_gemm.h), f32 x
+  kMemoryInt4X,   // the same with x quantized to int8 (AVX-512 VNNI where the CPU has it)
+  kMemoryFp8      // kMemory with fp8 E4M3 weights (128 x 128 blocks), f32 x
 };
+
+// One copy of quantized weights, packed (random codes: the speed does not depend on them).
+std::vector<uint8_t> packed_quantized(bool int4, int64_t n, int64_t k, std::mt19937& rng) {
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<uint8_t> codes(static_cast<size_t>(n * k));
+  for (uint8_t& c : codes) {
+    c = static_cast<uint8_t>(byte(rng) & (int4 ? 0xF : 0x7E));
+  }
+  std::vector<uint8_t> packed;
+  if (int4) {
+    const kernels::Int4Format f;
+    std::vector<float> scales(static_cast<size_t>(n * ((k + 31) / 32)), 0.00390625f);
+    packed.resize(kernels::packed_int4_bytes(n, k, f));
+    kernels::pack_int4(codes.data(), scales.data(), nullptr, n, k, f, packed.data());
+  } else {
+    const kernels::Fp8Format f;
+    std::vector<float> scales(static_cast<size_t>(((n + 127) / 128) * ((k + 127) / 128)), 1e-3f);
+    packed.resize(kernels::packed_fp8_bytes(n, k, f));
+    kernels::pack_fp8(codes.data(), scales.data(), n, k, f, packed.data());
+  }
+  return packed;
+}
 
 void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   const int64_t m = state.range(0), n = shape.n, k = shape.k;
@@ -83,14 +109,24 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
   backend::CpuBackend backend(/*bf16_weights=*/true, threads,
                               /*bf16_activations=*/mode == Mode::kMemoryBf16X);
-  // Enough copies of the weights that cycling through them reads memory (64 MiB of bf16).
+  // Enough copies that cycling through them reads 64 MiB of weights, whatever their format.
+  const bool int4 = mode == Mode::kMemoryInt4 || mode == Mode::kMemoryInt4X;
+  const int64_t copy_bytes = int4                       ? n * k / 2
+                             : mode == Mode::kMemoryFp8 ? n * k
+                                                        : 2 * n * k;
   const int64_t copies =
-      mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / (2 * n * k));
+      mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / copy_bytes);
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0, 0.02f);
   std::vector<std::unique_ptr<backend::Matrix>> w;
   std::vector<std::vector<uint16_t>> rows;  // the baseline's row-major bf16 weights
+  std::vector<std::vector<uint8_t>> quantized;
+  const bool quant = int4 || mode == Mode::kMemoryFp8;
   for (int64_t c = 0; c < copies; ++c) {
+    if (quant) {
+      quantized.push_back(packed_quantized(int4, n, k, rng));
+      continue;
+    }
     std::vector<float> data(static_cast<size_t>(n * k));
     for (float& v : data) v = normal(rng);
     if (mode == Mode::kWidenedSgemm) {
@@ -123,6 +159,14 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
                       y.data() + begin, static_cast<int>(n));
         }
       }
+    } else if (int4) {
+      kernels::matmul_packed_int4(x.data(), k, m, k, quantized[products % copies].data(), n, {},
+                                  y.data(), n, threads, kernels::GemmIsa::kAuto,
+                                  mode == Mode::kMemoryInt4X ? kernels::Activations::kInt8
+                                                             : kernels::Activations::kF32);
+    } else if (mode == Mode::kMemoryFp8) {
+      kernels::matmul_packed_fp8(x.data(), k, m, k, quantized[products % copies].data(), n, {},
+                                 y.data(), n, threads);
     } else {
       backend.matmul(x.data(), m, *w[products % copies], y.data());
     }
@@ -132,8 +176,11 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double gflops = 2.0 * static_cast<double>(m * n * k) * products / seconds / 1e9;
-  const double weights_gbps = 2.0 * static_cast<double>(n * k) * products / seconds / 1e9;
-  const double roof = std::min(peak().best(), read_GBps() * static_cast<double>(m));
+  // The bytes each product reads: bf16's 2 per weight, or the packed codes and scales.
+  const double bytes = quant ? static_cast<double>(quantized[0].size()) : 2.0 * double(n * k);
+  const double weights_gbps = bytes * products / seconds / 1e9;
+  const double roof =
+      std::min(peak().best(), read_GBps() * 2.0 * double(n * k) / bytes * static_cast<double>(m));
   state.counters["GFLOPs"] = gflops;
   state.counters["peak_fraction"] = gflops / peak().best();
   state.counters["bandwidth_fraction"] = weights_gbps / read_GBps();
@@ -155,6 +202,9 @@ int main(int argc, char** argv) {
   add("matmul_bf16_in_cache/", Mode::kCache, up, {8, 64, 512});
   add("widened_sgemm/", Mode::kWidenedSgemm, up, {16, 64, 256, 512});
   add("matmul_bf16_x/", Mode::kMemoryBf16X, up, {1, 8, 64, 512});
+  add("matmul_int4/", Mode::kMemoryInt4, up, {1, 8, 64, 512});
+  add("matmul_int4_x/", Mode::kMemoryInt4X, up, {1, 8, 64, 512});
+  add("matmul_fp8/", Mode::kMemoryFp8, up, {1, 8, 64, 512});
   for (const Shape& s : kSynth76m) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   for (const Shape& s : kSynthMla) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
