@@ -71,13 +71,41 @@ plugin::Registry& registry() {
   return *r;
 }
 
+// The projections' format: bf16, or quantized at load (model.quantization) with the activations
+// "auto" gives them (int4: int8 on a CPU with AVX-512 VNNI, else f32; fp8: f32).
+enum class Format { kBf16, kInt4, kFp8 };
+
+std::string suffix_of(Format f) {
+  return f == Format::kInt4 ? "/int4" : f == Format::kFp8 ? "/fp8" : "";
+}
+
+backend::CpuQuantization quantization_of(Format f) {
+  backend::CpuQuantization q;
+  if (f == Format::kInt4) {
+    q.format = backend::CpuQuantization::Format::kInt4;
+    if (kernels::int4_int8_uses_vnni()) q.activations = kernels::Activations::kInt8;
+  } else if (f == Format::kFp8) {
+    q.format = backend::CpuQuantization::Format::kFp8;
+  }
+  return q;
+}
+
+// The bytes of weights a decode step reads: the projections in their format, the rest in bf16.
+double held_weight_bytes(const model::ModelConfig& c, Format f) {
+  const double projections = static_cast<double>(c.projection_parameter_count());
+  const double per = f == Format::kInt4 ? 0.5 + 2.0 / 32 : f == Format::kFp8 ? 1 + 4.0 / 128 : 2;
+  return static_cast<double>(c.weight_bytes(2)) - 2 * projections + per * projections;
+}
+
 // medium: model.matmul_precision = "medium" (activations rounded to bf16 in the products: the
 // AVX-512 BF16 dot product where the CPU has it).
 std::unique_ptr<exec::Engine> make_engine(int tp, const std::string& store, uint64_t pages,
                                           bool medium = false,
-                                          const model::Weights& w = weights()) {
+                                          const model::Weights& w = weights(),
+                                          Format format = Format::kBf16) {
   exec::EngineOptions o;
   o.bf16_activations = medium;
+  o.quantization = quantization_of(format);
   o.tp = tp;
   o.page_size = 16;
   o.num_pages = pages;
@@ -115,26 +143,27 @@ const bench::Peak& peak() {
   return p;
 }
 
-void BM_DecodeBatch1(benchmark::State& state, bool medium) {
+void BM_DecodeBatch1(benchmark::State& state, bool medium, Format format) {
   const int tp = static_cast<int>(state.range(0));
-  auto engine = make_engine(tp, "kv_bf16_paged", 64, medium);
+  auto engine = make_engine(tp, "kv_bf16_paged", 64, medium, weights(), format);
   exec::GenerateOptions o;
   o.max_new_tokens = 65;
   const double tok_per_s = decode_tok_per_s(state, *engine, prompt(16, 1), o);
   state.counters["decode_tok_per_s"] = tok_per_s;
   // Every weight is read once per token; the streaming read of as many bytes, measured now, is
   // the ceiling that memory bandwidth sets.
-  const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
+  const double weight_bytes = held_weight_bytes(weights().config, format);
   const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes));
   state.counters["weights_GBps"] = tok_per_s * weight_bytes / 1e9;
   state.counters["read_GBps"] = read_GBps;
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / weight_bytes;
 }
 
-void BM_Batch(benchmark::State& state, int seqs, bool medium) {
+void BM_Batch(benchmark::State& state, int seqs, bool medium, Format format) {
   const int tp = static_cast<int>(state.range(0));
   const int prompt_len = 128, gen = 128, pages_per_seq = (prompt_len + gen) / 16;
-  auto engine = make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq, medium);
+  auto engine =
+      make_engine(tp, "kv_bf16_paged", seqs * pages_per_seq, medium, weights(), format);
   double seconds = 0, prefill_seconds = 0;
   int64_t generated = 0;
   for (auto _ : state) {
@@ -172,7 +201,7 @@ void BM_Batch(benchmark::State& state, int seqs, bool medium) {
   // per token (peak / that), whichever is lower, applied to every token as the issue defined
   // it. The prompt's tokens are bound by the arithmetic alone, so for them it is low, and the
   // fraction errs high.
-  const double weight_bytes = static_cast<double>(weights().config.weight_bytes(2));
+  const double weight_bytes = held_weight_bytes(weights().config, format);
   const double flops_per_token = 2.0 * static_cast<double>(weights().config.parameter_count());
   const double read_GBps = read_bandwidth_GBps(static_cast<size_t>(weight_bytes));
   const double roofline =
@@ -254,11 +283,12 @@ void BM_DecodeLongContext(benchmark::State& state, const std::string& store) {
   state.counters["bandwidth_ceiling_tok_per_s"] = read_GBps * 1e9 / (weight_bytes + kv_bytes);
 }
 
-void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled) {
+void BM_RealVocabulary(benchmark::State& state, int seqs, bool sampled, Format format) {
   const int prompt_len = 32, steps = 32, pages_per_seq = (prompt_len + steps + 16) / 16;
   // What model.matmul_precision = "auto" takes for bf16 weights on this CPU.
   const bool medium = kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16);
-  auto engine = make_engine(1, "kv_bf16_paged", seqs * pages_per_seq, medium, weights_1b());
+  auto engine =
+      make_engine(1, "kv_bf16_paged", seqs * pages_per_seq, medium, weights_1b(), format);
   double decode_seconds = 0;
   int64_t tokens = 0;
   for (auto _ : state) {
@@ -314,7 +344,8 @@ int main(int argc, char** argv) {
   // one after the other in the same process.
   for (const bool medium : {false, true}) {
     const std::string suffix = medium ? "/medium" : "";
-    benchmark::RegisterBenchmark(("decode/batch1" + suffix).c_str(), BM_DecodeBatch1, medium)
+    benchmark::RegisterBenchmark(("decode/batch1" + suffix).c_str(), BM_DecodeBatch1, medium,
+                                 Format::kBf16)
         ->Arg(1)
         ->Arg(2)
         ->ArgName("tp")
@@ -322,7 +353,7 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kSecond);
     for (int seqs : {64, 8}) {
       benchmark::RegisterBenchmark(("batch" + std::to_string(seqs) + "/128+128" + suffix).c_str(),
-                                   BM_Batch, seqs, medium)
+                                   BM_Batch, seqs, medium, Format::kBf16)
           ->Arg(1)
           ->Arg(2)
           ->ArgName("tp")
@@ -346,7 +377,37 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("llama-3.2-1b-shape/decode/batch" + std::to_string(seqs) +
                                     (sampled ? "/sampled" : "/greedy"))
                                        .c_str(),
-                                   BM_RealVocabulary, seqs, sampled)
+                                   BM_RealVocabulary, seqs, sampled, Format::kBf16)
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
+    }
+  }
+  // Projections quantized at load (model.quantization), at "auto"'s activations for them: the
+  // bf16 cases above at the same shapes are the baseline (the figures' ratio: interleave runs).
+  for (const Format f : {Format::kInt4, Format::kFp8}) {
+    benchmark::RegisterBenchmark(("decode/batch1" + suffix_of(f)).c_str(), BM_DecodeBatch1,
+                                 false, f)
+        ->Arg(1)
+        ->ArgName("tp")
+        ->Iterations(3)
+        ->Unit(benchmark::kSecond);
+    for (int seqs : {64, 8}) {
+      benchmark::RegisterBenchmark(
+          ("batch" + std::to_string(seqs) + "/128+128" + suffix_of(f)).c_str(), BM_Batch, seqs,
+          false, f)
+          ->Arg(1)
+          ->ArgName("tp")
+          ->Iterations(1)
+          ->Unit(benchmark::kSecond);
+    }
+  }
+  for (const Format f : {Format::kBf16, Format::kInt4, Format::kFp8}) {
+    for (int seqs : {1, 8, 64}) {
+      if (f == Format::kBf16 && seqs != 8) continue;  // 1 and 64 are above
+      benchmark::RegisterBenchmark(("llama-3.2-1b-shape/decode/batch" + std::to_string(seqs) +
+                                    "/greedy" + suffix_of(f))
+                                       .c_str(),
+                                   BM_RealVocabulary, seqs, false, f)
           ->Iterations(1)
           ->Unit(benchmark::kSecond);
     }

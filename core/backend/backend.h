@@ -91,6 +91,13 @@ class Backend {
   // Takes `data` [rows][cols] (f32, row-major) into the backend's matrix format.
   virtual std::unique_ptr<Matrix> upload_matrix(std::vector<float> data, int64_t rows,
                                                 int64_t cols) = 0;
+  // The same for a projection's weight (a linear layer's, core/parallel/linear.h: what
+  // model.quantization quantizes at load; embeddings, norms, the LM head and MLA's absorbed
+  // matrices go through upload_matrix). By default as upload_matrix.
+  virtual std::unique_ptr<Matrix> upload_projection(std::vector<float> data, int64_t rows,
+                                                    int64_t cols) {
+    return upload_matrix(std::move(data), rows, cols);
+  }
   virtual void download(const float* device, size_t n, float* host) = 0;
   // The step's KV slots where the KV store's device write path reads them (ABI 1.2's
   // device_slots): copied into backend memory that stays valid until the next call. The CPU

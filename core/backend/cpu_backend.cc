@@ -20,16 +20,23 @@ struct CpuMatrix : Matrix {
   std::vector<float> f32;
   bool bf16 = false;
   std::vector<uint16_t> packed;
+  // A quantized projection (model.quantization): its packed codes and scales, in one format.
+  CpuQuantization::Format quantized = CpuQuantization::Format::kNone;
+  std::vector<uint8_t> qpacked;
+  kernels::Int4Format int4;
+  kernels::Fp8Format fp8;
 };
 
 void release(float* data, size_t) { std::free(data); }
 
 }  // namespace
 
-CpuBackend::CpuBackend(bool bf16_weights, int threads, bool bf16_activations)
+CpuBackend::CpuBackend(bool bf16_weights, int threads, bool bf16_activations,
+                       CpuQuantization quantization)
     : bf16_weights_(bf16_weights),
       threads_(std::max(1, threads)),
-      bf16_activations_(bf16_activations) {}
+      bf16_activations_(bf16_activations),
+      quantization_(quantization) {}
 
 // This rank's share of the cores, for what runs on OpenMP in this thread (the products, and the
 // attention plugin's work items).
@@ -95,6 +102,34 @@ void CpuBackend::gather_rows(const float* src, std::span<const int64_t> rows, in
 // widened_sgemm), on the AVX2 class with 2 threads and weights from memory: 1.6-1.7x the
 // GFLOP/s at m = 16, 1.2-1.3x at 64, 1.1-1.5x at 512, without an f32 copy of every matrix.
 // f32 weights: the BLAS.
+std::unique_ptr<Matrix> CpuBackend::upload_projection(std::vector<float> data, int64_t rows,
+                                                      int64_t cols) {
+  using Format = CpuQuantization::Format;
+  if (quantization_.format == Format::kNone) return upload_matrix(std::move(data), rows, cols);
+  auto m = std::make_unique<CpuMatrix>();
+  m->rows = rows;
+  m->cols = cols;
+  m->quantized = quantization_.format;
+  const size_t n = static_cast<size_t>(rows), k = static_cast<size_t>(cols);
+  std::vector<uint8_t> codes(n * k);
+  if (quantization_.format == Format::kInt4) {
+    m->int4 = kernels::Int4Format{quantization_.group, /*bf16_scales=*/true, false};
+    std::vector<float> scales(n * ((k + m->int4.group - 1) / m->int4.group));
+    kernels::quantize_int4(data.data(), n, k, m->int4.group, codes.data(), scales.data());
+    m->qpacked.resize(kernels::packed_int4_bytes(n, k, m->int4));
+    kernels::pack_int4(codes.data(), scales.data(), nullptr, n, k, m->int4, m->qpacked.data());
+  } else {
+    m->fp8 = quantization_.fp8;
+    const kernels::Fp8Format& f = m->fp8;
+    std::vector<float> scales(((n + f.block_n - 1) / f.block_n) *
+                              ((k + f.block_k - 1) / f.block_k));
+    kernels::quantize_fp8(data.data(), n, k, f, codes.data(), scales.data());
+    m->qpacked.resize(kernels::packed_fp8_bytes(n, k, f));
+    kernels::pack_fp8(codes.data(), scales.data(), n, k, f, m->qpacked.data());
+  }
+  return m;
+}
+
 void CpuBackend::matmul(const float* x, int64_t m, const Matrix& matrix, float* y) {
   matmul_strided(x, m, matrix.cols, matrix, y, matrix.rows);
 }
@@ -103,6 +138,16 @@ void CpuBackend::matmul_strided(const float* x, int64_t m, int64_t x_stride, con
                                 float* y, int64_t y_stride) {
   const auto& w = static_cast<const CpuMatrix&>(matrix);
   const int64_t n = w.rows, k = w.cols;
+  if (w.quantized == CpuQuantization::Format::kInt4) {
+    kernels::matmul_packed_int4(x, x_stride, m, k, w.qpacked.data(), n, w.int4, y, y_stride,
+                                threads_, kernels::GemmIsa::kAuto, quantization_.activations);
+    return;
+  }
+  if (w.quantized == CpuQuantization::Format::kFp8) {
+    kernels::matmul_packed_fp8(x, x_stride, m, k, w.qpacked.data(), n, w.fp8, y, y_stride,
+                               threads_, kernels::GemmIsa::kAuto, quantization_.activations);
+    return;
+  }
   if (w.bf16) {
     kernels::matmul_packed_bf16(x, x_stride, m, k, w.packed.data(), n, y, y_stride, threads_,
                                 kernels::GemmIsa::kAuto, bf16_activations_);

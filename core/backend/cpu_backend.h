@@ -7,8 +7,20 @@
 #include <vector>
 
 #include "core/backend/backend.h"
+#include "kernels/cpu/quant_gemm.h"
 
 namespace kvrt::backend {
+
+// model.quantization on the CPU: projections quantized at load and kept packed
+// (kernels/cpu/quant_gemm.h), and what their products multiply them by.
+struct CpuQuantization {
+  enum class Format { kNone, kInt4, kFp8 };
+  Format format = Format::kNone;
+  kernels::Activations activations = kernels::Activations::kF32;
+  size_t group = 32;  // int4: inputs per scale
+  // fp8: one scale per output row and 128 inputs, so a TP shard's rows quantize as TP 1's.
+  kernels::Fp8Format fp8{1, 128};
+};
 
 class CpuBackend : public Backend {
  public:
@@ -16,7 +28,9 @@ class CpuBackend : public Backend {
   // decode step streams; `threads` is how many threads this rank's ops may use. With
   // bf16_activations their products round x to bf16 first (kernels::matmul_packed_bf16's bf16_x:
   // the bf16 dot product where the CPU has it).
-  CpuBackend(bool bf16_weights, int threads, bool bf16_activations = false);
+  // With `quantization`, upload_projection quantizes (the others are held as above).
+  CpuBackend(bool bf16_weights, int threads, bool bf16_activations = false,
+             CpuQuantization quantization = {});
 
   kvrt_device device() const override { return {sizeof(kvrt_device), KVRT_DEVICE_CPU, 0, 0}; }
   comm::Stream stream() const override { return nullptr; }
@@ -26,6 +40,8 @@ class CpuBackend : public Backend {
   Buffer upload(std::span<const float> host) override;
   std::unique_ptr<Matrix> upload_matrix(std::vector<float> data, int64_t rows,
                                         int64_t cols) override;
+  std::unique_ptr<Matrix> upload_projection(std::vector<float> data, int64_t rows,
+                                            int64_t cols) override;
   void download(const float* device, size_t n, float* host) override;
 
   void fill_zero(float* x, size_t n) override;
@@ -60,6 +76,7 @@ class CpuBackend : public Backend {
   bool bf16_weights_;
   int threads_;
   bool bf16_activations_;
+  CpuQuantization quantization_;
   std::vector<float> rope_pair_;  // one head's values while interleaved RoPE rotates it
 };
 

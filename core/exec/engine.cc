@@ -347,7 +347,8 @@ Result<std::unique_ptr<Engine>> Engine::create(const model::LoadedWeights& weigh
       backend = std::move(*made);
     } else {
       backend = std::make_unique<backend::CpuBackend>(options.bf16_weights, threads_per_rank,
-                                                      options.bf16_activations);
+                                                      options.bf16_activations,
+                                                      options.quantization);
     }
     Result<std::unique_ptr<RankExecutor>> rank =
         RankExecutor::load(**family, weights, std::move(backend), group.communicator(r));

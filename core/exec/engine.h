@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend/cpu_backend.h"
 #include "core/comm/thread_communicator.h"
 #include "core/exec/batch.h"
 #include "core/exec/rank_executor.h"
@@ -46,6 +47,8 @@ struct EngineOptions {
   // Products of bf16 weights round the activations to bf16 first (model.matmul_precision =
   // "medium"); the CPU backend's only.
   bool bf16_activations = false;
+  // model.quantization on the CPU backend: projections quantized at load (cpu_backend.h).
+  backend::CpuQuantization quantization;
   int threads = 0;  // threads for this process's ranks' products; 0 = OMP_NUM_THREADS or cores
   RankPlugins plugins;
   // Where the ranks run; null: tp threads of this process. Must outlive the engine, and its size

@@ -6,7 +6,7 @@ namespace kvrt::parallel {
 
 ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be, std::vector<float> shard,
                                            int64_t out, int64_t in)
-    : weight_(be.upload_matrix(std::move(shard), out, in)) {}
+    : weight_(be.upload_projection(std::move(shard), out, in)) {}
 
 ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
                                            std::initializer_list<RowsOf> parts, int64_t in,
@@ -17,7 +17,7 @@ ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
     append_rows(*p.matrix, in, p.rows, &rows);
     out += p.rows.size();
   }
-  weight_ = be.upload_matrix(std::move(rows), out, in);
+  weight_ = be.upload_projection(std::move(rows), out, in);
   for (const RowsOf& p : bias_parts) append_rows(*p.matrix, 1, p.rows, &bias);
   if (!bias.empty()) bias_ = be.upload(bias);
 }
@@ -30,7 +30,7 @@ void ColumnParallelLinear::forward(backend::Backend& be, const float* x, int64_t
 
 RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& w,
                                      int64_t out, int64_t cols, Range keep)
-    : weight_(be.upload_matrix(columns_of(w, cols, keep), out, keep.size())) {}
+    : weight_(be.upload_projection(columns_of(w, cols, keep), out, keep.size())) {}
 
 Status RowParallelLinear::forward(backend::Backend& be, comm::Communicator& comm, const float* x,
                                   int64_t m, float* y) const {

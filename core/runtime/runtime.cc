@@ -237,9 +237,13 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   // (1.5x at batch 64, 1.5x a 512-token prompt on synth-76m; docs/performance.md's figures). Elsewhere it
   // would only add a rounding pass, so "auto" keeps the activations in f32 there.
   const std::string& precision = cfg.model.matmul_precision;
+  const std::string& quant = cfg.model.quantization;
+  // With quantized projections, "medium" is theirs (below) and the other products of f32 weights
+  // keep their f32 activations.
   rt.bf16_activations =
-      precision == "medium" || (precision == "auto" && bf16 && device.kind == KVRT_DEVICE_CPU &&
-                                kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16));
+      (precision == "medium" && (bf16 || quant == "none")) ||
+      (precision == "auto" && bf16 && device.kind == KVRT_DEVICE_CPU &&
+       kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512Bf16));
   if (rt.bf16_activations && !bf16) {
     return Status::ConfigError(cfg.source +
                                ": model.matmul_precision = \"medium\" rounds the activations of "
@@ -252,6 +256,37 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
         cfg.source +
         ": model.matmul_precision = \"medium\" is the CPU backend's only; "
         "the CUDA backend multiplies f32-accurate activations (\"highest\")");
+  }
+
+  // model.quantization: the projections quantized at load, on the CPU, for the Llama family, from
+  // a checkpoint that is not quantized already. Their products take int8 activations (per group
+  // of 32, as llama.cpp's Q4_0 x Q8_0) for int4 under "medium", and under "auto" where the CPU
+  // has AVX-512 VNNI (what makes int4 fast); bf16 ones for fp8 under "medium"; f32 otherwise.
+  if (quant != "none") {
+    const std::string key = cfg.source + ": model.quantization = \"" + quant + "\"";
+    if (device.kind != KVRT_DEVICE_CPU) {
+      return Status::Unsupported(key + " is the CPU backend's only (device.kind = \"" +
+                                 cfg.device.kind + "\")");
+    }
+    if (rt.model.weight_format.quantized()) {
+      return Status::ConfigError(key + ": " + rt.model_name +
+                                 "/config.json's quantization_config already quantizes its "
+                                 "weights (" + rt.model.weight_format.describe() +
+                                 "); a checkpoint is quantized once: remove model.quantization");
+    }
+    if (rt.model.is_mla()) {
+      return Status::Unsupported(key + ": the DeepSeek-V3 family's projections are not "
+                                 "quantized at load yet (its published fp8 and int4 checkpoints "
+                                 "load as they are)");
+    }
+    using Format = backend::CpuQuantization::Format;
+    rt.quantization.format = quant == "int4" ? Format::kInt4 : Format::kFp8;
+    if (quant == "int4" && (precision == "medium" ||
+                            (precision == "auto" && kernels::int4_int8_uses_vnni()))) {
+      rt.quantization.activations = kernels::Activations::kInt8;
+    } else if (quant == "fp8" && precision == "medium") {
+      rt.quantization.activations = kernels::Activations::kBf16;
+    }
   }
 
   // The architecture family, and whether it shards over this many ranks.
@@ -307,6 +342,21 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     } else {
       spdlog::debug("weights planned from the parameter count: {}", held.status().message());
     }
+  }
+  if (quant != "none") {
+    // Quantized at load: the projections at their packed bytes (codes and scales: exact when
+    // each projection's inputs are whole groups), the rest as loaded.
+    const int64_t projections = rt.model.projection_parameter_count();
+    const double per = quant == "int4" ? 0.5 + 2.0 / 32 : 1.0 + 4.0 / 128;
+    const int element = bf16 ? 2 : 4;
+    rt.budget.weights_per_rank = static_cast<uint64_t>(
+        (static_cast<double>((rt.model.parameter_count() - projections) * element) +
+         static_cast<double>(projections) * per) /
+        tp);
+    rt.budget.weights_source = "the parameter count: the projections quantized at load to " +
+                               quant + " (" + (quant == "int4" ? "0.5625" : "1.03125") +
+                               " bytes each), the rest at " + std::to_string(element) +
+                               " bytes each, over " + std::to_string(tp) + " ranks";
   }
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
@@ -380,6 +430,23 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
   options.num_pages = rt.plan.num_pages;
   options.bf16_weights = bf16;
   options.bf16_activations = rt.bf16_activations;
+  options.quantization = rt.quantization;
+  if (rt.quantization.format != backend::CpuQuantization::Format::kNone) {
+    const bool int4 = rt.quantization.format == backend::CpuQuantization::Format::kInt4;
+    const kernels::Activations a = rt.quantization.activations;
+    spdlog::info(
+        "model.quantization = \"{}\": the projections (q, k, v, o, gate, up, down) quantized "
+        "at load to {}; kept as loaded: the embeddings, the norms and the LM head; their "
+        "products' activations {}",
+        cfg.model.quantization,
+        int4 ? "int4 (groups of 32, symmetric, bf16 scale amax / 7.5)"
+             : "fp8 E4M3 (a scale per output row and 128 inputs)",
+        a == kernels::Activations::kInt8
+            ? std::string("int8 per group of 32 (") +
+                  (kernels::int4_int8_uses_vnni() ? "AVX-512 VNNI" : "f32 kernels") + ")"
+        : a == kernels::Activations::kBf16 ? std::string("rounded to bf16")
+                                           : std::string("in f32"));
+  }
   if (bf16 && g.device.kind == KVRT_DEVICE_CPU) {  // which kernel the products run, from cpuid
     spdlog::info(
         "products of bf16 weights: {} kernel, activations {} (model.matmul_precision "
@@ -440,7 +507,15 @@ std::string kv_identity(const Runtime& rt) {
   const plugin::KvStore& store = rt.engine->store();
   const kvrt_kv_info& info = store.info();
   return rt.model_name + (rt.bf16_weights ? ":bf16" : ":f32") +
-         (rt.bf16_activations ? ":bf16x" : "") + "|" + store.name() + ":" +
+         (rt.bf16_activations ? ":bf16x" : "") +
+         // Quantized projections compute other K/V: their pages are not the dense model's.
+         (rt.quantization.format == backend::CpuQuantization::Format::kInt4  ? ":int4"
+          : rt.quantization.format == backend::CpuQuantization::Format::kFp8 ? ":fp8"
+                                                                             : "") +
+         (rt.quantization.activations == kernels::Activations::kInt8   ? ":int8x"
+          : rt.quantization.activations == kernels::Activations::kBf16 ? ":bf16qx"
+                                                                       : "") +
+         "|" + store.name() + ":" +
          plugin::dtype_name(info.k_dtype) + "/" + plugin::dtype_name(info.v_dtype) + ":scales" +
          std::to_string(info.scale_mode) + ":" + std::to_string(info.bytes_per_page) + "B|tp" +
          std::to_string(rt.engine->tp()) +

@@ -31,6 +31,8 @@ struct Runtime {
   // x rounded to bf16 in the products: model.matmul_precision = "medium", or "auto" where it
   // resolved to medium
   bool bf16_activations = false;
+  // model.quantization: the projections quantized at load, and their products' activations.
+  backend::CpuQuantization quantization;
   std::unique_ptr<text::Tokenizer> tokenizer;
   capacity::Budget budget;
   capacity::Plan plan;

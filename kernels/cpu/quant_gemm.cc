@@ -12,6 +12,7 @@
 #include "kernels/cpu/quant_gemm.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -718,6 +719,8 @@ void pack_int4(const uint8_t* codes, const float* scales, const uint8_t* zeros, 
   }
 }
 
+bool int4_int8_uses_vnni() { return resolve(GemmIsa::kAuto) == GemmIsa::kAvx512 && has_vnni(); }
+
 void quantize_activations_int8(const float* x, size_t k, size_t group, int8_t* q,
                                float* scales) {
   for (size_t g = 0; g * group < k; ++g) {
@@ -786,6 +789,47 @@ void matmul_packed_fp8(const float* x, size_t ldx, size_t m, size_t k, const uin
   const PreparedX px = prepare_x(x, ldx, m, k, f.block_k, activations, /*sums=*/false);
   run_panels(px, m, k, f.block_k, packed, fp8_panel_bytes(k, f), n, fp8_kernels(run), y, ldy,
              threads);
+}
+
+void quantize_int4(const float* w, size_t n, size_t k, size_t group, uint8_t* codes,
+                   float* scales) {
+  const size_t groups = ceil_div(k, group);
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t begin = g * group, end = std::min(k, begin + group);
+      float amax = 0;
+      for (size_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(w[j * k + i]));
+      float s = std::isfinite(amax) ? amax / 7.5f : FLT_MAX / 8;
+      uint32_t bits;
+      std::memcpy(&bits, &s, 4);
+      // Up to a bf16 (so |w| / s <= 7.5: a weight is never more than half a step off).
+      if ((bits & 0xFFFFu) != 0 && s < FLT_MAX / 8) bits = (bits | 0xFFFFu) + 1;
+      std::memcpy(&s, &bits, 4);
+      scales[j * groups + g] = s;
+      for (size_t i = begin; i < end; ++i) {
+        const float q = s > 0 ? std::nearbyint(w[j * k + i] / s) : 0.0f;
+        codes[j * k + i] = static_cast<uint8_t>(std::clamp(q == q ? q : 0.0f, -8.0f, 7.0f) + 8);
+      }
+    }
+  }
+}
+
+void quantize_fp8(const float* w, size_t n, size_t k, const Fp8Format& f, uint8_t* codes,
+                  float* scales) {
+  const size_t kb = ceil_div(k, f.block_k);
+  for (size_t b = 0; b * f.block_n < n; ++b) {
+    const size_t r0 = b * f.block_n, r1 = std::min(n, r0 + f.block_n);
+    for (size_t g = 0; g < kb; ++g) {
+      const size_t c0 = g * f.block_k, c1 = std::min(k, c0 + f.block_k);
+      float amax = 0;
+      for (size_t j = r0; j < r1; ++j)
+        for (size_t i = c0; i < c1; ++i) amax = std::max(amax, std::fabs(w[j * k + i]));
+      const float s = std::isfinite(amax) ? std::max(amax / 448.0f, FLT_MIN) : FLT_MAX / 448;
+      scales[b * kb + g] = s;
+      for (size_t j = r0; j < r1; ++j)
+        for (size_t i = c0; i < c1; ++i) codes[j * k + i] = shared::e4m3_encode(w[j * k + i] / s);
+    }
+  }
 }
 
 namespace reference {

@@ -38,6 +38,9 @@ namespace kvrt::kernels {
 // VNNI.
 enum class Activations { kF32, kBf16, kInt8 };
 
+// Whether int4 products with Activations::kInt8 run on AVX-512 VNNI here (else in f32).
+bool int4_int8_uses_vnni();
+
 // x[0, k) quantized per group of `group`: q[i] = nearest(x[i] * 127 / amax) in -127..127,
 // scales[g] = amax / 127 (0 for a group of zeros; a non-finite amax gives 0 codes).
 void quantize_activations_int8(const float* x, size_t k, size_t group, int8_t* q, float* scales);
@@ -73,6 +76,18 @@ void matmul_packed_fp8(const float* x, size_t ldx, size_t m, size_t k, const uin
                        size_t n, const Fp8Format& f, float* y, size_t ldy, int threads,
                        GemmIsa isa = GemmIsa::kAuto,
                        Activations activations = Activations::kF32);
+
+// Online quantization of row-major f32 weights w[n][k] (model.quantization):
+//   int4: per row and group, s = amax / 7.5 rounded up to a bf16 (the scale compressed-tensors'
+//         symmetric int4 chooses, kept exact in the packed bf16 header), codes
+//         u = clamp(nearest(w / s), -8, 7) + 8; a group of zeros gets s = 0.
+//   fp8:  per block of f.block_n rows x f.block_k inputs, s = amax / 448 (at least FLT_MIN),
+//         codes e4m3(w / s) (nearest even, saturating).
+// codes[n][k] one per byte, scales as pack_int4 / pack_fp8 take them.
+void quantize_int4(const float* w, size_t n, size_t k, size_t group, uint8_t* codes,
+                   float* scales);
+void quantize_fp8(const float* w, size_t n, size_t k, const Fp8Format& f, uint8_t* codes,
+                  float* scales);
 
 namespace reference {
 // The weights dequantized first (w = (u - z) * s, e4m3(code) * s), then summed in double: what

@@ -257,6 +257,44 @@ TEST_P(QuantGemmFp8, EveryFiniteCodeDecodesExactly) {
   }
 }
 
+// Online quantization: every int4 weight within half a step of its value (s = amax / 7.5 in
+// bf16, exact in the packed header), zeros for a group of zeros; every fp8 weight within E4M3's
+// half step (2^-4 of it) or, below its normal range, half its smallest step.
+TEST(QuantizeWeights, Int4AndFp8ReproduceTheWeightsWithinHalfAStep) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 0.02f);
+  const size_t n = 37, k = 200;  // a cut group and a cut block
+  std::vector<float> w(n * k);
+  for (float& v : w) v = d(rng);
+  for (size_t i = 0; i < 32; ++i) w[3 * k + i] = 0.0f;  // row 3's first group: zeros
+  w[5 * k + 7] = 1.0f;                                    // an outlier in row 5's first group
+  std::vector<uint8_t> codes(n * k);
+  std::vector<float> scales(n * ((k + 31) / 32));
+  quantize_int4(w.data(), n, k, 32, codes.data(), scales.data());
+  EXPECT_TRUE(scales_are_bf16(scales.data(), scales.size()));
+  EXPECT_EQ(scales[3 * 7], 0.0f);
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i = 0; i < k; ++i) {
+      const float s = scales[j * 7 + i / 32];
+      const float back = (float(codes[j * k + i]) - 8.0f) * s;
+      ASSERT_LE(std::fabs(back - w[j * k + i]), 0.5f * s * 1.0001f + 1e-9f) << j << "," << i;
+    }
+  }
+  EXPECT_EQ(codes[5 * k + 7], 15);  // the outlier: 7.5 steps, rounded then clamped to 7
+  const Fp8Format f{16, 128};
+  const size_t nb = 3, kb = 2;
+  std::vector<float> fs(nb * kb);
+  quantize_fp8(w.data(), n, k, f, codes.data(), fs.data());
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i = 0; i < k; ++i) {
+      const float s = fs[(j / 16) * kb + i / 128];
+      const float back = e4m3_decode(codes[j * k + i]) * s, v = w[j * k + i];
+      ASSERT_LE(std::fabs(back - v), std::max(std::fabs(v) / 16, s * 0.001953125f / 2) * 1.0001f)
+          << j << "," << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isas, QuantGemmFp8, ::testing::ValuesIn(kIsas),
                          [](const auto& info) { return std::string(gemm_isa_name(info.param)); });
 
