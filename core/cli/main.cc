@@ -542,7 +542,7 @@ int run_bench(const std::string& path, const std::vector<std::string>& overrides
 }
 
 struct EvalArgs {
-  std::string text, ids, stores, json_out, calibrate, out, scales;
+  std::string text, ids, stores, weights, json_out, calibrate, out, scales;
   int64_t ctx = 0;
 };
 
@@ -557,10 +557,12 @@ int run_eval(const std::string& path, const std::vector<std::string>& overrides,
   options.corpus = {args.text, args.ids};
   options.ctx = args.ctx;
   options.progress = isatty(STDERR_FILENO) != 0;
-  const std::string stores = args.stores.empty()
-                                 ? "kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
-                                   "kv_fp8_e4m3:scale_mode=per_tensor,kv_int4"
-                                 : args.stores;
+  // --weights: the weight formats on one store (exact f32 KV unless --stores names another).
+  const std::string stores = !args.stores.empty() ? args.stores
+                             : !args.weights.empty()
+                                 ? "kv_f32_paged"
+                                 : "kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
+                                   "kv_fp8_e4m3:scale_mode=per_tensor,kv_int4";
   for (size_t from = 0; from <= stores.size();) {
     size_t end = stores.find(',', from);
     if (end == std::string::npos) end = stores.size();
@@ -568,6 +570,17 @@ int run_eval(const std::string& path, const std::vector<std::string>& overrides,
     if (!v.ok()) return fail(v.status());
     options.stores.push_back(std::move(*v));
     from = end + 1;
+  }
+  if (!args.weights.empty()) {
+    if (options.stores.size() != 1 || !args.calibrate.empty() || !args.scales.empty()) {
+      return fail(Status::InvalidArgument(
+          "--weights compares weight formats on one KV store: give --stores one store (or "
+          "none: kv_f32_paged), and no --calibrate or --scales"));
+    }
+    Result<std::vector<eval::StoreVariant>> v =
+        eval::weight_variants(args.weights, options.stores[0]);
+    if (!v.ok()) return fail(v.status());
+    options.stores = std::move(*v);
   }
   if (!args.calibrate.empty() && args.out.empty()) {
     return fail(Status::InvalidArgument("--calibrate needs --out FILE for the scales"));
@@ -760,6 +773,9 @@ int run_command_line(int argc, char** argv) {
                        "STORE[:key=value...],... to compare; the first is the reference "
                        "(default kv_f32_paged,kv_bf16_paged,kv_fp8_e4m3,"
                        "kv_fp8_e4m3:scale_mode=per_tensor,kv_int4)");
+  eval_cmd->add_option("--weights", eval_args.weights,
+                       "FORMAT,... weight formats (model.quantization: none, int4, fp8) to compare "
+                       "on one KV store; the first is the reference (e.g. none,int4,fp8)");
   eval_cmd->add_option("--ctx", eval_args.ctx, "tokens per window (default: the model's context)");
   eval_cmd->add_option("--json-out", eval_args.json_out, "write every figure as JSON");
   eval_cmd->add_option("--calibrate", eval_args.calibrate,

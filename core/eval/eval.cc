@@ -103,6 +103,26 @@ Result<StoreVariant> parse_store_variant(std::string_view text) {
   return v;
 }
 
+Result<std::vector<StoreVariant>> weight_variants(std::string_view list,
+                                                 const StoreVariant& store) {
+  std::vector<StoreVariant> out;
+  for (size_t from = 0; from <= list.size();) {
+    size_t end = list.find(',', from);
+    if (end == std::string_view::npos) end = list.size();
+    const std::string format(list.substr(from, end - from));
+    if (format != "none" && format != "int4" && format != "fp8") {
+      return Status::InvalidArgument("--weights '" + std::string(list) + "': '" + format +
+                                     "' is not a weight format (none, int4, fp8)");
+    }
+    StoreVariant v = store;
+    v.label = "weights " + format + (store.label == "kv_f32_paged" ? "" : " / " + store.label);
+    v.overrides.push_back("model.quantization=\"" + format + "\"");
+    out.push_back(std::move(v));
+    from = end + 1;
+  }
+  return out;
+}
+
 Result<EvalResult> run_eval(const EvalOptions& options) {
   if (options.stores.empty()) return Status::InvalidArgument("kvrt eval: no store to evaluate");
   std::vector<std::unique_ptr<Subject>> subjects;

@@ -28,6 +28,11 @@ struct StoreVariant {
 // options. Errors name the text.
 Result<StoreVariant> parse_store_variant(std::string_view text);
 
+// `kvrt eval --weights none,int4,fp8`: one variant per weight format (model.quantization) on the
+// one store `store`, labelled "weights <format>"; the first is the reference. Errors name the
+// format and --weights.
+Result<std::vector<StoreVariant>> weight_variants(std::string_view list, const StoreVariant& store);
+
 // The corpus: text (one document per non-empty line, each tokenized with BOS first) or token
 // ids (integers separated by spaces, commas or newlines).
 struct CorpusSource {

@@ -129,5 +129,32 @@ TEST(KvEval, Int4HoldsMoreTokensThanFp8AtAHigherCostAndTheRotationHelpsHere) {
   EXPECT_LT(rotated.kl.mean, plain.kl.mean);
 }
 
+// kvrt eval --weights: the weight formats on one store, ordered as their precision says (fp8
+// below int4 in KL, above it in top-1), each against the dense weights; a format it does not know
+// is refused naming --weights.
+TEST(KvEval, WeightFormatsOrderByPrecision) {
+  SKIP_WITHOUT_THE_MODEL();
+  EvalOptions o = options({"kv_f32_paged"});
+  o.ctx = 256;
+  Result<std::vector<StoreVariant>> v = weight_variants("none,int4,fp8", o.stores[0]);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  ASSERT_EQ(v->size(), 3u);
+  EXPECT_EQ((*v)[1].label, "weights int4");
+  o.stores = *v;
+  Result<EvalResult> r = run_eval(o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::printf("%s", format_eval(*r).c_str());
+  const StoreResult &int4 = r->stores[1], &fp8 = r->stores[2];
+  EXPECT_GT(int4.kl.mean, 0.0);
+  EXPECT_GT(fp8.kl.mean, 0.0);
+  EXPECT_LT(fp8.kl.mean, int4.kl.mean);
+  EXPECT_GT(fp8.top1_agreement, int4.top1_agreement);
+  EXPECT_LT(fp8.perplexity_ratio, int4.perplexity_ratio);
+  Result<std::vector<StoreVariant>> bad = weight_variants("none,int3", o.stores[0]);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--weights"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'int3'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvrt::eval
