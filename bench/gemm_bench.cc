@@ -17,6 +17,10 @@
 // the path products above 16 rows took before the packed kernel). matmul_bf16_x is
 // model.matmul_precision = "medium" (x rounded to bf16: the AVX-512 BF16 dot product where the
 // CPU has it, else the rounding pass before the same FMA kernel) on the up-projection.
+// matmul_int4 / matmul_int4_x / matmul_fp8: the same product with the weights quantized and
+// packed (kernels/cpu/quant_gemm.h; int4_x multiplies int8 activations, AVX-512 VNNI where the
+// CPU has it); their bandwidth_fraction counts the packed bytes. On an AVX-512 CPU, the
+// *_avx2 cases run the AVX2 class's kernels for bf16, int4 and fp8 side by side.
 //   ./build/bin/gemm_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -103,7 +107,9 @@ std::vector<uint8_t> packed_quantized(bool int4, int64_t n, int64_t k, std::mt19
   return packed;
 }
 
-void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
+// isa: the instruction set the product runs on (kAuto: the backend's choice; kAvx2 on an
+// AVX-512 CPU: the AVX2 class's kernels, on this machine's memory and clocks).
+void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa isa) {
   const int64_t m = state.range(0), n = shape.n, k = shape.k;
   const int threads = omp_get_num_procs();
   openblas_set_num_threads(1);  // as Engine::create: each OpenMP thread runs its own band
@@ -119,12 +125,19 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0, 0.02f);
   std::vector<std::unique_ptr<backend::Matrix>> w;
-  std::vector<std::vector<uint16_t>> rows;  // the baseline's row-major bf16 weights
+  std::vector<std::vector<uint16_t>> rows;  // row-major bf16 (the baseline), or packed (isa)
   std::vector<std::vector<uint8_t>> quantized;
   const bool quant = int4 || mode == Mode::kMemoryFp8;
   for (int64_t c = 0; c < copies; ++c) {
     if (quant) {
       quantized.push_back(packed_quantized(int4, n, k, rng));
+      continue;
+    }
+    if (isa != kernels::GemmIsa::kAuto) {  // bf16 on a named instruction set: packed here
+      std::vector<float> data(static_cast<size_t>(n * k));
+      for (float& v : data) v = normal(rng);
+      rows.emplace_back(kernels::packed_bf16_size(n, k));
+      kernels::pack_bf16_from_f32(data.data(), n, k, rows.back().data());
       continue;
     }
     std::vector<float> data(static_cast<size_t>(n * k));
@@ -143,7 +156,10 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
   int64_t products = 0;
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    if (mode == Mode::kWidenedSgemm) {
+    if (!quant && isa != kernels::GemmIsa::kAuto) {
+      kernels::matmul_packed_bf16(x.data(), k, m, k, rows[products % copies].data(), n, y.data(),
+                                  n, threads, isa, mode == Mode::kMemoryBf16X);
+    } else if (mode == Mode::kWidenedSgemm) {
       const uint16_t* wb = rows[products % copies].data();
 #pragma omp parallel num_threads(threads)
       {
@@ -161,12 +177,12 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
       }
     } else if (int4) {
       kernels::matmul_packed_int4(x.data(), k, m, k, quantized[products % copies].data(), n, {},
-                                  y.data(), n, threads, kernels::GemmIsa::kAuto,
+                                  y.data(), n, threads, isa,
                                   mode == Mode::kMemoryInt4X ? kernels::Activations::kInt8
                                                              : kernels::Activations::kF32);
     } else if (mode == Mode::kMemoryFp8) {
       kernels::matmul_packed_fp8(x.data(), k, m, k, quantized[products % copies].data(), n, {},
-                                 y.data(), n, threads);
+                                 y.data(), n, threads, isa);
     } else {
       backend.matmul(x.data(), m, *w[products % copies], y.data());
     }
@@ -191,9 +207,10 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode) {
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  auto add = [](const char* prefix, Mode mode, const Shape& s, std::initializer_list<int64_t> ms) {
-    auto* b =
-        benchmark::RegisterBenchmark((std::string(prefix) + s.name).c_str(), BM_Matmul, s, mode);
+  auto add = [](const char* prefix, Mode mode, const Shape& s, std::initializer_list<int64_t> ms,
+                kernels::GemmIsa isa = kernels::GemmIsa::kAuto) {
+    auto* b = benchmark::RegisterBenchmark((std::string(prefix) + s.name).c_str(), BM_Matmul, s,
+                                           mode, isa);
     for (int64_t m : ms) b->Arg(m);
     b->ArgName("m")->UseRealTime()->Unit(benchmark::kMicrosecond);
   };
@@ -205,6 +222,13 @@ int main(int argc, char** argv) {
   add("matmul_int4/", Mode::kMemoryInt4, up, {1, 8, 64, 512});
   add("matmul_int4_x/", Mode::kMemoryInt4X, up, {1, 8, 64, 512});
   add("matmul_fp8/", Mode::kMemoryFp8, up, {1, 8, 64, 512});
+  // The AVX2 class's kernels, where this CPU has more: bf16, int4 and fp8 side by side.
+  if (kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512)) {
+    const kernels::GemmIsa avx2 = kernels::GemmIsa::kAvx2;
+    add("matmul_bf16_avx2/", Mode::kMemory, up, {1, 8, 64}, avx2);
+    add("matmul_int4_avx2/", Mode::kMemoryInt4, up, {1, 8, 64}, avx2);
+    add("matmul_fp8_avx2/", Mode::kMemoryFp8, up, {1, 8, 64}, avx2);
+  }
   for (const Shape& s : kSynth76m) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   for (const Shape& s : kSynthMla) add("matmul_bf16/", Mode::kMemory, s, {8, 64});
   // The machine, once, on stderr (stdout is the benchmark's: JSON when asked for).
