@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct Agreement {
   std::string quantization, precision;
   double least;  // the share of steps whose top-1 must agree
 };
+
+void PrintTo(const Agreement& a, std::ostream* os) { *os << a.quantization << "/" << a.precision; }
 
 class WeightQuantization : public ::testing::TestWithParam<Agreement> {};
 
