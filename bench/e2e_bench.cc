@@ -83,7 +83,9 @@ backend::CpuQuantization quantization_of(Format f) {
   backend::CpuQuantization q;
   if (f == Format::kInt4) {
     q.format = backend::CpuQuantization::Format::kInt4;
-    if (kernels::int4_int8_uses_vnni()) q.activations = kernels::Activations::kInt8;
+    if (std::string(kernels::int4_int8_kernel()) != "scalar") {
+      q.activations = kernels::Activations::kInt8;
+    }
   } else if (f == Format::kFp8) {
     q.format = backend::CpuQuantization::Format::kFp8;
   }

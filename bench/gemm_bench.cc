@@ -227,6 +227,7 @@ int main(int argc, char** argv) {
     const kernels::GemmIsa avx2 = kernels::GemmIsa::kAvx2;
     add("matmul_bf16_avx2/", Mode::kMemory, up, {1, 8, 64}, avx2);
     add("matmul_int4_avx2/", Mode::kMemoryInt4, up, {1, 8, 64}, avx2);
+    add("matmul_int4_x_avx2/", Mode::kMemoryInt4X, up, {1, 8, 64}, avx2);
     add("matmul_fp8_avx2/", Mode::kMemoryFp8, up, {1, 8, 64}, avx2);
   }
   for (const Shape& s : kSynth76m) add("matmul_bf16/", Mode::kMemory, s, {8, 64});

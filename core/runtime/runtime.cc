@@ -261,7 +261,8 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   // model.quantization: the projections quantized at load, on the CPU, for the Llama family, from
   // a checkpoint that is not quantized already. Their products take int8 activations (per group
   // of 32, as llama.cpp's Q4_0 x Q8_0) for int4 under "medium", and under "auto" where the CPU
-  // has AVX-512 VNNI (what makes int4 fast); bf16 ones for fp8 under "medium"; f32 otherwise.
+  // multiplies them as integers (AVX-512 VNNI or AVX2: what makes int4 fast); bf16 ones for fp8
+  // under "medium"; f32 otherwise.
   if (quant != "none") {
     const std::string key = cfg.source + ": model.quantization = \"" + quant + "\"";
     if (device.kind != KVRT_DEVICE_CPU) {
@@ -282,7 +283,8 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     using Format = backend::CpuQuantization::Format;
     rt.quantization.format = quant == "int4" ? Format::kInt4 : Format::kFp8;
     if (quant == "int4" && (precision == "medium" ||
-                            (precision == "auto" && kernels::int4_int8_uses_vnni()))) {
+                            (precision == "auto" &&
+                             std::string(kernels::int4_int8_kernel()) != "scalar"))) {
       rt.quantization.activations = kernels::Activations::kInt8;
     } else if (quant == "fp8" && precision == "medium") {
       rt.quantization.activations = kernels::Activations::kBf16;
@@ -443,7 +445,7 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
              : "fp8 E4M3 (a scale per output row and 128 inputs)",
         a == kernels::Activations::kInt8
             ? std::string("int8 per group of 32 (") +
-                  (kernels::int4_int8_uses_vnni() ? "AVX-512 VNNI" : "f32 kernels") + ")"
+                  kernels::int4_int8_kernel() + " kernel)"
         : a == kernels::Activations::kBf16 ? std::string("rounded to bf16")
                                            : std::string("in f32"));
   }

@@ -239,19 +239,20 @@ KVRT_QAVX2 inline __m256i avx2_fp8_halves(__m256i v, bool high) {
   return _mm256_and_si256(_mm256_srai_epi16(top, 1), mask);
 }
 
+// Per block, each row's sums of x times the decoded codes, then one FMA by the block's scales
+// into the row's totals (held in memory: they change once a block).
 template <int MR>
 KVRT_QAVX2 void fp8_avx2(const Args& a) {
   constexpr int CH = MR <= 2 ? 2 : 1;
-  __m256 acc[CH][2][MR];
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    for (int c = 0; c < CH; ++c) acc[c][0][r] = acc[c][1][r] = _mm256_setzero_ps();
-  }
+  alignas(32) float acc[MR][kNr] = {};
   const size_t pairs = a.group / 2, group_bytes = kFp8Header + a.group * kNr;
   const uint8_t* p = a.panel;
   for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
-    const __m256 s[2] = {_mm256_loadu_ps(reinterpret_cast<const float*>(p)),
-                         _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8)};
+    __m256 sum[CH][2][MR];
+    KVRT_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      for (int c = 0; c < CH; ++c) sum[c][0][r] = sum[c][1][r] = _mm256_setzero_ps();
+    }
     const uint8_t* codes = p + kFp8Header;
     const float* xg = a.x + g * a.group;
     for (size_t t = 0; t < pairs; ++t) {
@@ -260,30 +261,31 @@ KVRT_QAVX2 void fp8_avx2(const Args& a) {
       KVRT_UNROLL
       for (int e = 0; e < 2; ++e) {
         const __m256i halves = avx2_fp8_halves(v, e == 1);
-        const __m256 w[2] = {
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)), s[0]),
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)), s[1])};
+        const __m256 w[2] = {_mm256_cvtph_ps(_mm256_castsi256_si128(halves)),
+                             _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1))};
         KVRT_UNROLL
         for (int r = 0; r < MR; ++r) {
           const __m256 xv = _mm256_set1_ps(xg[r * a.ldx + 2 * t + e]);
           for (int h = 0; h < 2; ++h) {
-            __m256& sum = acc[e % CH][h][r];
-            sum = _mm256_fmadd_ps(xv, w[h], sum);
+            __m256& sh = sum[e % CH][h][r];
+            sh = _mm256_fmadd_ps(xv, w[h], sh);
           }
         }
       }
     }
-  }
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) {
-    alignas(32) float out[kNr];
+    KVRT_UNROLL
     for (int h = 0; h < 2; ++h) {
-      __m256 sum = acc[0][h][r];
-      if constexpr (CH > 1) sum = _mm256_add_ps(sum, acc[1][h][r]);
-      _mm256_store_ps(out + 8 * h, sum);
+      const __m256 s = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * h);
+      KVRT_UNROLL
+      for (int r = 0; r < MR; ++r) {
+        __m256 total = sum[0][h][r];
+        if constexpr (CH > 1) total = _mm256_add_ps(total, sum[1][h][r]);
+        _mm256_store_ps(acc[r] + 8 * h,
+                        _mm256_fmadd_ps(total, s, _mm256_load_ps(acc[r] + 8 * h)));
+      }
     }
-    std::memcpy(a.y + r * a.ldy, out, a.cols * 4);
   }
+  for (int r = 0; r < MR; ++r) std::memcpy(a.y + r * a.ldy, acc[r], a.cols * 4);
 }
 
 // ---- AVX-512F (16 lanes: a panel is one register) ---------------------------------------------
@@ -412,6 +414,68 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
   for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy, mask, acc[r]);
 }
 
+// AVX2, for x quantized to int8: the same bytes as VNNI's, multiplied by vpmaddubsw (unsigned
+// codes times int8 x, adjacent pairs summed into 16 bits: at most 2 x 15 x 127, no saturation)
+// and summed into int32 by vpmaddwd against ones; a panel is two halves of 8 rows.
+template <int MR, bool BF16S, bool ZP>
+KVRT_QAVX2 void int4_avx2_int8(const Args& a) {
+  __m256 acc[2][MR];
+  KVRT_UNROLL
+  for (int r = 0; r < MR; ++r) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
+  const Int4Format f{a.group, BF16S, ZP};
+  const size_t steps = a.group / 8, group_bytes = int4_group_bytes(f);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* p = a.panel;
+  for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
+    __m256i sum[2][MR];
+    KVRT_UNROLL
+    for (int r = 0; r < MR; ++r) sum[0][r] = sum[1][r] = _mm256_setzero_si256();
+    const uint8_t* codes = p + int4_header(f);
+    const int8_t* xg = a.xq + g * a.group;
+    for (size_t t = 0; t < steps; ++t) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + t * 64 + kPrefetch), _MM_HINT_T0);
+      KVRT_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 64 + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, low4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        KVRT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+          int32_t x0, x1;
+          std::memcpy(&x0, xg + r * a.ldx + 8 * t, 4);
+          std::memcpy(&x1, xg + r * a.ldx + 8 * t + 4, 4);
+          const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)),
+                                                 _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+          sum[h][r] = _mm256_add_epi32(sum[h][r], _mm256_madd_epi16(pairs, ones));
+        }
+      }
+    }
+    KVRT_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const __m256 s = avx2_scales(p, BF16S, h);
+      const __m256 z =
+          ZP ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                   reinterpret_cast<const __m128i*>(p + int4_scale_bytes(f) + 8 * h))))
+             : _mm256_set1_ps(8.0f);
+      KVRT_UNROLL
+      for (int r = 0; r < MR; ++r) {
+        const size_t rg = r * a.groups + g;
+        const __m256 dot = _mm256_fnmadd_ps(z, _mm256_set1_ps(static_cast<float>(a.qsum[rg])),
+                                            _mm256_cvtepi32_ps(sum[h][r]));
+        acc[h][r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s, _mm256_set1_ps(a.xscale[rg])), acc[h][r]);
+      }
+    }
+  }
+  KVRT_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    alignas(32) float out[kNr];
+    _mm256_store_ps(out, acc[0][r]);
+    _mm256_store_ps(out + 8, acc[1][r]);
+    std::memcpy(a.y + r * a.ldy, out, a.cols * 4);
+  }
+}
+
 // AVX-512BW for the 16-bit shifts (every AVX-512 CPU kvrt meets has it; one without runs AVX2).
 template <int MR>
 KVRT_QAVX512BW void fp8_avx512(const Args& a) {
@@ -497,6 +561,7 @@ KVRT_INT4_KERNELS(Int4Avx2, int4_avx2, 4)
 KVRT_QKERNELS(Fp8Avx2, (&fp8_avx2<R>), 4)
 KVRT_INT4_KERNELS(Int4Avx512, int4_avx512, 8)
 KVRT_INT4_KERNELS(Int4Vnni, int4_vnni, 8)
+KVRT_INT4_KERNELS(Int4Avx2Int8, int4_avx2_int8, 4)
 KVRT_QKERNELS(Fp8Avx512, (&fp8_avx512<R>), 8)
 #endif
 #undef KVRT_INT4_KERNELS
@@ -527,13 +592,14 @@ bool has_vnni() {
 #endif
 }
 
-const Kernels& int4_kernels(GemmIsa isa, bool vnni, const Int4Format& f) {
+// `integer`: x as int8 codes, multiplied as integers (VNNI on AVX-512, vpmaddubsw on AVX2).
+const Kernels& int4_kernels(GemmIsa isa, bool integer, const Int4Format& f) {
   switch (isa) {
 #ifdef KVRT_QGEMM_X86
     case GemmIsa::kAvx2:
-      return KVRT_PICK_INT4(Int4Avx2);
+      return integer ? KVRT_PICK_INT4(Int4Avx2Int8) : KVRT_PICK_INT4(Int4Avx2);
     case GemmIsa::kAvx512:
-      return vnni ? KVRT_PICK_INT4(Int4Vnni) : KVRT_PICK_INT4(Int4Avx512);
+      return integer ? KVRT_PICK_INT4(Int4Vnni) : KVRT_PICK_INT4(Int4Avx512);
 #endif
     default:
       return KVRT_PICK_INT4(Int4Scalar);
@@ -719,7 +785,12 @@ void pack_int4(const uint8_t* codes, const float* scales, const uint8_t* zeros, 
   }
 }
 
-bool int4_int8_uses_vnni() { return resolve(GemmIsa::kAuto) == GemmIsa::kAvx512 && has_vnni(); }
+const char* int4_int8_kernel() {
+  const GemmIsa best = resolve(GemmIsa::kAuto);
+  if (best == GemmIsa::kAvx512 && has_vnni()) return "avx512vnni";
+  if (best == GemmIsa::kAvx512 || best == GemmIsa::kAvx2) return "avx2";
+  return "scalar";
+}
 
 void quantize_activations_int8(const float* x, size_t k, size_t group, int8_t* q,
                                float* scales) {
@@ -742,14 +813,19 @@ void matmul_packed_int4(const float* x, size_t ldx, size_t m, size_t k, const ui
                         GemmIsa isa, Activations activations) {
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_rows(m, n, y, ldy);
-  const GemmIsa run = resolve(isa);
-  const bool vnni = activations == Activations::kInt8 && run == GemmIsa::kAvx512 && has_vnni();
-  // The scalar kernels and AVX2 take zero points per weight; AVX-512F per group, with x's sums
-  // (VNNI with its codes' sums).
-  const bool sums = f.zero_points && run == GemmIsa::kAvx512 && !vnni;
+  GemmIsa run = resolve(isa);
+  // int8 x multiplied as integers: VNNI, or AVX2 where AVX-512 has none.
+  if (activations == Activations::kInt8 && run == GemmIsa::kAvx512 && !has_vnni()) {
+    run = resolve(GemmIsa::kAvx2);
+  }
+  const bool integer = activations == Activations::kInt8 &&
+                       (run == GemmIsa::kAvx512 || run == GemmIsa::kAvx2);
+  // The scalar kernels and AVX2's f32 one take zero points per weight; AVX-512F per group, with
+  // x's sums (the integer kernels with its codes' sums).
+  const bool sums = f.zero_points && run == GemmIsa::kAvx512 && !integer;
   const PreparedX px = prepare_x(x, ldx, m, k, f.group, activations, sums);
-  run_panels(px, m, k, f.group, packed, int4_panel_bytes(k, f), n, int4_kernels(run, vnni, f), y,
-             ldy, threads);
+  run_panels(px, m, k, f.group, packed, int4_panel_bytes(k, f), n, int4_kernels(run, integer, f),
+             y, ldy, threads);
 }
 
 size_t packed_fp8_bytes(size_t n, size_t k, const Fp8Format& f) {

@@ -14,14 +14,15 @@
 // past k), a header of the 16 rows' scales (and int4's zero points), then the codes:
 //   int4: per 8 inputs, 64 bytes: the 32-bit lane c holds row c's 8 codes, byte b input 8t + b
 //         in its low nibble and 8t + 4 + b in its high one (four consecutive inputs a lane once
-//         masked, as AVX-512 VNNI's vpdpbusd takes them). Header: 16 scales (bf16 when every scale is exactly a bf16, else
-//         f32), then with zero points 16 bytes of them.
+//         masked, as AVX-512 VNNI's vpdpbusd and AVX2's vpmaddubsw take them). Header: 16
+//         scales (bf16 when every scale is exactly a bf16, else f32), then with zero points 16
+//         bytes of them.
 //   fp8:  per 2 inputs, 32 bytes: the 16-bit lane c holds row c's code of input 2t in its low
 //         byte and of 2t + 1 in its high byte. Header: 16 f32 scales, each times 256: a code
 //         read as the high byte of an IEEE half (sign, then exponent and mantissa shifted one
 //         place) is its E4M3 value / 256, subnormals included, which F16C converts exactly.
-// Every instruction set reads the same layout; a run-time dispatch picks AVX-512 VNNI (int4 with
-// int8 x), AVX-512F, AVX2 + F16C or plain C++ (GemmIsa, gemm.h).
+// Every instruction set reads the same layout; a run-time dispatch picks AVX-512 VNNI or AVX2's
+// vpmaddubsw (int4 with int8 x), AVX-512F, AVX2 + F16C or plain C++ (GemmIsa, gemm.h).
 #pragma once
 
 #include <cstddef>
@@ -38,8 +39,9 @@ namespace kvrt::kernels {
 // VNNI.
 enum class Activations { kF32, kBf16, kInt8 };
 
-// Whether int4 products with Activations::kInt8 run on AVX-512 VNNI here (else in f32).
-bool int4_int8_uses_vnni();
+// What int4 products with Activations::kInt8 run on here: "avx512vnni", "avx2" (vpmaddubsw:
+// integer products too) or "scalar" (f32 products of the same values).
+const char* int4_int8_kernel();
 
 // x[0, k) quantized per group of `group`: q[i] = nearest(x[i] * 127 / amax) in -127..127,
 // scales[g] = amax / 127 (0 for a group of zeros; a non-finite amax gives 0 codes).
@@ -58,8 +60,9 @@ size_t packed_int4_bytes(size_t n, size_t k, const Int4Format& f);
 void pack_int4(const uint8_t* codes, const float* scales, const uint8_t* zeros, size_t n, size_t k,
                const Int4Format& f, uint8_t* packed);
 // y[r * ldy + j] = sum_i x[r * ldx + i] * w[j][i] for r < m, j < n; the n outputs split over
-// `threads` (OpenMP) in bands of whole panels, x taken as `activations` says. kAvx512 (and
-// kAvx512Bf16, which means it here) runs VNNI for kInt8 where the CPU has it.
+// `threads` (OpenMP) in bands of whole panels, x taken as `activations` says. kInt8 runs as
+// integers: VNNI for kAvx512 (and kAvx512Bf16, which means it here) where the CPU has it, else
+// AVX2's vpmaddubsw.
 void matmul_packed_int4(const float* x, size_t ldx, size_t m, size_t k, const uint8_t* packed,
                         size_t n, const Int4Format& f, float* y, size_t ldy, int threads,
                         GemmIsa isa = GemmIsa::kAuto,

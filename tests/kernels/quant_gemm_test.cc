@@ -230,7 +230,8 @@ TEST_P(QuantGemmFp8, MatchesTheDequantizedReference) {
           matmul_packed_fp8(x.data(), ldx, m, s.k, packed.data(), s.n, f, y.data(), ldy,
                             run.threads, isa, run.activations);
           expect_close(y, ldy, want, bound, m, s.n,
-                       std::string(gemm_isa_name(isa)) + " " + name(run.activations) + " block " + std::to_string(f.block_n) +
+                       std::string(gemm_isa_name(isa)) + " " + name(run.activations) +
+                           " block " + std::to_string(f.block_n) +
                            "x" + std::to_string(f.block_k) + " n " + std::to_string(s.n) +
                            " k " + std::to_string(s.k) + " m " + std::to_string(m));
           for (size_t r = 0; r < m; ++r)
