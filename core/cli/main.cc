@@ -40,6 +40,7 @@
 #include "core/plugin/plugin_config.h"
 #include "core/plugin/registry.h"
 #include "core/report/matrix_report.h"
+#include "core/model/weights.h"
 #include "core/runtime/runtime.h"
 #include "core/runtime/start.h"
 #include "core/sampling/sampler.h"
@@ -180,6 +181,31 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
     weights = *derived;
   }
   if (budget.weights_source.empty()) budget.weights_per_rank = weights / tp;
+  // model.quantization: the runtime's count (its refusals are the runtime's: kvrt config check).
+  if (cfg->model.quantization != "none" && !args.weights_gib) {
+    std::optional<model::ModelConfig> config = runnable_checkpoint(model);
+    const bool checkpoint = config.has_value();
+    if (!config) {
+      Result<model::ModelConfig> preset = model::preset_config(model);
+      if (preset.ok()) config = *preset;
+    }
+    if (!config) {
+      return fail(Status::Unsupported(
+          "model.quantization = \"" + cfg->model.quantization + "\": kvrt capacity counts "
+          "quantized projections for a model directory kvrt runs or a preset, not for '" + model +
+          "' (give --weights-gib)"));
+    }
+    // As the runtime takes model.dtype: "auto" is the checkpoint's own, bf16 for a preset.
+    const int dense = cfg->model.dtype == "f32" || (cfg->model.dtype == "auto" && checkpoint &&
+                                                    config->torch_dtype != "bfloat16")
+                          ? 4
+                          : 2;
+    const runtime::QuantizedWeights q =
+        runtime::quantized_weights(*config, cfg->model.quantization, dense, static_cast<int>(tp));
+    weights = q.per_rank * tp;
+    budget.weights_per_rank = q.per_rank;
+    budget.weights_source = q.source;
+  }
   budget.mem_fraction_static = cfg->scheduler.mem_fraction_static;
 
   Result<kvrt_kv_geometry> g = capacity::kv_geometry(

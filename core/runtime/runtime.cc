@@ -346,19 +346,9 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     }
   }
   if (quant != "none") {
-    // Quantized at load: the projections at their packed bytes (codes and scales: exact when
-    // each projection's inputs are whole groups), the rest as loaded.
-    const int64_t projections = rt.model.projection_parameter_count();
-    const double per = quant == "int4" ? 0.5 + 2.0 / 32 : 1.0 + 4.0 / 128;
-    const int element = bf16 ? 2 : 4;
-    rt.budget.weights_per_rank = static_cast<uint64_t>(
-        (static_cast<double>((rt.model.parameter_count() - projections) * element) +
-         static_cast<double>(projections) * per) /
-        tp);
-    rt.budget.weights_source = "the parameter count: the projections quantized at load to " +
-                               quant + " (" + (quant == "int4" ? "0.5625" : "1.03125") +
-                               " bytes each), the rest at " + std::to_string(element) +
-                               " bytes each, over " + std::to_string(tp) + " ranks";
+    const QuantizedWeights q = quantized_weights(rt.model, quant, bf16 ? 2 : 4, tp);
+    rt.budget.weights_per_rank = q.per_rank;
+    rt.budget.weights_source = q.source;
   }
   rt.budget.mem_fraction_static = cfg.scheduler.mem_fraction_static;
   // The same path `kvrt capacity` and the diagnosis take, so the three agree to the byte. A
@@ -503,6 +493,22 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                           std::to_string(rt.plan.max_total_num_tokens) + ")\n";
   }
   return rt;
+}
+
+QuantizedWeights quantized_weights(const model::ModelConfig& model, const std::string& quantization,
+                                   int dense_bytes, int tp) {
+  const int64_t projections = model.projection_parameter_count();
+  const bool int4 = quantization == "int4";
+  const double per = int4 ? 0.5 + 2.0 / 32 : 1.0 + 4.0 / 128;
+  QuantizedWeights q;
+  q.per_rank = static_cast<uint64_t>(
+      (static_cast<double>((model.parameter_count() - projections) * dense_bytes) +
+       static_cast<double>(projections) * per) /
+      tp);
+  q.source = "the parameter count: the projections quantized at load to " + quantization + " (" +
+             (int4 ? "0.5625" : "1.03125") + " bytes each), the rest at " +
+             std::to_string(dense_bytes) + " bytes each, over " + std::to_string(tp) + " ranks";
+  return q;
 }
 
 std::string kv_identity(const Runtime& rt) {

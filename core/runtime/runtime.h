@@ -73,6 +73,17 @@ std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, co
 // store's format (name, K/V dtypes, scale mode, page bytes, TP size and tp.dcp_size).
 std::string kv_identity(const Runtime& rt);
 
+// model.quantization's weights per rank (the runtime's plan and `kvrt capacity` alike): the
+// projections at their packed bytes (int4 0.5625 a weight, fp8 1.03125: exact when each
+// projection's inputs are whole groups), the rest at `dense_bytes` each, over `tp` ranks; with
+// the report's words for it. `quantization` is "int4" or "fp8".
+struct QuantizedWeights {
+  uint64_t per_rank = 0;
+  std::string source;
+};
+QuantizedWeights quantized_weights(const model::ModelConfig& model, const std::string& quantization,
+                                   int dense_bytes, int tp);
+
 // The scheduler options the [scheduler] table gives for the runtime's model and pool.
 sched::SchedulerOptions scheduler_options(const config::Config& cfg, const Runtime& rt);
 // The serving core's options: the scheduler's, the store, and the other stores' ceilings.
