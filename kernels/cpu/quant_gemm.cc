@@ -22,6 +22,7 @@
 #include "kernels/shared/fp8_e4m3.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVRT_QGEMM_X86 1
 #define KVRT_QAVX2 __attribute__((target("avx2,fma,f16c")))
@@ -571,13 +572,24 @@ KVRT_QKERNELS(Fp8Avx512, (&fp8_avx512<R>), 8)
   (f.zero_points ? (f.bf16_scales ? prefix##AsymB_set : prefix##Asym_set) \
                  : (f.bf16_scales ? prefix##SymB_set : prefix##Sym_set))
 
+#ifdef KVRT_QGEMM_X86
+// F16C (every AVX2 CPU kvrt meets has it; clang's __builtin_cpu_supports does not know the name).
+bool has_f16c() {
+  static const bool f16c = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+  }();
+  return f16c;
+}
+#endif
+
 // The instruction set a quantized product runs on: kAuto's best (AVX-512F, AVX2 + F16C, plain
 // C++; the bf16 dot product names AVX-512F here); one the CPU lacks falls back to plain C++.
 GemmIsa resolve(GemmIsa isa) {
   static const GemmIsa best = gemm_best_isa(false);
   if (isa == GemmIsa::kAuto || isa == GemmIsa::kAvx512Bf16) isa = best;
 #ifdef KVRT_QGEMM_X86
-  if (isa == GemmIsa::kAvx2 && !__builtin_cpu_supports("f16c")) return GemmIsa::kScalar;
+  if (isa == GemmIsa::kAvx2 && !has_f16c()) return GemmIsa::kScalar;
 #endif
   return gemm_isa_supported(isa) ? isa : GemmIsa::kScalar;
 }
