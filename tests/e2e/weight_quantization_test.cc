@@ -126,9 +126,12 @@ TEST(WeightQuantizationRefusals, NamesTheKey) {
         << c.status().message();
     EXPECT_NE(c.status().message().find("int3"), std::string::npos) << c.status().message();
   }
-  // Quantized already (fp8 blocks), and a family that does not quantize at load.
+  // Quantized already (fp8 blocks; compressed-tensors int4), and a family that does not
+  // quantize at load.
   const std::pair<const char*, const char*> refused[] = {
-      {"tiny-deepseek-v3-fp8", "already quantizes"}, {"tiny-deepseek-v3", "not quantized at load"}};
+      {"tiny-deepseek-v3-fp8", "already quantizes"},
+      {"tiny-kimi-k25", "already quantizes"},
+      {"tiny-deepseek-v3", "not quantized at load"}};
   for (const auto& [name, why] : refused) {
     const std::string dir = e2e::shared_model_dir(name);
     if (!std::filesystem::exists(dir + "/config.json")) {
