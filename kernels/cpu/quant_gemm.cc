@@ -38,7 +38,7 @@ namespace {
 
 constexpr size_t kNr = 16;  // output columns per panel
 // How far ahead a micro-kernel asks for the codes (as gemm.cc's bf16 kernels do).
-constexpr size_t kPrefetch = 1024;
+constexpr size_t kPrefetch = 2048;
 
 size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 size_t panel_count(size_t n) { return ceil_div(n, kNr); }
