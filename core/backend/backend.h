@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/comm/communicator.h"
+#include "kernels/shared/fp8_e4m3.h"
 #include "kvrt/abi.h"
 
 namespace kvrt::backend {
@@ -52,6 +53,71 @@ class Buffer {
   float* data_ = nullptr;
   size_t size_ = 0;
   void (*release_)(float*, size_t) = nullptr;
+};
+
+// A weight matrix [rows][cols] kept as a checkpoint stores it quantized: one code per weight and
+// the scales of each row's groups of `group` inputs, so that a backend can hold the codes as they
+// are (the CPU's packed kernels) instead of their f32 values.
+struct QuantizedMatrix {
+  enum class Kind { kNone, kInt4, kFp8 };
+  Kind kind = Kind::kNone;
+  int64_t rows = 0, cols = 0, group = 0;
+  std::vector<uint8_t> codes;  // [rows][cols]: int4's unsigned codes (0..15), or E4M3 bytes
+  std::vector<float> scales;   // [rows][groups()]
+  std::vector<uint8_t> zeros;  // int4 with zero points: [rows][groups()]; empty: 8 (symmetric)
+  bool empty() const { return kind == Kind::kNone; }
+  int64_t groups() const { return group == 0 ? 0 : (cols + group - 1) / group; }
+  // (u - z) * s, or e4m3(code) * s: what the dense path would have loaded.
+  float value(int64_t r, int64_t c) const {
+    const size_t g = static_cast<size_t>(r * groups() + c / group);
+    const uint8_t code = codes[static_cast<size_t>(r * cols + c)];
+    if (kind == Kind::kFp8) return kernels::shared::e4m3_decode(code) * scales[g];
+    const float z = zeros.empty() ? 8.0f : static_cast<float>(zeros[g]);
+    return (static_cast<float>(code) - z) * scales[g];
+  }
+  std::vector<float> dequantized() const {
+    std::vector<float> out(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(r * cols + c)] = value(r, c);
+    return out;
+  }
+  // Rows [begin, end) of this, and those of `other` after them (a fused projection's parts).
+  void append_rows(const QuantizedMatrix& other, int64_t begin, int64_t end) {
+    if (empty()) {
+      kind = other.kind;
+      cols = other.cols;
+      group = other.group;
+    }
+    const auto g = static_cast<size_t>(groups());
+    codes.insert(codes.end(), other.codes.begin() + begin * cols, other.codes.begin() + end * cols);
+    scales.insert(scales.end(), other.scales.begin() + static_cast<int64_t>(g) * begin,
+                  other.scales.begin() + static_cast<int64_t>(g) * end);
+    if (!other.zeros.empty()) {
+      zeros.insert(zeros.end(), other.zeros.begin() + static_cast<int64_t>(g) * begin,
+                   other.zeros.begin() + static_cast<int64_t>(g) * end);
+    }
+    rows += end - begin;
+  }
+  // Columns [begin, end) (begin a multiple of the group: whole groups only).
+  QuantizedMatrix columns(int64_t begin, int64_t end) const {
+    QuantizedMatrix out;
+    out.kind = kind;
+    out.rows = rows;
+    out.cols = end - begin;
+    out.group = group;
+    const int64_t g0 = begin / group, gn = out.groups(), g = groups();
+    for (int64_t r = 0; r < rows; ++r) {
+      out.codes.insert(out.codes.end(), codes.begin() + r * cols + begin,
+                       codes.begin() + r * cols + end);
+      out.scales.insert(out.scales.end(), scales.begin() + r * g + g0,
+                        scales.begin() + r * g + g0 + gn);
+      if (!zeros.empty()) {
+        out.zeros.insert(out.zeros.end(), zeros.begin() + r * g + g0,
+                         zeros.begin() + r * g + g0 + gn);
+      }
+    }
+    return out;
+  }
 };
 
 // A weight matrix [rows][cols] (Hugging Face's [out][in]) in the backend's memory and format.
@@ -97,6 +163,11 @@ class Backend {
   virtual std::unique_ptr<Matrix> upload_projection(std::vector<float> data, int64_t rows,
                                                     int64_t cols) {
     return upload_matrix(std::move(data), rows, cols);
+  }
+  // A projection a checkpoint stores quantized, as stored. By default its values, as
+  // upload_projection takes them; the CPU backend keeps the codes packed.
+  virtual std::unique_ptr<Matrix> upload_quantized(const QuantizedMatrix& m) {
+    return upload_projection(m.dequantized(), m.rows, m.cols);
   }
   virtual void download(const float* device, size_t n, float* host) = 0;
   // The step's KV slots where the KV store's device write path reads them (ABI 1.2's

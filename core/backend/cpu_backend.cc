@@ -130,6 +130,32 @@ std::unique_ptr<Matrix> CpuBackend::upload_projection(std::vector<float> data, i
   return m;
 }
 
+std::unique_ptr<Matrix> CpuBackend::upload_quantized(const QuantizedMatrix& q) {
+  using Kind = QuantizedMatrix::Kind;
+  const bool packable = (q.kind == Kind::kInt4 && q.group % 8 == 0) ||
+                        (q.kind == Kind::kFp8 && q.group % 4 == 0);
+  if (!packable || q.group <= 0) return Backend::upload_quantized(q);
+  auto m = std::make_unique<CpuMatrix>();
+  m->rows = q.rows;
+  m->cols = q.cols;
+  const size_t n = static_cast<size_t>(q.rows), k = static_cast<size_t>(q.cols);
+  if (q.kind == Kind::kInt4) {
+    m->quantized = CpuQuantization::Format::kInt4;
+    m->int4 = kernels::Int4Format{static_cast<size_t>(q.group),
+                                  kernels::scales_are_bf16(q.scales.data(), q.scales.size()),
+                                  !q.zeros.empty()};
+    m->qpacked.resize(kernels::packed_int4_bytes(n, k, m->int4));
+    kernels::pack_int4(q.codes.data(), q.scales.data(), q.zeros.empty() ? nullptr : q.zeros.data(),
+                       n, k, m->int4, m->qpacked.data());
+  } else {
+    m->quantized = CpuQuantization::Format::kFp8;
+    m->fp8 = kernels::Fp8Format{1, static_cast<size_t>(q.group)};
+    m->qpacked.resize(kernels::packed_fp8_bytes(n, k, m->fp8));
+    kernels::pack_fp8(q.codes.data(), q.scales.data(), n, k, m->fp8, m->qpacked.data());
+  }
+  return m;
+}
+
 void CpuBackend::matmul(const float* x, int64_t m, const Matrix& matrix, float* y) {
   matmul_strided(x, m, matrix.cols, matrix, y, matrix.rows);
 }

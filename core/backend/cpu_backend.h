@@ -42,6 +42,9 @@ class CpuBackend : public Backend {
                                         int64_t cols) override;
   std::unique_ptr<Matrix> upload_projection(std::vector<float> data, int64_t rows,
                                             int64_t cols) override;
+  // Packed as stored (quant_gemm.h): int4 with groups a multiple of 8, fp8 with groups a
+  // multiple of 4; others by their values.
+  std::unique_ptr<Matrix> upload_quantized(const QuantizedMatrix& m) override;
   void download(const float* device, size_t n, float* host) override;
 
   void fill_zero(float* x, size_t n) override;

@@ -214,12 +214,28 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
 DeepseekV3::Mlp DeepseekV3::upload_mlp(backend::Backend& be, const MlpWeights& w, Range keep,
                                        bool whole) {
   const int64_t H = config_.hidden_size;
-  const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
   const Range cols = whole ? keep : Range{0, keep.size()};
   Mlp m;
   m.width = keep.size();
-  m.gate_up = ColumnParallelLinear(be, {{&w.gate, cols}, {&w.up, cols}}, H);
-  m.down = RowParallelLinear(be, w.down, H, held, cols);
+  // A checkpoint's quantized projections as stored, else f32 (one of gate and up kept as stored
+  // and the other not -- a config that leaves one dense -- goes by both's values).
+  if (!w.gate_q.empty() && !w.up_q.empty() && w.gate_q.kind == w.up_q.kind &&
+      w.gate_q.group == w.up_q.group) {
+    m.gate_up = ColumnParallelLinear(be, {{&w.gate_q, cols}, {&w.up_q, cols}});
+  } else {
+    std::vector<float> gate_values, up_values;
+    if (!w.gate_q.empty()) gate_values = w.gate_q.dequantized();
+    if (!w.up_q.empty()) up_values = w.up_q.dequantized();
+    const std::vector<float>* gate = w.gate_q.empty() ? &w.gate : &gate_values;
+    const std::vector<float>* up = w.up_q.empty() ? &w.up : &up_values;
+    m.gate_up = ColumnParallelLinear(be, {{gate, cols}, {up, cols}}, H);
+  }
+  if (!w.down_q.empty()) {
+    m.down = RowParallelLinear(be, w.down_q, cols);
+  } else {
+    const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
+    m.down = RowParallelLinear(be, w.down, H, held, cols);
+  }
   return m;
 }
 
@@ -384,8 +400,8 @@ Status DeepseekV3::forward(const StepInputs& in, backend::Backend& be, comm::Com
 Status check_tp(const ModelConfig& c, int tp) {
   if (Status s = deepseek_v3_shard(c, 0, tp).status(); !s.ok()) return s;
   // Packed int experts (compressed-tensors): each rank's columns of a routed expert's down
-  // projection must be whole groups and whole words, as a packed shard would need them (with
-  // threads or MPI alike, though the weights are dequantized at load today).
+  // projection must be whole groups and whole words, as a packed shard needs them (with threads
+  // or MPI alike: the CPU keeps the experts as stored).
   const WeightFormat& f = c.weight_format;
   if (f.kind == WeightFormat::Kind::kPackedInt && tp > 1 && c.moe.n_routed_experts > 0) {
     const int64_t Ie = c.moe.moe_intermediate_size;
@@ -491,9 +507,9 @@ std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w) {
   auto mlp_blocks = [&](const std::string& prefix, MlpWeights& m, int64_t width, Range keep) {
     const Range cols = w.whole ? all(width) : keep;
     return std::vector<TensorBlock>{
-        {prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate},
-        {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up},
-        {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down}};
+        {prefix + "gate_proj.weight", {width, H}, cols, all(H), &m.gate, &m.gate_q},
+        {prefix + "up_proj.weight", {width, H}, cols, all(H), &m.up, &m.up_q},
+        {prefix + "down_proj.weight", {H, width}, all(H), cols, &m.down, &m.down_q}};
   };
   std::vector<TensorBlock> plan = {
       {"model.embed_tokens.weight", {c.vocab_size, H}, vocab, all(H), &w.embed},

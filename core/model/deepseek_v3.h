@@ -52,9 +52,11 @@ struct DeepseekV3Shard {
 
 Result<DeepseekV3Shard> deepseek_v3_shard(const ModelConfig& config, int rank, int tp);
 
-// A SwiGLU MLP: gate, up [I][H], down [H][I].
+// A SwiGLU MLP: gate, up [I][H], down [H][I]. A checkpoint's quantized projections are kept as
+// stored where they can be (the *_q ones; the f32 one is then empty).
 struct MlpWeights {
   std::vector<float> gate, up, down;
+  backend::QuantizedMatrix gate_q, up_q, down_q;
 };
 
 // With H = hidden, Lq = q_lora_rank, L = kv_lora_rank, R = qk_rope, N = qk_nope, V = v_head,

@@ -207,7 +207,8 @@ Status dequantize_fp8(const TensorView& w, const std::string& name,
 
 Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, const TensorView& w,
                        const std::string& name, const std::vector<int64_t>& shape,
-                       parallel::Range rows, parallel::Range cols, std::vector<float>& out) {
+                       parallel::Range rows, parallel::Range cols, std::vector<float>& out,
+                       backend::QuantizedMatrix* packed) {
   const int64_t br = f.block_rows, bc = f.block_cols;
   const std::vector<int64_t> scale_shape = {(shape[0] + br - 1) / br, (shape[1] + bc - 1) / bc};
   Result<std::vector<float>> scales =
@@ -216,6 +217,31 @@ Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, c
                       shape_string(shape));
   if (!scales.ok()) return scales.status();
   const float* s = scales->data();
+  if (packed != nullptr && bc % 4 == 0 && cols.begin % bc == 0) {
+    // As stored: the codes (no NaN), each row's scales of its blocks.
+    backend::QuantizedMatrix q;
+    q.kind = backend::QuantizedMatrix::Kind::kFp8;
+    q.rows = rows.size();
+    q.cols = cols.size();
+    q.group = bc;
+    q.codes.resize(static_cast<size_t>(q.rows * q.cols));
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      const uint8_t* from = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
+      for (int64_t c = 0; c < cols.size(); ++c) {
+        if ((from[c] & 0x7F) == 0x7F) {
+          return refuse(w, name, "element [" + std::to_string(r) + ", " +
+                                     std::to_string(cols.begin + c) + "] is an E4M3 NaN");
+        }
+      }
+      std::copy(from, from + cols.size(), q.codes.begin() + (r - rows.begin) * q.cols);
+      for (int64_t g = 0; g < q.groups(); ++g) {
+        q.scales.push_back(s[(r / br) * scale_shape[1] + cols.begin / bc + g]);
+      }
+    }
+    *packed = std::move(q);
+    out.clear();
+    return Status::Ok();
+  }
   return dequantize_fp8(w, name, shape, rows, cols, out, [&](int64_t r, int64_t c) {
     return s[(r / br) * scale_shape[1] + c / bc];
   });
@@ -240,7 +266,8 @@ Status load_channel_fp8(const SafetensorsCheckpoint& ck, const WeightFormat& f,
 // row, lowest bits first; scale per group of group_size columns (or per row).
 Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
                    const std::string& module, const std::vector<int64_t>& shape,
-                   parallel::Range rows, parallel::Range cols, std::vector<float>& out) {
+                   parallel::Range rows, parallel::Range cols, std::vector<float>& out,
+                   backend::QuantizedMatrix* packed_out) {
   const std::string packed_name = module + ".weight_packed";
   Result<TensorView> packed = ck.get(packed_name);
   if (!packed.ok()) return packed.status();
@@ -319,6 +346,34 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
                         "), found " + std::string(dtype_name(zeros->dtype)) + " " +
                         shape_string(zeros->shape));
     }
+  }
+  if (packed_out != nullptr && f.bits == 4 && group % 8 == 0) {
+    // As stored: the unsigned codes u (q + 8), each row's scales of its groups, and with zero
+    // points their unsigned codes (q - z = u - z_u).
+    backend::QuantizedMatrix q;
+    q.kind = backend::QuantizedMatrix::Kind::kInt4;
+    q.rows = rows.size();
+    q.cols = cols.size();
+    q.group = group;
+    q.codes.resize(static_cast<size_t>(q.rows * q.cols));
+    for (int64_t r = rows.begin; r < rows.end; ++r) {
+      for (int64_t c = cols.begin; c < cols.end; ++c) {
+        const auto word = static_cast<uint32_t>(int32_at(*packed, r * words + c / per_word));
+        q.codes[static_cast<size_t>((r - rows.begin) * q.cols + (c - cols.begin))] =
+            static_cast<uint8_t>((word >> (f.bits * (c % per_word))) & mask);
+      }
+      for (int64_t g = 0; g < q.groups(); ++g) {
+        q.scales.push_back((*scales)[static_cast<size_t>(r * groups + cols.begin / group + g)]);
+        if (zeros.ok()) {
+          const auto zword = static_cast<uint32_t>(
+              int32_at(*zeros, (r / per_word) * groups + cols.begin / group + g));
+          q.zeros.push_back(static_cast<uint8_t>((zword >> (f.bits * (r % per_word))) & mask));
+        }
+      }
+    }
+    *packed_out = std::move(q);
+    out.clear();
+    return Status::Ok();
   }
   out.resize(static_cast<size_t>(rows.size() * cols.size()));
   for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -469,7 +524,8 @@ std::string stored_tensor_name(const SafetensorsCheckpoint& ck, const std::strin
 
 Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                             const std::string& name, const std::vector<int64_t>& shape,
-                            parallel::Range rows, parallel::Range cols, std::vector<float>& out) {
+                            parallel::Range rows, parallel::Range cols, std::vector<float>& out,
+                            backend::QuantizedMatrix* packed) {
   if (!format.quantized() || shape.size() != 2) {
     return Status::NotFound(name + " is not stored quantized");
   }
@@ -482,7 +538,7 @@ Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat&
           "tensor " + in_quotes(module + ".weight_packed") +
           " is packed, but quantization_config lists " + in_quotes(listed) + " as left dense");
     }
-    return load_packed(ck, format, module, shape, rows, cols, out);
+    return load_packed(ck, format, module, shape, rows, cols, out, packed);
   }
   if (!ck.contains(name)) return Status::NotFound(name + " is not stored");
   Result<TensorView> w = ck.get(name);
@@ -500,7 +556,7 @@ Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat&
                                 " as not converted");
   }
   return format.kind == WeightFormat::Kind::kFp8Block
-             ? load_fp8_blocks(ck, format, *w, name, shape, rows, cols, out)
+             ? load_fp8_blocks(ck, format, *w, name, shape, rows, cols, out, packed)
              : load_channel_fp8(ck, format, *w, name, shape, rows, cols, out);
 }
 

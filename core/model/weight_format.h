@@ -2,7 +2,9 @@
 // the dequantization of a block of a stored weight to f32, for load_block (weights.h) -- the
 // architectures' loaders name tensors and shapes and never see the format.
 //
-// Served (dequantized at load; core/model keeps f32 or bf16 matrices):
+// Served (dequantized at load into f32 or bf16 matrices, except where a caller asks for a block
+// as stored -- the DeepSeek-V3 family's MLP projections, int4 in groups of a multiple of 8 and
+// fp8 blocks of a multiple of 4 columns -- which the CPU then keeps packed):
 //  - dense: no quantization_config (F32, BF16, F16 tensors);
 //  - fp8 blocks (DeepSeek-V3 / R1, Kimi-K2-Instruct, Qwen3-*-FP8): quant_method "fp8", fmt
 //    "e4m3", weight_block_size [rows, cols]; each quantized Linear weight is F8_E4M3 beside a
@@ -32,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend/backend.h"
 #include "core/parallel/shard.h"
 #include "core/util/status.h"
 
@@ -64,9 +67,13 @@ struct WeightFormat {
 // says, of logical `shape`), dequantized to f32 into out [rows][cols]. NotFound when `name` is not
 // stored quantized (the caller then reads it dense). A scale of the wrong shape or dtype, a code
 // that is NaN, or a tensor of another dtype than the format's is an error naming the tensor.
+// With `packed`, a block that can be kept as stored -- int4 codes in groups of a multiple of 8,
+// fp8 blocks of a multiple of 4 columns, the block starting on a group -- goes there instead
+// (its codes, and each row's scales; `out` is left empty).
 Status load_quantized_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                             const std::string& name, const std::vector<int64_t>& shape,
-                            parallel::Range rows, parallel::Range cols, std::vector<float>& out);
+                            parallel::Range rows, parallel::Range cols, std::vector<float>& out,
+                            backend::QuantizedMatrix* packed = nullptr);
 
 // The bytes `ck` stores for rows `rows` and columns `cols` of the quantized weight `name` (of
 // logical `shape`), from the headers: that share of its codes and of its scales (and zero

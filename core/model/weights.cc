@@ -156,11 +156,12 @@ Status check_shape(const TensorView& t, const std::string& name,
 
 Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                   const std::string& dir, const std::string& name, std::vector<int64_t> shape,
-                  Range rows, Range cols, std::vector<float>& out) {
+                  Range rows, Range cols, std::vector<float>& out,
+                  backend::QuantizedMatrix* packed) {
   // As stored: under a multimodal wrapper's "language_model." too, and packed.
   const std::string stored = stored_tensor_name(ck, name);
   if (format.quantized()) {
-    Status q = load_quantized_block(ck, format, stored, shape, rows, cols, out);
+    Status q = load_quantized_block(ck, format, stored, shape, rows, cols, out, packed);
     if (!q.IsNotFound()) return q;  // dequantized, or refused by name
   }
   Result<TensorView> t = stored_tensor(ck, dir, name, stored, shape);
@@ -250,7 +251,8 @@ Result<Weights> load_hf(const std::string& dir, const HeldPart* part) {
 Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                    const std::string& dir, const std::vector<TensorBlock>& blocks) {
   for (const TensorBlock& b : blocks) {
-    if (Status s = load_block(ck, format, dir, b.name, b.shape, b.rows, b.cols, *b.out); !s.ok()) {
+    if (Status s = load_block(ck, format, dir, b.name, b.shape, b.rows, b.cols, *b.out, b.packed);
+        !s.ok()) {
       return s;
     }
   }

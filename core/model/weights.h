@@ -58,6 +58,9 @@ struct TensorBlock {
   std::vector<int64_t> shape;
   parallel::Range rows, cols;
   std::vector<float>* out = nullptr;
+  // Where a projection stored quantized is kept as stored when it can be (load_quantized_block's
+  // `packed`; `out` then stays empty); null: always dequantized into `out`.
+  backend::QuantizedMatrix* packed = nullptr;
 };
 
 // The Llama family's blocks of w.config's tensors that `w` holds (w.held), in load order, into
@@ -82,7 +85,8 @@ class SafetensorsCheckpoint;
 // (and `dir`).
 Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                   const std::string& dir, const std::string& name, std::vector<int64_t> shape,
-                  parallel::Range rows, parallel::Range cols, std::vector<float>& out);
+                  parallel::Range rows, parallel::Range cols, std::vector<float>& out,
+                  backend::QuantizedMatrix* packed = nullptr);
 
 // Every block of `blocks` (load_block), stopping at the first error.
 Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,

@@ -22,6 +22,13 @@ ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
   if (!bias.empty()) bias_ = be.upload(bias);
 }
 
+ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
+                                           std::initializer_list<QuantizedRowsOf> parts) {
+  backend::QuantizedMatrix rows;
+  for (const QuantizedRowsOf& p : parts) rows.append_rows(*p.matrix, p.rows.begin, p.rows.end);
+  weight_ = be.upload_quantized(rows);
+}
+
 void ColumnParallelLinear::forward(backend::Backend& be, const float* x, int64_t m,
                                    float* y) const {
   be.matmul(x, m, *weight_, y);
@@ -31,6 +38,17 @@ void ColumnParallelLinear::forward(backend::Backend& be, const float* x, int64_t
 RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& w,
                                      int64_t out, int64_t cols, Range keep)
     : weight_(be.upload_projection(columns_of(w, cols, keep), out, keep.size())) {}
+
+RowParallelLinear::RowParallelLinear(backend::Backend& be, const backend::QuantizedMatrix& w,
+                                     Range keep) {
+  if (keep.begin % w.group == 0) {
+    weight_ = be.upload_quantized(keep.begin == 0 && keep.end == w.cols
+                                      ? w
+                                      : w.columns(keep.begin, keep.end));
+  } else {
+    weight_ = be.upload_projection(columns_of(w.dequantized(), w.cols, keep), w.rows, keep.size());
+  }
+}
 
 Status RowParallelLinear::forward(backend::Backend& be, comm::Communicator& comm, const float* x,
                                   int64_t m, float* y) const {

@@ -24,6 +24,13 @@ struct RowsOf {
   Range rows;
 };
 
+// Rows `rows` of a matrix a checkpoint stores quantized (kept as stored:
+// Backend::upload_quantized).
+struct QuantizedRowsOf {
+  const backend::QuantizedMatrix* matrix;
+  Range rows;
+};
+
 // Y = X W^T for this rank's output rows of W: Y's columns are this rank's slice.
 class ColumnParallelLinear {
  public:
@@ -35,6 +42,8 @@ class ColumnParallelLinear {
   // when they are given.
   ColumnParallelLinear(backend::Backend& be, std::initializer_list<RowsOf> parts, int64_t in,
                        std::initializer_list<RowsOf> bias_parts = {});
+  // The same of parts stored quantized (of one format and group), kept as stored.
+  ColumnParallelLinear(backend::Backend& be, std::initializer_list<QuantizedRowsOf> parts);
 
   // y[m][out] = x[m][in] * W^T (+ bias).
   void forward(backend::Backend& be, const float* x, int64_t m, float* y) const;
@@ -54,6 +63,9 @@ class RowParallelLinear {
   // Columns `keep` of W ([out][cols], the whole matrix or the part a rank holds).
   RowParallelLinear(backend::Backend& be, const std::vector<float>& w, int64_t out, int64_t cols,
                     Range keep);
+  // Columns `keep` of a matrix stored quantized: kept as stored when `keep` starts on a group,
+  // else by its values.
+  RowParallelLinear(backend::Backend& be, const backend::QuantizedMatrix& w, Range keep);
 
   // y[m][out] = x[m][in] * W^T summed over the group, on every rank. x null: this rank adds
   // nothing (zeros: no heads here, or its attention failed) and still takes part in the sum.

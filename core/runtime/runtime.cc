@@ -282,11 +282,22 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
     }
     using Format = backend::CpuQuantization::Format;
     rt.quantization.format = quant == "int4" ? Format::kInt4 : Format::kFp8;
-    if (quant == "int4" && (precision == "medium" ||
-                            (precision == "auto" &&
-                             std::string(kernels::int4_int8_kernel()) != "scalar"))) {
+  }
+  // The packed products' activations: those of model.quantization's projections, or of the
+  // projections a checkpoint stores as int4 or fp8 blocks, which the CPU keeps as stored.
+  const model::WeightFormat& stored = rt.model.weight_format;
+  const std::string held = quant != "none" ? quant
+                           : stored.kind == model::WeightFormat::Kind::kPackedInt &&
+                                   stored.bits == 4
+                               ? "int4"
+                           : stored.kind == model::WeightFormat::Kind::kFp8Block ? "fp8"
+                                                                                 : "none";
+  if (device.kind == KVRT_DEVICE_CPU) {
+    if (held == "int4" && (precision == "medium" ||
+                           (precision == "auto" &&
+                            std::string(kernels::int4_int8_kernel()) != "scalar"))) {
       rt.quantization.activations = kernels::Activations::kInt8;
-    } else if (quant == "fp8" && precision == "medium") {
+    } else if (held == "fp8" && precision == "medium") {
       rt.quantization.activations = kernels::Activations::kBf16;
     }
   }

@@ -74,6 +74,21 @@ TEST(TinyKimiK25Default, RunsAtTheDefaultPrecisionWithTheFp8Store) {
   EXPECT_EQ(out->ids.size(), kExpected.size());
 }
 
+// With its experts kept as stored (int4 codes and scales, multiplied by the packed kernels with
+// the activations "auto" gives them: int8 on a CPU with AVX2 or AVX-512), at TP 1 and 2 the
+// first 6 reference ids hold at the default precision (those steps' margins exceed 0.9).
+TEST(TinyKimiK25Default, PackedExpertsKeepTheFirstSixIdsAtTheDefaultPrecision) {
+  if (!have_model()) GTEST_SKIP() << "tiny-kimi-k25 not found at " << model_dir();
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    e2e::ModelRun s(model_dir(), "kv_f32_paged", tp, 16, {kMemory});
+    ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
+    Result<exec::Generation> out = e2e::greedy(s, kPrompt, 6);
+    ASSERT_TRUE(out.ok()) << out.status().message();
+    EXPECT_EQ(out->ids, std::vector<int32_t>(kExpected.begin(), kExpected.begin() + 6));
+  }
+}
+
 // At TP 4 each expert's 64 intermediate columns split into 16, which cuts the down projection's
 // groups of 32: refused, naming the tensor, rather than loaded wrong.
 TEST(TinyKimiK25Default, ATpSizeThatCutsAnInt4GroupIsRefusedByName) {

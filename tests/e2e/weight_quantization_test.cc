@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "core/model/deepseek_v3.h"
+#include "core/model/safetensors.h"
+#include "core/model/weights.h"
 #include "tests/e2e/greedy_reference.h"
 #include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_reference.h"
@@ -115,6 +118,61 @@ TEST(WeightQuantizationTp, TwoRanksGiveOneRanksIdsWhereShardsHoldWholeGroups) {
       ids.push_back(g->ids);
     }
     EXPECT_EQ(ids[1], ids[0]);
+  }
+}
+
+// Published checkpoints keep their MLPs' quantized projections as stored: tiny-kimi-k25's int4
+// experts (compressed-tensors, groups of 32) and tiny-deepseek-v3-fp8's fp8 blocks load as codes
+// and scales, no f32 copy, and their values are the dequantized load's (the reference ids at
+// "highest" are tiny_kimi_k25_test's and tiny_deepseek_v3_test's, over these).
+TEST(PackedCheckpoints, MlpProjectionsLoadAsStored) {
+  struct Case {
+    const char* name;
+    backend::QuantizedMatrix::Kind kind;
+    int64_t group;
+  };
+  for (const Case& c : {Case{"tiny-kimi-k25", backend::QuantizedMatrix::Kind::kInt4, 32},
+                        Case{"tiny-deepseek-v3-fp8", backend::QuantizedMatrix::Kind::kFp8, 0}}) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = e2e::shared_model_dir(c.name);
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      std::printf("%s not found: not checked\n", dir.c_str());
+      continue;
+    }
+    Result<model::DeepseekV3Weights> w = model::load_deepseek_v3(dir, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    int packed = 0;
+    for (const model::DeepseekV3Layer& l : w->layers) {
+      for (const model::MlpWeights& e : l.experts) {
+        for (const backend::QuantizedMatrix* q : {&e.gate_q, &e.up_q, &e.down_q}) {
+          ASSERT_EQ(q->kind, c.kind);
+          if (c.group > 0) {
+            EXPECT_EQ(q->group, c.group);
+          }
+          EXPECT_EQ(q->codes.size(), static_cast<size_t>(q->rows * q->cols));
+          ++packed;
+        }
+        EXPECT_TRUE(e.gate.empty() && e.up.empty() && e.down.empty());
+      }
+    }
+    EXPECT_GT(packed, 0);
+    // One expert's values against the dequantizing load of the same tensor.
+    const model::DeepseekV3Layer* moe = nullptr;
+    for (const model::DeepseekV3Layer& l : w->layers) {
+      if (!l.experts.empty()) moe = &l;
+    }
+    ASSERT_NE(moe, nullptr);
+    const backend::QuantizedMatrix& q = moe->experts[0].down_q;
+    Result<model::SafetensorsCheckpoint> ck = model::SafetensorsCheckpoint::open(dir);
+    ASSERT_TRUE(ck.ok());
+    const int layer = static_cast<int>(moe - w->layers.data());
+    std::vector<float> dense;
+    Status s = model::load_block(
+        *ck, w->config.weight_format, dir,
+        "model.layers." + std::to_string(layer) + ".mlp.experts.0.down_proj.weight",
+        {q.rows, q.cols}, {0, q.rows}, {0, q.cols}, dense);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(q.dequantized(), dense);
   }
 }
 
