@@ -205,6 +205,18 @@ Status dequantize_fp8(const TensorView& w, const std::string& name,
   return Status::Ok();
 }
 
+// A block of `rows` x `cols` kept as stored, its codes to fill.
+backend::QuantizedMatrix as_stored(backend::QuantizedMatrix::Kind kind, parallel::Range rows,
+                                   parallel::Range cols, int64_t group) {
+  backend::QuantizedMatrix q;
+  q.kind = kind;
+  q.rows = rows.size();
+  q.cols = cols.size();
+  q.group = group;
+  q.codes.resize(static_cast<size_t>(q.rows * q.cols));
+  return q;
+}
+
 Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, const TensorView& w,
                        const std::string& name, const std::vector<int64_t>& shape,
                        parallel::Range rows, parallel::Range cols, std::vector<float>& out,
@@ -219,12 +231,7 @@ Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, c
   const float* s = scales->data();
   if (packed != nullptr && bc % 4 == 0 && cols.begin % bc == 0) {
     // As stored: the codes (no NaN), each row's scales of its blocks.
-    backend::QuantizedMatrix q;
-    q.kind = backend::QuantizedMatrix::Kind::kFp8;
-    q.rows = rows.size();
-    q.cols = cols.size();
-    q.group = bc;
-    q.codes.resize(static_cast<size_t>(q.rows * q.cols));
+    backend::QuantizedMatrix q = as_stored(backend::QuantizedMatrix::Kind::kFp8, rows, cols, bc);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
       const uint8_t* from = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
       for (int64_t c = 0; c < cols.size(); ++c) {
@@ -350,12 +357,8 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
   if (packed_out != nullptr && f.bits == 4 && group % 8 == 0) {
     // As stored: the unsigned codes u (q + 8), each row's scales of its groups, and with zero
     // points their unsigned codes (q - z = u - z_u).
-    backend::QuantizedMatrix q;
-    q.kind = backend::QuantizedMatrix::Kind::kInt4;
-    q.rows = rows.size();
-    q.cols = cols.size();
-    q.group = group;
-    q.codes.resize(static_cast<size_t>(q.rows * q.cols));
+    backend::QuantizedMatrix q =
+        as_stored(backend::QuantizedMatrix::Kind::kInt4, rows, cols, group);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
       for (int64_t c = cols.begin; c < cols.end; ++c) {
         const auto word = static_cast<uint32_t>(int32_at(*packed, r * words + c / per_word));
