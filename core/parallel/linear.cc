@@ -41,10 +41,10 @@ RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<flo
 
 RowParallelLinear::RowParallelLinear(backend::Backend& be, const backend::QuantizedMatrix& w,
                                      Range keep) {
-  if (keep.begin % w.group == 0) {
-    weight_ = be.upload_quantized(keep.begin == 0 && keep.end == w.cols
-                                      ? w
-                                      : w.columns(keep.begin, keep.end));
+  if (keep.begin == 0 && keep.end == w.cols) {
+    weight_ = be.upload_quantized(w);
+  } else if (keep.begin % w.group == 0) {
+    weight_ = be.upload_quantized(w.columns(keep.begin, keep.end));
   } else {
     weight_ = be.upload_projection(columns_of(w.dequantized(), w.cols, keep), w.rows, keep.size());
   }
