@@ -290,6 +290,23 @@ KVRT_QAVX2 void fp8_avx2(const Args& a) {
 }
 
 // ---- AVX-512F (16 lanes: a panel is one register) ---------------------------------------------
+// A group header's 16 scales as f32 (bf16 widened, or f32 as stored).
+KVRT_QAVX512 inline __m512 avx512_scales(const uint8_t* p, bool bf16) {
+  if (bf16) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
+// Each row's 16 totals into y's first a.cols columns.
+template <int MR>
+KVRT_QAVX512 inline void avx512_store(const __m512 (&acc)[MR], const Args& a) {
+  const __mmask16 mask = static_cast<__mmask16>((1u << a.cols) - 1);
+  KVRT_UNROLL
+  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy, mask, acc[r]);
+}
+
 // Per group, each row's sum of x times the decoded codes (in CH independent chains for few
 // rows), then one FMA by the group's scales into the row's total.
 template <int MR, bool BF16S, bool ZP>
@@ -304,11 +321,7 @@ KVRT_QAVX512 void int4_avx512(const Args& a) {
                           : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   const uint8_t* p = a.panel;
   for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
-    const __m512 s =
-        BF16S ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-                    16))
-              : _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    const __m512 s = avx512_scales(p, BF16S);
     __m512 sum[CH][MR];
     KVRT_UNROLL
     for (int r = 0; r < MR; ++r) {
@@ -345,9 +358,7 @@ KVRT_QAVX512 void int4_avx512(const Args& a) {
       }
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << a.cols) - 1);
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy, mask, acc[r]);
+  avx512_store<MR>(acc, a);
 }
 
 // AVX-512 VNNI, for x quantized to int8 (Activations::kInt8): the low and the high nibbles of
@@ -366,11 +377,7 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const uint8_t* p = a.panel;
   for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
-    const __m512 s =
-        BF16S ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
-                    16))
-              : _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    const __m512 s = avx512_scales(p, BF16S);
     __m512i sum[CH][2][MR];
     KVRT_UNROLL
     for (int r = 0; r < MR; ++r) {
@@ -410,9 +417,7 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(a.xscale[rg])), acc[r]);
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << a.cols) - 1);
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy, mask, acc[r]);
+  avx512_store<MR>(acc, a);
 }
 
 // AVX2, for x quantized to int8: the same bytes as VNNI's, multiplied by vpmaddubsw (unsigned
@@ -522,9 +527,7 @@ KVRT_QAVX512BW void fp8_avx512(const Args& a) {
       acc[r] = _mm512_fmadd_ps(total, s, acc[r]);
     }
   }
-  const __mmask16 mask = static_cast<__mmask16>((1u << a.cols) - 1);
-  KVRT_UNROLL
-  for (int r = 0; r < MR; ++r) _mm512_mask_storeu_ps(a.y + r * a.ldy, mask, acc[r]);
+  avx512_store<MR>(acc, a);
 }
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
