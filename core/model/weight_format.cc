@@ -178,6 +178,20 @@ Result<std::vector<float>> read_scales(const SafetensorsCheckpoint& ck, const Te
   return scales;
 }
 
+// Columns `cols` of row r of the F8_E4M3 weight `w`, into *from; a NaN code among them is refused
+// by its place.
+Status e4m3_row(const TensorView& w, const std::string& name, const std::vector<int64_t>& shape,
+                int64_t r, parallel::Range cols, const uint8_t** from) {
+  *from = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
+  for (int64_t c = 0; c < cols.size(); ++c) {
+    if (((*from)[c] & 0x7F) == 0x7F) {
+      return refuse(w, name, "element [" + std::to_string(r) + ", " +
+                                 std::to_string(cols.begin + c) + "] is an E4M3 NaN");
+    }
+  }
+  return Status::Ok();
+}
+
 // Rows `rows` and columns `cols` of the F8_E4M3 weight `w` as f32 into out, each code's value
 // times scale(r, c) at its global row and column (exact in f32 for a bf16 scale: the codes carry
 // 4 significant bits); a NaN code is refused by its place.
@@ -190,13 +204,8 @@ Status dequantize_fp8(const TensorView& w, const std::string& name,
   row.shape = {cols.size()};
   row.bytes = static_cast<size_t>(cols.size());
   for (int64_t r = rows.begin; r < rows.end; ++r) {
-    const uint8_t* from = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
-    for (int64_t c = 0; c < cols.size(); ++c) {
-      if ((from[c] & 0x7F) == 0x7F) {
-        return refuse(w, name, "element [" + std::to_string(r) + ", " +
-                                   std::to_string(cols.begin + c) + "] is an E4M3 NaN");
-      }
-    }
+    const uint8_t* from = nullptr;
+    if (Status s = e4m3_row(w, name, shape, r, cols, &from); !s.ok()) return s;
     row.data = from;
     float* o = out.data() + (r - rows.begin) * cols.size();
     to_f32(row, o);
@@ -233,13 +242,8 @@ Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, c
     // As stored: the codes (no NaN), each row's scales of its blocks.
     backend::QuantizedMatrix q = as_stored(backend::QuantizedMatrix::Kind::kFp8, rows, cols, bc);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
-      const uint8_t* from = static_cast<const uint8_t*>(w.data) + r * shape[1] + cols.begin;
-      for (int64_t c = 0; c < cols.size(); ++c) {
-        if ((from[c] & 0x7F) == 0x7F) {
-          return refuse(w, name, "element [" + std::to_string(r) + ", " +
-                                     std::to_string(cols.begin + c) + "] is an E4M3 NaN");
-        }
-      }
+      const uint8_t* from = nullptr;
+      if (Status bad = e4m3_row(w, name, shape, r, cols, &from); !bad.ok()) return bad;
       std::copy(from, from + cols.size(), q.codes.begin() + (r - rows.begin) * q.cols);
       for (int64_t g = 0; g < q.groups(); ++g) {
         q.scales.push_back(s[(r / br) * scale_shape[1] + cols.begin / bc + g]);
