@@ -81,21 +81,17 @@ std::string suffix_of(Format f) {
 
 backend::CpuQuantization quantization_of(Format f) {
   backend::CpuQuantization q;
-  if (f == Format::kInt4) {
-    q.format = backend::CpuQuantization::Format::kInt4;
-    if (std::string(kernels::int4_int8_kernel()) != "scalar") {
-      q.activations = kernels::Activations::kInt8;
-    }
-  } else if (f == Format::kFp8) {
-    q.format = backend::CpuQuantization::Format::kFp8;
-  }
+  q.format = f == Format::kInt4  ? backend::CpuQuantization::Format::kInt4
+             : f == Format::kFp8 ? backend::CpuQuantization::Format::kFp8
+                                 : backend::CpuQuantization::Format::kNone;
+  q.activations = backend::CpuQuantization::activations_for(q.format, "auto");
   return q;
 }
 
 // The bytes of weights a decode step reads: the projections in their format, the rest in bf16.
 double held_weight_bytes(const model::ModelConfig& c, Format f) {
   const double projections = static_cast<double>(c.projection_parameter_count());
-  const double per = f == Format::kInt4 ? 0.5 + 2.0 / 32 : f == Format::kFp8 ? 1 + 4.0 / 128 : 2;
+  const double per = f == Format::kBf16 ? 2 : quantization_of(f).bytes_per_weight();
   return static_cast<double>(c.weight_bytes(2)) - 2 * projections + per * projections;
 }
 

@@ -31,6 +31,22 @@ void release(float* data, size_t) { std::free(data); }
 
 }  // namespace
 
+double CpuQuantization::bytes_per_weight() const {
+  if (format == Format::kInt4) return 0.5 + 2.0 / static_cast<double>(group);
+  if (format == Format::kFp8) return 1.0 + 4.0 / static_cast<double>(fp8.block_k);
+  return 0;
+}
+
+kernels::Activations CpuQuantization::activations_for(Format held, const std::string& precision) {
+  if (held == Format::kInt4 &&
+      (precision == "medium" ||
+       (precision == "auto" && std::string(kernels::int4_int8_kernel()) != "scalar"))) {
+    return kernels::Activations::kInt8;
+  }
+  if (held == Format::kFp8 && precision == "medium") return kernels::Activations::kBf16;
+  return kernels::Activations::kF32;
+}
+
 CpuBackend::CpuBackend(bool bf16_weights, int threads, bool bf16_activations,
                        CpuQuantization quantization)
     : bf16_weights_(bf16_weights),

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/backend/backend.h"
@@ -20,6 +21,14 @@ struct CpuQuantization {
   size_t group = 32;  // int4: inputs per scale
   // fp8: one scale per output row and 128 inputs, so a TP shard's rows quantize as TP 1's.
   kernels::Fp8Format fp8{1, 128};
+
+  // The bytes a weight quantized at load takes packed, codes and scales (int4: a bf16 scale a
+  // group; fp8: an f32 one a block row): exact when a projection's inputs are whole groups.
+  double bytes_per_weight() const;
+  // What model.matmul_precision ("auto", "medium", "highest") gives the products of weights held
+  // packed as `held`: int8 for int4 under "medium", and under "auto" where the CPU multiplies
+  // them as integers; bf16 for fp8 under "medium"; f32 otherwise.
+  static kernels::Activations activations_for(Format held, const std::string& precision);
 };
 
 class CpuBackend : public Backend {

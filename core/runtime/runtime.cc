@@ -285,21 +285,15 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   }
   // The packed products' activations: those of model.quantization's projections, or of the
   // projections a checkpoint stores as int4 or fp8 blocks, which the CPU keeps as stored.
+  using Format = backend::CpuQuantization::Format;
   const model::WeightFormat& stored = rt.model.weight_format;
-  const std::string held = quant != "none" ? quant
-                           : stored.kind == model::WeightFormat::Kind::kPackedInt &&
-                                   stored.bits == 4
-                               ? "int4"
-                           : stored.kind == model::WeightFormat::Kind::kFp8Block ? "fp8"
-                                                                                 : "none";
+  const Format held =
+      quant != "none" ? rt.quantization.format
+      : stored.kind == model::WeightFormat::Kind::kPackedInt && stored.bits == 4 ? Format::kInt4
+      : stored.kind == model::WeightFormat::Kind::kFp8Block                      ? Format::kFp8
+                                                                                 : Format::kNone;
   if (device.kind == KVRT_DEVICE_CPU) {
-    if (held == "int4" && (precision == "medium" ||
-                           (precision == "auto" &&
-                            std::string(kernels::int4_int8_kernel()) != "scalar"))) {
-      rt.quantization.activations = kernels::Activations::kInt8;
-    } else if (held == "fp8" && precision == "medium") {
-      rt.quantization.activations = kernels::Activations::kBf16;
-    }
+    rt.quantization.activations = backend::CpuQuantization::activations_for(held, precision);
   }
 
   // The architecture family, and whether it shards over this many ranks.
@@ -510,14 +504,17 @@ QuantizedWeights quantized_weights(const model::ModelConfig& model, const std::s
                                    int dense_bytes, int tp) {
   const int64_t projections = model.projection_parameter_count();
   const bool int4 = quantization == "int4";
-  const double per = int4 ? 0.5 + 2.0 / 32 : 1.0 + 4.0 / 128;
+  backend::CpuQuantization held;
+  held.format = int4 ? backend::CpuQuantization::Format::kInt4
+                     : backend::CpuQuantization::Format::kFp8;
+  const double per = held.bytes_per_weight();
   QuantizedWeights q;
   q.per_rank = static_cast<uint64_t>(
       (static_cast<double>((model.parameter_count() - projections) * dense_bytes) +
        static_cast<double>(projections) * per) /
       tp);
   q.source = "the parameter count: the projections quantized at load to " + quantization + " (" +
-             (int4 ? "0.5625" : "1.03125") + " bytes each), the rest at " +
+             (std::ostringstream() << per).str() + " bytes each), the rest at " +
              std::to_string(dense_bytes) + " bytes each, over " + std::to_string(tp) + " ranks";
   return q;
 }
