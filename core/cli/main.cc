@@ -195,11 +195,8 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
           "quantized projections for a model directory kvrt runs or a preset, not for '" + model +
           "' (give --weights-gib)"));
     }
-    // As the runtime takes model.dtype: "auto" is the checkpoint's own, bf16 for a preset.
-    const int dense = cfg->model.dtype == "f32" || (cfg->model.dtype == "auto" && checkpoint &&
-                                                    config->torch_dtype != "bfloat16")
-                          ? 4
-                          : 2;
+    const int dense =
+        runtime::bf16_weights(cfg->model.dtype, checkpoint, config->torch_dtype) ? 2 : 4;
     const runtime::QuantizedWeights q =
         runtime::quantized_weights(*config, cfg->model.quantization, dense, static_cast<int>(tp));
     weights = q.per_rank * tp;

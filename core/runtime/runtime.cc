@@ -227,10 +227,7 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
 
   // Weights in bf16 or f32: [model] dtype, or with "auto" the checkpoint's own dtype (presets
   // are bf16 models).
-  bool bf16 = cfg.model.dtype == "bf16";
-  if (cfg.model.dtype == "auto") {
-    bf16 = cfg.model.path.empty() || rt.model.torch_dtype == "bfloat16";
-  }
+  const bool bf16 = bf16_weights(cfg.model.dtype, !cfg.model.path.empty(), rt.model.torch_dtype);
   rt.bf16_weights = bf16;
   // Activations rounded to bf16 in the products: only where there are bf16 products, on the CPU.
   // "auto" takes it where it pays: bf16 weights on a CPU with the AVX-512 BF16 dot product
@@ -498,6 +495,11 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
                           std::to_string(rt.plan.max_total_num_tokens) + ")\n";
   }
   return rt;
+}
+
+bool bf16_weights(const std::string& dtype, bool checkpoint, const std::string& torch_dtype) {
+  if (dtype == "auto") return !checkpoint || torch_dtype == "bfloat16";
+  return dtype == "bf16";
 }
 
 QuantizedWeights quantized_weights(const model::ModelConfig& model, const std::string& quantization,

@@ -73,6 +73,10 @@ std::vector<metrics::StoreCeiling> store_ceilings(plugin::Registry& registry, co
 // store's format (name, K/V dtypes, scale mode, page bytes, TP size and tp.dcp_size).
 std::string kv_identity(const Runtime& rt);
 
+// Whether matrices are held in bf16: model.dtype, or with "auto" a checkpoint's own torch_dtype
+// (a preset is a bf16 model).
+bool bf16_weights(const std::string& dtype, bool checkpoint, const std::string& torch_dtype);
+
 // model.quantization's weights per rank (the runtime's plan and `kvrt capacity` alike): the
 // projections at their packed bytes (int4 0.5625 a weight, fp8 1.03125: exact when each
 // projection's inputs are whole groups), the rest at `dense_bytes` each, over `tp` ranks; with
