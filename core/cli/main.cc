@@ -167,10 +167,11 @@ int run_capacity(const std::string& path, const std::vector<std::string>& overri
     }
     weights = static_cast<uint64_t>(*args.weights_gib * (1ull << 30));
   } else if (std::optional<model::ModelConfig> config = runnable_checkpoint(model)) {
-    // What each rank loads, from the safetensors headers (quantized weights as stored).
-    const int dense = cfg->model.dtype == "bf16" ? 2 : cfg->model.dtype == "f32" ? 4 : 0;
-    Result<model::CheckpointBytes> ranks =
-        model::checkpoint_bytes_per_rank(model, *config, static_cast<int>(tp), dense);
+    // What each rank holds, from the safetensors headers, as the runtime counts it: dense
+    // weights in the dtype they are served in, quantized ones packed where the CPU keeps them.
+    const int dense = runtime::bf16_weights(cfg->model.dtype, true, config->torch_dtype) ? 2 : 4;
+    Result<model::CheckpointBytes> ranks = model::checkpoint_bytes_per_rank(
+        model, *config, static_cast<int>(tp), dense, cfg->device.kind == "cpu");
     if (!ranks.ok()) return fail(ranks.status());
     weights = ranks->whole;
     budget.weights_per_rank = ranks->most();

@@ -27,7 +27,8 @@ uint64_t CheckpointBytes::most() const {
 }
 
 Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const ModelConfig& config,
-                                                  int tp, int dense_element_bytes) {
+                                                  int tp, int dense_element_bytes,
+                                                  bool keep_packed) {
   Result<const ArchitectureFamily*> family = find_architecture(config);
   if (!family.ok()) return family.status();
   if (Status s = (*family)->check_tp(config, tp); !s.ok()) return s;
@@ -37,7 +38,8 @@ Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const 
   auto count = [&](int r, int ranks, std::set<std::string>* counted) -> Result<uint64_t> {
     Result<std::vector<TensorBlock>> blocks = (*family)->tensors(config, r, ranks);
     if (!blocks.ok()) return blocks.status();
-    return stored_bytes(*ck, config.weight_format, dir, *blocks, dense_element_bytes, counted);
+    return stored_bytes(*ck, config.weight_format, dir, *blocks, dense_element_bytes, keep_packed,
+                        counted);
   };
   CheckpointBytes out;
   std::set<std::string> read;  // every stored tensor the model reads (each rank reads a part)
@@ -61,12 +63,18 @@ Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const 
   const std::string dense = dense_element_bytes > 0
                                 ? std::to_string(dense_element_bytes) + " bytes an element"
                                 : "as stored";
-  out.source = "counted from the safetensors headers of " + dir +
-               " (the tensors each rank loads; " +
-               (config.weight_format.quantized()
-                    ? "quantized weights as stored, " + config.weight_format.describe() +
-                          "; dense ones " + dense + ")"
-                    : "dense, " + dense + ")");
+  std::string quantized = "as stored";
+  if (dense_element_bytes > 0) {
+    quantized = std::string(keep_packed ? "packed where the model keeps them as stored, else "
+                                          "dequantized to "
+                                        : "dequantized to ") +
+                dense;
+  }
+  out.source =
+      "counted from the safetensors headers of " + dir + " (the tensors each rank loads; " +
+      (config.weight_format.quantized() ? "quantized weights (" + config.weight_format.describe() +
+                                              ") " + quantized + "; dense ones " + dense + ")"
+                                        : "dense, " + dense + ")");
   if (!out.not_loaded.empty()) {
     std::string roots;
     for (const std::string& r : unread_roots) roots += (roots.empty() ? "" : ", ") + r;

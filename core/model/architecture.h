@@ -78,10 +78,11 @@ struct ArchitectureFamily {
 Result<const ArchitectureFamily*> find_architecture(const ModelConfig& config);
 
 // The bytes each of `tp` ranks holds of the checkpoint at `dir` (whose config.json reads as
-// `config`), from its safetensors headers: the blocks its family loads on that rank, quantized
-// weights as stored (codes, scales), dense ones at `dense_element_bytes` per element (0: as
-// stored; weights.h stored_bytes). Tensors the family does not load (a vision tower) are not
-// counted. Errors name the tensor or the TP size.
+// `config`), from its safetensors headers: the blocks its family loads on that rank, as stored
+// (`dense_element_bytes` 0) or as held -- dense ones at `dense_element_bytes` per element,
+// quantized ones packed where the family keeps them so and `keep_packed` (the CPU), else
+// dequantized (weights.h stored_bytes). Tensors the family does not load (a vision tower) are
+// not counted. Errors name the tensor or the TP size.
 struct CheckpointBytes {
   std::vector<uint64_t> per_rank;  // [tp]
   uint64_t whole = 0;              // the model's, unsharded (what one rank would hold at TP 1)
@@ -93,7 +94,8 @@ struct CheckpointBytes {
   uint64_t most() const;                // the largest rank's
 };
 Result<CheckpointBytes> checkpoint_bytes_per_rank(const std::string& dir, const ModelConfig& config,
-                                                  int tp, int dense_element_bytes);
+                                                  int tp, int dense_element_bytes,
+                                                  bool keep_packed);
 
 // A synthetic preset's weights (preset_config(name), weights.h), by its family.
 Result<std::unique_ptr<LoadedWeights>> make_preset_weights(std::string_view name,

@@ -161,20 +161,37 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
     Layer l;
     l.input_norm = be.upload(lw.input_norm);
     l.post_norm = be.upload(lw.post_norm);
+    // A projection the checkpoint stores quantized is uploaded as stored (Backend::
+    // upload_quantized: the CPU keeps the codes), else its f32 values.
+    auto matrix = [&](const std::vector<float>& dense, const backend::QuantizedMatrix& q,
+                      int64_t rows, int64_t cols) {
+      return q.empty() ? be.upload_matrix(dense, rows, cols) : be.upload_quantized(q);
+    };
     if (Lq_ > 0) {
-      l.q_a = be.upload_matrix(lw.q_a, Lq_, H);
+      l.q_a = matrix(lw.q_a, lw.q_a_q, Lq_, H);
       l.q_a_norm = be.upload(lw.q_a_norm);
     }
-    std::vector<float> q_b;
-    q_b.reserve(nh_ * (N_ + R_) * q_in);
+    // q_b's rows in the order the attention reads them: the rank's heads' nope rows, then their
+    // rope rows.
+    std::vector<Range> q_order;
     for (const auto& [offset, width] : {std::pair{int64_t{0}, N_}, std::pair{N_, R_}}) {
       for (int64_t h = first_head; h < first_head + nh_; ++h) {
-        const int64_t row = h * (N_ + R_) + offset;
-        q_b.insert(q_b.end(), lw.q_b.begin() + row * q_in, lw.q_b.begin() + (row + width) * q_in);
+        q_order.push_back({h * (N_ + R_) + offset, h * (N_ + R_) + offset + width});
       }
     }
-    l.q_b = ColumnParallelLinear(be, std::move(q_b), nh_ * (N_ + R_), q_in);
-    l.kv_a = be.upload_matrix(lw.kv_a, L_ + R_, H);
+    if (!lw.q_b_q.empty()) {
+      backend::QuantizedMatrix q_b;
+      for (const Range& r : q_order) q_b.append_rows(lw.q_b_q, r.begin, r.end);
+      l.q_b = ColumnParallelLinear(be, {{&q_b, Range{0, q_b.rows}}});
+    } else {
+      std::vector<float> q_b;
+      q_b.reserve(nh_ * (N_ + R_) * q_in);
+      for (const Range& r : q_order) {
+        q_b.insert(q_b.end(), lw.q_b.begin() + r.begin * q_in, lw.q_b.begin() + r.end * q_in);
+      }
+      l.q_b = ColumnParallelLinear(be, std::move(q_b), nh_ * (N_ + R_), q_in);
+    }
+    l.kv_a = matrix(lw.kv_a, lw.kv_a_q, L_ + R_, H);
     l.kv_a_norm = be.upload(lw.kv_a_norm);
     for (int64_t h = first_head; h < first_head + nh_; ++h) {
       const float* k_part = lw.kv_b.data() + h * (N_ + V_) * L_;  // [N][L]
@@ -186,8 +203,9 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       const float* v_part = k_part + N_ * L_;  // [V][L]
       l.uv.push_back(be.upload_matrix(std::vector<float>(v_part, v_part + V_ * L_), V_, L_));
     }
-    l.o =
-        RowParallelLinear(be, lw.o, H, held_heads * V_, {first_head * V_, (first_head + nh_) * V_});
+    const Range o_keep{first_head * V_, (first_head + nh_) * V_};
+    l.o = lw.o_q.empty() ? RowParallelLinear(be, lw.o, H, held_heads * V_, o_keep)
+                         : RowParallelLinear(be, lw.o_q, o_keep);
     l.moe = c.moe_layer(static_cast<int64_t>(li));
     if (l.moe) {
       l.router = be.upload_matrix(lw.router, c.moe.n_routed_experts, H);
@@ -525,16 +543,17 @@ std::vector<TensorBlock> deepseek_v3_blocks(DeepseekV3Weights& w) {
     std::vector<TensorBlock> layer = {
         {pre + "input_layernorm.weight", {H}, all(H), {}, &l.input_norm},
         {pre + "post_attention_layernorm.weight", {H}, all(H), {}, &l.post_norm},
-        {at + "kv_a_proj_with_mqa.weight", {L + R, H}, all(L + R), all(H), &l.kv_a},
+        {at + "kv_a_proj_with_mqa.weight", {L + R, H}, all(L + R), all(H), &l.kv_a, &l.kv_a_q},
         {at + "kv_a_layernorm.weight", {L}, all(L), {}, &l.kv_a_norm},
         {at + "kv_b_proj.weight", {n * (N + V), L}, kv_b_rows, all(L), &l.kv_b},
-        {at + "o_proj.weight", {H, n * V}, all(H), o_cols, &l.o}};
+        {at + "o_proj.weight", {H, n * V}, all(H), o_cols, &l.o, &l.o_q}};
     if (Lq > 0) {
-      layer.push_back({at + "q_a_proj.weight", {Lq, H}, all(Lq), all(H), &l.q_a});
+      layer.push_back({at + "q_a_proj.weight", {Lq, H}, all(Lq), all(H), &l.q_a, &l.q_a_q});
       layer.push_back({at + "q_a_layernorm.weight", {Lq}, all(Lq), {}, &l.q_a_norm});
-      layer.push_back({at + "q_b_proj.weight", {n * (N + R), Lq}, q_rows, all(Lq), &l.q_b});
+      layer.push_back(
+          {at + "q_b_proj.weight", {n * (N + R), Lq}, q_rows, all(Lq), &l.q_b, &l.q_b_q});
     } else {
-      layer.push_back({at + "q_proj.weight", {n * (N + R), H}, q_rows, all(H), &l.q_b});
+      layer.push_back({at + "q_proj.weight", {n * (N + R), H}, q_rows, all(H), &l.q_b, &l.q_b_q});
     }
     if (c.moe_layer(i)) {
       layer.push_back({pre + "mlp.gate.weight", {E, H}, all(E), all(H), &l.router});

@@ -68,6 +68,9 @@ struct DeepseekV3Layer {
   std::vector<float> kv_a, kv_a_norm;        // [L+R][H], [L]
   std::vector<float> kv_b;                   // [n (N+V)][L]
   std::vector<float> o;                      // [H][n V]
+  // A checkpoint's quantized projections kept as stored where they can be (the f32 one is then
+  // empty). kv_b is always dequantized: its per-head parts become MLA's absorbed matrices.
+  backend::QuantizedMatrix q_a_q, q_b_q, kv_a_q, o_q;
   MlpWeights mlp;                            // a dense layer's
   std::vector<float> router, router_bias;    // [E][H], [E]: a MoE layer's
   std::vector<MlpWeights> experts;           // E of them

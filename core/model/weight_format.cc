@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "core/model/safetensors.h"
+#include "kernels/cpu/quant_gemm.h"
 
 namespace kvrt::model {
 
@@ -238,7 +239,7 @@ Status load_fp8_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& f, c
                       shape_string(shape));
   if (!scales.ok()) return scales.status();
   const float* s = scales->data();
-  if (packed != nullptr && bc % 4 == 0 && cols.begin % bc == 0) {
+  if (packed != nullptr && keeps_as_stored(f, shape[1], cols)) {
     // As stored: the codes (no NaN), each row's scales of its blocks.
     backend::QuantizedMatrix q = as_stored(backend::QuantizedMatrix::Kind::kFp8, rows, cols, bc);
     for (int64_t r = rows.begin; r < rows.end; ++r) {
@@ -358,7 +359,7 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
                         shape_string(zeros->shape));
     }
   }
-  if (packed_out != nullptr && f.bits == 4 && group % 8 == 0) {
+  if (packed_out != nullptr && keeps_as_stored(f, in, cols)) {
     // As stored: the unsigned codes u (q + 8), each row's scales of its groups, and with zero
     // points their unsigned codes (q - z = u - z_u).
     backend::QuantizedMatrix q =
@@ -408,14 +409,14 @@ std::string WeightFormat::describe() const {
       return "dense";
     case Kind::kFp8Block:
       return "fp8 e4m3, " + std::to_string(block_rows) + " x " + std::to_string(block_cols) +
-             " blocks (dequantized at load)";
+             " blocks";
     case Kind::kPackedInt:
       return "compressed-tensors int" + std::to_string(bits) + ", " +
              (group_size > 0 ? "groups of " + std::to_string(group_size) : std::string("per row")) +
-             (symmetric ? ", symmetric" : ", zero points") + " (dequantized at load)";
+             (symmetric ? ", symmetric" : ", zero points");
     case Kind::kChannelFp8:
       return std::string("compressed-tensors fp8 e4m3, ") +
-             (per_tensor ? "one scale" : "a scale per row") + " (dequantized at load)";
+             (per_tensor ? "one scale" : "a scale per row");
   }
   return "?";
 }
@@ -518,6 +519,36 @@ Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const W
     if (Status s = add(whole, 1); !s.ok()) return s;
   }
   return static_cast<uint64_t>(std::llround(bytes));
+}
+
+bool keeps_as_stored(const WeightFormat& format, int64_t in, parallel::Range cols) {
+  switch (format.kind) {
+    case WeightFormat::Kind::kPackedInt:
+      return format.bits == 4 && (format.group_size > 0 ? format.group_size : in) % 8 == 0;
+    case WeightFormat::Kind::kFp8Block:
+      return format.block_cols % 4 == 0 && cols.begin % format.block_cols == 0;
+    default:
+      return false;
+  }
+}
+
+Result<uint64_t> packed_quantized_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                                        const std::string& name, const std::vector<int64_t>& shape,
+                                        parallel::Range rows, parallel::Range cols) {
+  if (!format.quantized() || shape.size() != 2 || !keeps_as_stored(format, shape[1], cols)) {
+    return Status::NotFound(name + " is not kept as stored");
+  }
+  const auto n = static_cast<size_t>(rows.size()), k = static_cast<size_t>(cols.size());
+  if (format.kind == WeightFormat::Kind::kFp8Block) {
+    return kernels::packed_fp8_bytes(n, k, {1, static_cast<size_t>(format.block_cols)});
+  }
+  const std::string module = module_of(name);
+  Result<TensorView> scale = ck.get(module + ".weight_scale");
+  if (!scale.ok()) return scale.status();
+  const kernels::Int4Format f{
+      static_cast<size_t>(format.group_size > 0 ? format.group_size : shape[1]),
+      scale->dtype == DType::kBF16, !format.symmetric};
+  return kernels::packed_int4_bytes(n, k, f);
 }
 
 std::string stored_tensor_name(const SafetensorsCheckpoint& ck, const std::string& name) {

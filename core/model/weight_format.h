@@ -3,8 +3,8 @@
 // architectures' loaders name tensors and shapes and never see the format.
 //
 // Served (dequantized at load into f32 or bf16 matrices, except where a caller asks for a block
-// as stored -- the DeepSeek-V3 family's MLP projections, int4 in groups of a multiple of 8 and
-// fp8 blocks of a multiple of 4 columns -- which the CPU then keeps packed):
+// as stored -- the DeepSeek-V3 family's projections but kv_b, int4 in groups of a multiple of 8
+// and fp8 blocks of a multiple of 4 columns (keeps_as_stored) -- which the CPU then keeps packed):
 //  - dense: no quantization_config (F32, BF16, F16 tensors);
 //  - fp8 blocks (DeepSeek-V3 / R1, Kimi-K2-Instruct, Qwen3-*-FP8): quant_method "fp8", fmt
 //    "e4m3", weight_block_size [rows, cols]; each quantized Linear weight is F8_E4M3 beside a
@@ -83,6 +83,19 @@ Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const W
                                         const std::string& name, const std::vector<int64_t>& shape,
                                         parallel::Range rows, parallel::Range cols,
                                         std::set<std::string>* counted = nullptr);
+
+// Whether load_quantized_block keeps columns `cols` of a weight of `in` columns stored as
+// `format` as stored when asked to (its `packed`): int4 codes in groups of a multiple of 8, or
+// fp8 blocks of a multiple of 4 columns with `cols` starting on one.
+bool keeps_as_stored(const WeightFormat& format, int64_t in, parallel::Range cols);
+
+// The bytes the CPU holds for rows `rows` and columns `cols` of the quantized weight `name` kept
+// as stored: its packed form (kernels/cpu/quant_gemm.h: the codes, each row's scales -- bf16
+// where the checkpoint stores bf16 ones, else f32 -- and zero points, in panels of 16 rows).
+// NotFound when `name` is not stored quantized.
+Result<uint64_t> packed_quantized_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
+                                        const std::string& name, const std::vector<int64_t>& shape,
+                                        parallel::Range rows, parallel::Range cols);
 
 // The name `ck` stores the tensor `name` (transformers' name in the language model) under: as is,
 // or under "language_model." where a multimodal checkpoint (Kimi-K2.5) keeps its text model

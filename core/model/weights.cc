@@ -261,18 +261,30 @@ Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
 
 Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                               const std::string& dir, const std::vector<TensorBlock>& blocks,
-                              int dense_element_bytes, std::set<std::string>* counted) {
+                              int dense_element_bytes, bool keep_packed,
+                              std::set<std::string>* counted) {
   uint64_t total = 0;
   for (const TensorBlock& b : blocks) {
     const std::string stored = stored_tensor_name(ck, b.name);
     if (format.quantized()) {
       Result<uint64_t> q =
           stored_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols, counted);
+      if (!q.ok() && !q.status().IsNotFound()) return q.status();
       if (q.ok()) {
+        if (dense_element_bytes > 0) {  // as held: packed, or dequantized at load
+          Result<uint64_t> packed =
+              keep_packed && b.packed != nullptr
+                  ? packed_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols)
+                  : Result<uint64_t>(Status::NotFound("dequantized at load"));
+          if (!packed.ok() && !packed.status().IsNotFound()) return packed.status();
+          q = packed.ok()
+                  ? *packed
+                  : static_cast<uint64_t>(b.rows.size()) * static_cast<uint64_t>(b.cols.size()) *
+                        static_cast<uint64_t>(dense_element_bytes);
+        }
         total += *q;
         continue;
       }
-      if (!q.status().IsNotFound()) return q.status();
     }
     Result<TensorView> t = stored_tensor(ck, dir, b.name, stored, b.shape);
     if (!t.ok()) return t.status();

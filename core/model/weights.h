@@ -92,15 +92,19 @@ Status load_block(const SafetensorsCheckpoint& ck, const WeightFormat& format,
 Status load_blocks(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                    const std::string& dir, const std::vector<TensorBlock>& blocks);
 
-// The bytes `ck` stores for `blocks`, from the safetensors headers alone (no tensor is read):
-// each block's share (its rows x columns of the whole) of the tensors that store it -- a
-// quantized weight's codes and its scales (and zero points), its weight_shape whole. A dense
-// tensor counts `dense_element_bytes` per element where that is not 0 (the dtype it is served
-// in), else its stored bytes. A missing tensor is an error naming it (and `dir`). The stored
+// The bytes of `blocks` in `ck`, from the safetensors headers alone (no tensor is read): each
+// block's share (its rows x columns of the whole) of the tensors that store it. With
+// `dense_element_bytes` 0, as stored: a quantized weight's codes and its scales (and zero
+// points), its weight_shape whole, and a dense tensor's stored bytes. Otherwise as the process
+// holds them: a dense tensor at `dense_element_bytes` per element (the dtype it is served in), a
+// quantized block the family keeps as stored (TensorBlock::packed, where keeps_as_stored) at its
+// packed form's bytes when `keep_packed` (the CPU), and any other quantized block dequantized, at
+// `dense_element_bytes` too. A missing tensor is an error naming it (and `dir`). The stored
 // tensors counted are added to *counted when it is given.
 Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightFormat& format,
                               const std::string& dir, const std::vector<TensorBlock>& blocks,
-                              int dense_element_bytes, std::set<std::string>* counted = nullptr);
+                              int dense_element_bytes, bool keep_packed,
+                              std::set<std::string>* counted = nullptr);
 
 // For each family's presets: n seeded values of mean 0 and standard deviation `stddev` (see
 // below), the stream a function of (seed, name) only.

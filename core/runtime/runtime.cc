@@ -338,8 +338,8 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
   rt.budget.weights_source = "the parameter count at " + std::string(bf16 ? "2" : "4") +
                              " bytes each, over " + std::to_string(tp) + " ranks";
   if (!cfg.model.path.empty() && model::SafetensorsCheckpoint::present(cfg.model.path)) {
-    Result<model::CheckpointBytes> held =
-        model::checkpoint_bytes_per_rank(cfg.model.path, rt.model, tp, bf16 ? 2 : 4);
+    Result<model::CheckpointBytes> held = model::checkpoint_bytes_per_rank(
+        cfg.model.path, rt.model, tp, bf16 ? 2 : 4, device.kind == KVRT_DEVICE_CPU);
     if (held.ok()) {
       rt.budget.weights_per_rank = held->most();
       rt.budget.weights_source = held->source;

@@ -257,7 +257,8 @@ TEST(TinyDeepseekV3Fp8Weights, AreCountedAsStored) {
   Result<model::ModelConfig> config = model::parse_hf_config(fp8_dir() + "/config.json");
   ASSERT_TRUE(config.ok()) << config.status().message();
   const uint64_t stored = e2e::stored_tensor_bytes(fp8_dir(), {});
-  Result<model::CheckpointBytes> whole = model::checkpoint_bytes_per_rank(fp8_dir(), *config, 1, 0);
+  Result<model::CheckpointBytes> whole =
+      model::checkpoint_bytes_per_rank(fp8_dir(), *config, 1, 0, true);
   ASSERT_TRUE(whole.ok()) << whole.status().message();
   EXPECT_NEAR(static_cast<double>(whole->most()), static_cast<double>(stored), stored * 0.001);
   EXPECT_TRUE(whole->not_loaded.empty()) << whole->source;

@@ -113,7 +113,7 @@ TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
   const uint64_t language_model =
       e2e::stored_tensor_bytes(model_dir(), {"vision_tower.", "mm_projector."});
   Result<model::CheckpointBytes> whole =
-      model::checkpoint_bytes_per_rank(model_dir(), *config, 1, 0);
+      model::checkpoint_bytes_per_rank(model_dir(), *config, 1, 0, true);
   ASSERT_TRUE(whole.ok()) << whole.status().message();
   EXPECT_NEAR(static_cast<double>(whole->most()), static_cast<double>(language_model),
               language_model * 0.001);
@@ -124,7 +124,8 @@ TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
   }
   EXPECT_NE(whole->source.find("not loaded: 23 stored tensors"), std::string::npos)
       << whole->source;
-  Result<model::CheckpointBytes> two = model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 0);
+  Result<model::CheckpointBytes> two =
+      model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 0, true);
   ASSERT_TRUE(two.ok()) << two.status().message();
   ASSERT_EQ(two->per_rank.size(), 2u);
   for (uint64_t rank : two->per_rank) {
@@ -134,7 +135,8 @@ TEST(TinyKimiK25Default, WeightsAreTheStoredBytesOfTheTensorsEachRankLoads) {
   // The runtime plans with the same count (dense tensors at the f32 it holds them in), and says so.
   e2e::ModelRun s(model_dir(), "kv_bf16_paged", 2, 16, {"model.dtype=\"f32\"", kMemory});
   ASSERT_TRUE(s.runtime.ok()) << s.runtime.status().message();
-  Result<model::CheckpointBytes> f32 = model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 4);
+  Result<model::CheckpointBytes> f32 =
+      model::checkpoint_bytes_per_rank(model_dir(), *config, 2, 4, true);
   ASSERT_TRUE(f32.ok()) << f32.status().message();
   EXPECT_EQ(s.runtime->budget.weights_per_rank, f32->most());
   EXPECT_NE(

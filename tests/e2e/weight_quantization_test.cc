@@ -14,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "core/model/architecture.h"
 #include "core/model/deepseek_v3.h"
 #include "core/model/safetensors.h"
 #include "core/model/weights.h"
+#include "kernels/cpu/quant_gemm.h"
 #include "tests/e2e/greedy_reference.h"
 #include "tests/e2e/model_run.h"
 #include "tests/e2e/stories260k_reference.h"
@@ -156,6 +158,16 @@ TEST(PackedCheckpoints, MlpProjectionsLoadAsStored) {
       }
     }
     EXPECT_GT(packed, 0);
+    // The attention's quantized projections too (fp8 here; Kimi's attention is bf16), all but
+    // kv_b, whose per-head parts become MLA's absorbed matrices.
+    for (const model::DeepseekV3Layer& l : w->layers) {
+      if (c.kind != backend::QuantizedMatrix::Kind::kFp8) break;
+      for (const backend::QuantizedMatrix* q : {&l.q_a_q, &l.q_b_q, &l.kv_a_q, &l.o_q}) {
+        EXPECT_EQ(q->kind, c.kind);
+      }
+      EXPECT_TRUE(l.q_a.empty() && l.q_b.empty() && l.kv_a.empty() && l.o.empty());
+      EXPECT_FALSE(l.kv_b.empty());
+    }
     // One expert's values against the dequantizing load of the same tensor.
     const model::DeepseekV3Layer* moe = nullptr;
     for (const model::DeepseekV3Layer& l : w->layers) {
@@ -173,6 +185,52 @@ TEST(PackedCheckpoints, MlpProjectionsLoadAsStored) {
         {q.rows, q.cols}, {0, q.rows}, {0, q.cols}, dense);
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(q.dequantized(), dense);
+  }
+}
+
+// The capacity plan counts what the CPU holds: each projection kept as stored at the bytes of
+// its packed form (codes, each row's scales), every other tensor -- kv_b dequantized, the norms,
+// the embeddings -- at the dtype it is served in (bf16 here); so does kvrt capacity.
+TEST(PackedCheckpoints, ThePlanCountsTheBytesHeld) {
+  for (const char* name : {"tiny-kimi-k25", "tiny-deepseek-v3-fp8"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = e2e::shared_model_dir(name);
+    if (!std::filesystem::exists(dir + "/config.json")) {
+      std::printf("%s not found: not checked\n", dir.c_str());
+      continue;
+    }
+    Result<model::DeepseekV3Weights> w = model::load_deepseek_v3(dir, nullptr);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    uint64_t held = 0, packed = 0;
+    for (const model::TensorBlock& b : model::deepseek_v3_blocks(*w)) {
+      if (b.packed == nullptr || b.packed->empty()) {
+        held += b.out->size() * 2;
+        continue;
+      }
+      const backend::QuantizedMatrix& q = *b.packed;
+      const auto n = static_cast<size_t>(q.rows), k = static_cast<size_t>(q.cols);
+      const size_t bytes =
+          q.kind == backend::QuantizedMatrix::Kind::kFp8
+              ? kernels::packed_fp8_bytes(n, k, {1, static_cast<size_t>(q.group)})
+              : kernels::packed_int4_bytes(
+                    n, k,
+                    {static_cast<size_t>(q.group),
+                     kernels::scales_are_bf16(q.scales.data(), q.scales.size()), !q.zeros.empty()});
+      held += bytes;
+      packed += bytes;
+    }
+    EXPECT_GT(packed, 0u);
+    Result<model::CheckpointBytes> plan =
+        model::checkpoint_bytes_per_rank(dir, w->config, 1, 2, true);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_EQ(plan->whole, held);
+    EXPECT_NE(plan->source.find("packed where the model keeps them as stored"), std::string::npos)
+        << plan->source;
+    // On a device that dequantizes them, every weight at the dtype.
+    Result<model::CheckpointBytes> dense =
+        model::checkpoint_bytes_per_rank(dir, w->config, 1, 2, false);
+    ASSERT_TRUE(dense.ok()) << dense.status().message();
+    EXPECT_GT(dense->whole, plan->whole);
   }
 }
 

@@ -1028,7 +1028,7 @@ WeightFormat Fp8Blocks(int64_t rows, int64_t cols, std::vector<std::string> kept
 TEST(WeightFormat, ReadsDeepseekV3sFp8BlocksAndRefusesTheRestByKeyAndValue) {
   const WeightFormat f = Fp8Blocks(128, 128);
   EXPECT_EQ(f.kind, WeightFormat::Kind::kFp8Block);
-  EXPECT_EQ(f.describe(), "fp8 e4m3, 128 x 128 blocks (dequantized at load)");
+  EXPECT_EQ(f.describe(), "fp8 e4m3, 128 x 128 blocks");
   EXPECT_FALSE(WeightFormat::parse(nullptr, "config.json")->quantized());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {R"({"quant_method": "gptq", "bits": 4})",
