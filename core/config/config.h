@@ -34,10 +34,10 @@ struct Config {
     // bf16 first (the AVX-512 BF16 dot product where the CPU has it; CPU only), "auto" is
     // "medium" for bf16 weights on a CPU with that dot product and "highest" elsewhere.
     std::string matmul_precision = "auto";
-    // The projections (q, k, v, o, gate, up, down) quantized at load and kept so (CPU only, the
-    // Llama family): "none", "int4" (groups of 32, symmetric, bf16 scale amax / 7.5) or "fp8"
-    // (E4M3, one scale per output row and 128 inputs). Embeddings, norms and the LM head stay
-    // as loaded. A checkpoint already quantized refuses it.
+    // The projections (q, k, v, o, gate, up, down; MLA's but kv_b, and every expert's) quantized
+    // at load and kept so (CPU only): "none", "int4" (groups of 32, symmetric, bf16 scale
+    // amax / 7.5) or "fp8" (E4M3, one scale per output row and 128 inputs). Embeddings, norms,
+    // the router and the LM head stay as loaded. A checkpoint already quantized refuses it.
     std::string quantization = "none";
   };
   struct Device {

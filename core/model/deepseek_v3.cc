@@ -162,10 +162,11 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
     l.input_norm = be.upload(lw.input_norm);
     l.post_norm = be.upload(lw.post_norm);
     // A projection the checkpoint stores quantized is uploaded as stored (Backend::
-    // upload_quantized: the CPU keeps the codes), else its f32 values.
+    // upload_quantized: the CPU keeps the codes), else its f32 values (as a projection:
+    // model.quantization quantizes it).
     auto matrix = [&](const std::vector<float>& dense, const backend::QuantizedMatrix& q,
                       int64_t rows, int64_t cols) {
-      return q.empty() ? be.upload_matrix(dense, rows, cols) : be.upload_quantized(q);
+      return q.empty() ? be.upload_projection(dense, rows, cols) : be.upload_quantized(q);
     };
     if (Lq_ > 0) {
       l.q_a = matrix(lw.q_a, lw.q_a_q, Lq_, H);
@@ -182,7 +183,8 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
     if (!lw.q_b_q.empty()) {
       backend::QuantizedMatrix q_b;
       for (const Range& r : q_order) q_b.append_rows(lw.q_b_q, r.begin, r.end);
-      l.q_b = ColumnParallelLinear(be, {{&q_b, Range{0, q_b.rows}}});
+      // (Empty on a rank without heads: then by its values, none.)
+      l.q_b = ColumnParallelLinear(be, {{&lw.q_b, &q_b, Range{0, q_b.rows}}}, q_in);
     } else {
       std::vector<float> q_b;
       q_b.reserve(nh_ * (N_ + R_) * q_in);
@@ -204,8 +206,7 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       l.uv.push_back(be.upload_matrix(std::vector<float>(v_part, v_part + V_ * L_), V_, L_));
     }
     const Range o_keep{first_head * V_, (first_head + nh_) * V_};
-    l.o = lw.o_q.empty() ? RowParallelLinear(be, lw.o, H, held_heads * V_, o_keep)
-                         : RowParallelLinear(be, lw.o_q, o_keep);
+    l.o = RowParallelLinear(be, lw.o, lw.o_q, H, held_heads * V_, o_keep);
     l.moe = c.moe_layer(static_cast<int64_t>(li));
     if (l.moe) {
       l.router = be.upload_matrix(lw.router, c.moe.n_routed_experts, H);
@@ -237,23 +238,9 @@ DeepseekV3::Mlp DeepseekV3::upload_mlp(backend::Backend& be, const MlpWeights& w
   m.width = keep.size();
   // A checkpoint's quantized projections as stored, else f32 (one of gate and up kept as stored
   // and the other not -- a config that leaves one dense -- goes by both's values).
-  if (!w.gate_q.empty() && !w.up_q.empty() && w.gate_q.kind == w.up_q.kind &&
-      w.gate_q.group == w.up_q.group) {
-    m.gate_up = ColumnParallelLinear(be, {{&w.gate_q, cols}, {&w.up_q, cols}});
-  } else {
-    std::vector<float> gate_values, up_values;
-    if (!w.gate_q.empty()) gate_values = w.gate_q.dequantized();
-    if (!w.up_q.empty()) up_values = w.up_q.dequantized();
-    const std::vector<float>* gate = w.gate_q.empty() ? &w.gate : &gate_values;
-    const std::vector<float>* up = w.up_q.empty() ? &w.up : &up_values;
-    m.gate_up = ColumnParallelLinear(be, {{gate, cols}, {up, cols}}, H);
-  }
-  if (!w.down_q.empty()) {
-    m.down = RowParallelLinear(be, w.down_q, cols);
-  } else {
-    const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
-    m.down = RowParallelLinear(be, w.down, H, held, cols);
-  }
+  m.gate_up = ColumnParallelLinear(be, {{&w.gate, &w.gate_q, cols}, {&w.up, &w.up_q, cols}}, H);
+  const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
+  m.down = RowParallelLinear(be, w.down, w.down_q, H, held, cols);
   return m;
 }
 

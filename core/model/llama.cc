@@ -77,16 +77,18 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& 
     const std::initializer_list<RowsOf> no_bias{};
     const std::initializer_list<RowsOf> qkv_bias{
         {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
-    l.qkv = ColumnParallelLinear(backend, {{&lw.q, q_rows}, {&lw.k, kv_rows}, {&lw.v, kv_rows}},
-                                 hidden, lw.q_bias.empty() ? no_bias : qkv_bias);
+    l.qkv = ColumnParallelLinear(
+        backend, {{&lw.q, &lw.q_q, q_rows}, {&lw.k, &lw.k_q, kv_rows}, {&lw.v, &lw.v_q, kv_rows}},
+        hidden, lw.q_bias.empty() ? no_bias : qkv_bias);
     if (!lw.q_norm.empty()) {
       l.q_norm = backend.upload(lw.q_norm);
       l.k_norm = backend.upload(lw.k_norm);
     }
-    l.o = RowParallelLinear(backend, lw.o, hidden, o_cols, q_rows);
+    l.o = RowParallelLinear(backend, lw.o, lw.o_q, hidden, o_cols, q_rows);
     // The MLP: column-parallel gate and up fused, row-parallel down.
-    l.gate_up = ColumnParallelLinear(backend, {{&lw.gate, mlp}, {&lw.up, mlp}}, hidden);
-    l.down = RowParallelLinear(backend, lw.down, hidden, down_cols, mlp);
+    l.gate_up = ColumnParallelLinear(
+        backend, {{&lw.gate, &lw.gate_q, mlp}, {&lw.up, &lw.up_q, mlp}}, hidden);
+    l.down = RowParallelLinear(backend, lw.down, lw.down_q, hidden, down_cols, mlp);
     layers_.push_back(std::move(l));
   }
   std::vector<float> embed, lm_head;

@@ -68,6 +68,12 @@ int64_t ModelConfig::projection_parameter_count() const {
                               + 3 * intermediate_size * h);  // gate, up, down
 }
 
+int64_t ModelConfig::quantized_parameter_count() const {
+  if (!is_mla()) return projection_parameter_count();
+  return projection_parameter_count() - num_hidden_layers * mla.kv_lora_rank * num_attention_heads *
+                                            (mla.qk_nope_head_dim + mla.v_head_dim);
+}
+
 int64_t ModelConfig::parameter_count() const {
   if (is_mla()) {
     const MlaCounts n = count_mla(*this);

@@ -121,6 +121,9 @@ struct ModelConfig {
   // kv_a, kv_b, o and every expert's gate, up, down): what an fp8 checkpoint stores in one byte
   // each.
   int64_t projection_parameter_count() const;
+  // Of those, what model.quantization quantizes at load: all but MLA's kv_b (whose per-head
+  // parts become the absorbed matrices, kept as loaded).
+  int64_t quantized_parameter_count() const;
   // Bytes of weights at `dtype_bytes` per parameter (4 for f32, 2 for bf16).
   int64_t weight_bytes(int64_t dtype_bytes) const { return parameter_count() * dtype_bytes; }
   // Checks the shape is usable (positive sizes, heads divisible by KV heads, ...). Messages name

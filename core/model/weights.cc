@@ -207,14 +207,14 @@ std::vector<TensorBlock> llama_blocks(Weights& w) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     std::vector<TensorBlock> layer = {
         {p + "input_layernorm.weight", {h}, all(h), {}, &l.input_norm},
-        {p + "self_attn.q_proj.weight", {q, h}, q_rows, all(h), &l.q},
-        {p + "self_attn.k_proj.weight", {kv, h}, kv_rows, all(h), &l.k},
-        {p + "self_attn.v_proj.weight", {kv, h}, kv_rows, all(h), &l.v},
-        {p + "self_attn.o_proj.weight", {h, q}, all(h), q_rows, &l.o},
+        {p + "self_attn.q_proj.weight", {q, h}, q_rows, all(h), &l.q, &l.q_q},
+        {p + "self_attn.k_proj.weight", {kv, h}, kv_rows, all(h), &l.k, &l.k_q},
+        {p + "self_attn.v_proj.weight", {kv, h}, kv_rows, all(h), &l.v, &l.v_q},
+        {p + "self_attn.o_proj.weight", {h, q}, all(h), q_rows, &l.o, &l.o_q},
         {p + "post_attention_layernorm.weight", {h}, all(h), {}, &l.post_norm},
-        {p + "mlp.gate_proj.weight", {in, h}, mlp, all(h), &l.gate},
-        {p + "mlp.up_proj.weight", {in, h}, mlp, all(h), &l.up},
-        {p + "mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down},
+        {p + "mlp.gate_proj.weight", {in, h}, mlp, all(h), &l.gate, &l.gate_q},
+        {p + "mlp.up_proj.weight", {in, h}, mlp, all(h), &l.up, &l.up_q},
+        {p + "mlp.down_proj.weight", {h, in}, all(h), mlp, &l.down, &l.down_q},
     };
     if (c.qk_norm) {  // one weight for every head, so whole on every rank
       layer.push_back({p + "self_attn.q_norm.weight", {d}, all(d), {}, &l.q_norm});

@@ -27,6 +27,9 @@ struct LayerWeights {
   std::vector<float> post_norm;               // [H] RMSNorm before the MLP
   std::vector<float> gate, up;                // [I][H]
   std::vector<float> down;                    // [H][I]
+  // A checkpoint's quantized projections kept as stored where they can be (the f32 one is then
+  // empty): TensorBlock::packed.
+  backend::QuantizedMatrix q_q, k_q, v_q, o_q, gate_q, up_q, down_q;
 };
 
 // The part of each tensor a Weights holds: all of it, or one TP rank's (load_hf with a part):

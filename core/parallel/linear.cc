@@ -23,10 +23,36 @@ ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
 }
 
 ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
-                                           std::initializer_list<QuantizedRowsOf> parts) {
-  backend::QuantizedMatrix rows;
-  for (const QuantizedRowsOf& p : parts) rows.append_rows(*p.matrix, p.rows.begin, p.rows.end);
-  weight_ = be.upload_quantized(rows);
+                                           std::initializer_list<ProjectionRows> parts, int64_t in,
+                                           std::initializer_list<RowsOf> bias_parts) {
+  auto stored = [](const ProjectionRows& p) {
+    return p.quantized != nullptr && !p.quantized->empty();
+  };
+  const backend::QuantizedMatrix* first = parts.begin()->quantized;
+  bool alike = true;
+  for (const ProjectionRows& p : parts) {
+    alike = alike && stored(p) && p.quantized->kind == first->kind &&
+            p.quantized->group == first->group &&
+            p.quantized->zeros.empty() == first->zeros.empty();
+  }
+  if (alike) {
+    backend::QuantizedMatrix rows;
+    for (const ProjectionRows& p : parts) {
+      rows.append_rows(*p.quantized, p.rows.begin, p.rows.end);
+    }
+    weight_ = be.upload_quantized(rows);
+  } else {
+    std::vector<float> rows;
+    int64_t out = 0;
+    for (const ProjectionRows& p : parts) {
+      append_rows(stored(p) ? p.quantized->dequantized() : *p.values, in, p.rows, &rows);
+      out += p.rows.size();
+    }
+    weight_ = be.upload_projection(std::move(rows), out, in);
+  }
+  std::vector<float> bias;
+  for (const RowsOf& p : bias_parts) append_rows(*p.matrix, 1, p.rows, &bias);
+  if (!bias.empty()) bias_ = be.upload(bias);
 }
 
 void ColumnParallelLinear::forward(backend::Backend& be, const float* x, int64_t m,
@@ -39,9 +65,12 @@ RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<flo
                                      int64_t out, int64_t cols, Range keep)
     : weight_(be.upload_projection(columns_of(w, cols, keep), out, keep.size())) {}
 
-RowParallelLinear::RowParallelLinear(backend::Backend& be, const backend::QuantizedMatrix& w,
+RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& values,
+                                     const backend::QuantizedMatrix& w, int64_t out, int64_t cols,
                                      Range keep) {
-  if (keep.begin == 0 && keep.end == w.cols) {
+  if (w.empty()) {
+    weight_ = be.upload_projection(columns_of(values, cols, keep), out, keep.size());
+  } else if (keep.begin == 0 && keep.end == w.cols) {
     weight_ = be.upload_quantized(w);
   } else if (keep.begin % w.group == 0) {
     weight_ = be.upload_quantized(w.columns(keep.begin, keep.end));

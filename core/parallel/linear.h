@@ -24,10 +24,11 @@ struct RowsOf {
   Range rows;
 };
 
-// Rows `rows` of a matrix a checkpoint stores quantized (kept as stored:
-// Backend::upload_quantized).
-struct QuantizedRowsOf {
-  const backend::QuantizedMatrix* matrix;
+// Rows `rows` of one projection as a checkpoint gives it: stored quantized where `quantized` is
+// given and not empty, else its f32 values `values` ([out][in], as RowsOf).
+struct ProjectionRows {
+  const std::vector<float>* values;
+  const backend::QuantizedMatrix* quantized;
   Range rows;
 };
 
@@ -42,8 +43,11 @@ class ColumnParallelLinear {
   // when they are given.
   ColumnParallelLinear(backend::Backend& be, std::initializer_list<RowsOf> parts, int64_t in,
                        std::initializer_list<RowsOf> bias_parts = {});
-  // The same of parts stored quantized (of one format and group), kept as stored.
-  ColumnParallelLinear(backend::Backend& be, std::initializer_list<QuantizedRowsOf> parts);
+  // The same of parts as a checkpoint gives them: kept as stored (Backend::upload_quantized)
+  // when every part is stored quantized alike (one format, group and zero-point scheme), else by
+  // their values.
+  ColumnParallelLinear(backend::Backend& be, std::initializer_list<ProjectionRows> parts,
+                       int64_t in, std::initializer_list<RowsOf> bias_parts = {});
 
   // y[m][out] = x[m][in] * W^T (+ bias).
   void forward(backend::Backend& be, const float* x, int64_t m, float* y) const;
@@ -63,9 +67,12 @@ class RowParallelLinear {
   // Columns `keep` of W ([out][cols], the whole matrix or the part a rank holds).
   RowParallelLinear(backend::Backend& be, const std::vector<float>& w, int64_t out, int64_t cols,
                     Range keep);
-  // Columns `keep` of a matrix stored quantized: kept as stored when `keep` starts on a group,
-  // else by its values.
-  RowParallelLinear(backend::Backend& be, const backend::QuantizedMatrix& w, Range keep);
+  // Columns `keep` of W as a checkpoint gives it: stored quantized where `quantized` is not
+  // empty -- kept as stored when `keep` starts on a group, else by its values -- else its f32
+  // values `values` ([out][cols]).
+  RowParallelLinear(backend::Backend& be, const std::vector<float>& values,
+                    const backend::QuantizedMatrix& quantized, int64_t out, int64_t cols,
+                    Range keep);
 
   // y[m][out] = x[m][in] * W^T summed over the group, on every rank. x null: this rank adds
   // nothing (zeros: no heads here, or its attention failed) and still takes part in the sum.

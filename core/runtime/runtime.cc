@@ -255,7 +255,7 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
         "the CUDA backend multiplies f32-accurate activations (\"highest\")");
   }
 
-  // model.quantization: the projections quantized at load, on the CPU, for the Llama family, from
+  // model.quantization: the projections quantized at load, on the CPU, for either family, from
   // a checkpoint that is not quantized already. Their products take int8 activations (per group
   // of 32, as llama.cpp's Q4_0 x Q8_0) for int4 under "medium", and under "auto" where the CPU
   // multiplies them as integers (AVX-512 VNNI or AVX2: what makes int4 fast); bf16 ones for fp8
@@ -271,11 +271,6 @@ Status plan(const config::Config& cfg, plugin::Registry& registry, Runtime& rt, 
                                  "/config.json's quantization_config already quantizes its "
                                  "weights (" + rt.model.weight_format.describe() +
                                  "); a checkpoint is quantized once: remove model.quantization");
-    }
-    if (rt.model.is_mla()) {
-      return Status::Unsupported(key + ": the DeepSeek-V3 family's projections are not "
-                                 "quantized at load yet (its published fp8 and int4 checkpoints "
-                                 "load as they are)");
     }
     using Format = backend::CpuQuantization::Format;
     rt.quantization.format = quant == "int4" ? Format::kInt4 : Format::kFp8;
@@ -429,15 +424,16 @@ Result<Runtime> build_runtime(const config::Config& cfg, plugin::Registry& regis
     const bool int4 = rt.quantization.format == backend::CpuQuantization::Format::kInt4;
     const kernels::Activations a = rt.quantization.activations;
     spdlog::info(
-        "model.quantization = \"{}\": the projections (q, k, v, o, gate, up, down) quantized "
-        "at load to {}; kept as loaded: the embeddings, the norms and the LM head; their "
-        "products' activations {}",
+        "model.quantization = \"{}\": the projections ({}) quantized at load to {}; kept as "
+        "loaded: the embeddings, the norms and the LM head{}; their products' activations {}",
         cfg.model.quantization,
+        rt.model.is_mla() ? "q_a, q_b or q, kv_a, o, and the MLPs' and experts' gate, up, down"
+                          : "q, k, v, o, gate, up, down",
         int4 ? "int4 (groups of 32, symmetric, bf16 scale amax / 7.5)"
              : "fp8 E4M3 (a scale per output row and 128 inputs)",
+        rt.model.is_mla() ? ", the router, and kv_b (MLA's absorbed matrices)" : "",
         a == kernels::Activations::kInt8
-            ? std::string("int8 per group of 32 (") +
-                  kernels::int4_int8_kernel() + " kernel)"
+            ? std::string("int8 per group of 32 (") + kernels::int4_int8_kernel() + " kernel)"
         : a == kernels::Activations::kBf16 ? std::string("rounded to bf16")
                                            : std::string("in f32"));
   }
@@ -504,7 +500,7 @@ bool bf16_weights(const std::string& dtype, bool checkpoint, const std::string& 
 
 QuantizedWeights quantized_weights(const model::ModelConfig& model, const std::string& quantization,
                                    int dense_bytes, int tp) {
-  const int64_t projections = model.projection_parameter_count();
+  const int64_t projections = model.quantized_parameter_count();
   const bool int4 = quantization == "int4";
   backend::CpuQuantization held;
   held.format = int4 ? backend::CpuQuantization::Format::kInt4

@@ -3,7 +3,6 @@
 // tests are in tests/core/text).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -13,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -21,6 +21,7 @@
 #include "core/model/safetensors.h"
 #include "core/model/weight_format.h"
 #include "core/model/weights.h"
+#include "tests/safetensors_writer.h"
 
 namespace kvrt::model {
 namespace {
@@ -63,60 +64,18 @@ class TempDir {
   std::string path_;
 };
 
-void WriteFile(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
+using testdata::F32Bytes;
+using testdata::Framed;
+using testdata::RawTensor;
+using testdata::U16Bytes;
+using testdata::WriteFile;
+using testdata::WriteSafetensors;
 
-struct RawTensor {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-std::string F32Bytes(const std::vector<float>& v) {
-  std::string s(v.size() * 4, '\0');
-  std::memcpy(s.data(), v.data(), s.size());
-  return s;
-}
-std::string U16Bytes(const std::vector<uint16_t>& v) {
-  std::string s(v.size() * 2, '\0');
-  std::memcpy(s.data(), v.data(), s.size());
-  return s;
-}
 // bf16 by truncation: exact for the values the tests use (8 significant bits or fewer).
 std::string BF16Bytes(const std::vector<float>& v) {
   std::vector<uint16_t> b;
   for (float x : v) b.push_back(static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16));
   return U16Bytes(b);
-}
-
-// The header with its 8-byte little-endian length in front.
-std::string Framed(const std::string& header) {
-  std::string file(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return file + header;
-}
-
-// Writes a safetensors file. header_pad spaces pad the JSON (the format allows trailing
-// whitespace), which lets a test put the data section at an odd address.
-void WriteSafetensors(const std::string& path, const std::vector<RawTensor>& tensors,
-                      size_t header_pad = 0) {
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
-  std::string data;
-  for (const RawTensor& t : tensors) {
-    header += ",\"" + t.name + "\":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-    for (size_t i = 0; i < t.shape.size(); ++i) {
-      header += (i ? "," : "") + std::to_string(t.shape[i]);
-    }
-    header += "],\"data_offsets\":[" + std::to_string(data.size()) + "," +
-              std::to_string(data.size() + t.bytes.size()) + "]}";
-    data += t.bytes;
-  }
-  header += "}" + std::string(header_pad, ' ');
-  WriteFile(path, Framed(header) + data);
 }
 
 // ---- ModelConfig ----
