@@ -43,7 +43,8 @@ inline uint64_t stored_tensor_bytes(const std::string& dir, const std::vector<st
   return total;
 }
 
-// A runtime for the model in `dir` with these settings; the registry outlives it.
+// A runtime for the model in `dir` (none: a preset `extra` names) with these settings; the
+// registry outlives it.
 struct ModelRun {
   plugin::Registry registry;
   config::Config cfg;
@@ -52,10 +53,10 @@ struct ModelRun {
   ModelRun(const std::string& dir, const std::string& store, int tp, int page_size,
            std::vector<std::string> extra = {}) {
     setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
-    std::vector<std::string> sets = {"model.path=\"" + dir + "\"", "device.memory=\"16MiB\"",
-                                     "tp.size=" + std::to_string(tp),
+    std::vector<std::string> sets = {"device.memory=\"16MiB\"", "tp.size=" + std::to_string(tp),
                                      "scheduler.page_size=" + std::to_string(page_size),
                                      "kv.store=" + store};
+    if (!dir.empty()) sets.push_back("model.path=\"" + dir + "\"");
     sets.insert(sets.end(), extra.begin(), extra.end());
     Result<config::Config> c = config::load_string("", "<test>", sets);
     EXPECT_TRUE(c.ok()) << c.status().message();

@@ -110,30 +110,14 @@ INSTANTIATE_TEST_SUITE_P(Formats, WeightQuantization,
                                   info.param.precision;
                          });
 
-// A preset's runtime with these settings.
-struct PresetRun {
-  plugin::Registry registry;
-  config::Config cfg;
-  Result<runtime::Runtime> runtime = Status::Internal("unset");
-  explicit PresetRun(std::vector<std::string> sets) {
-    setenv("KVRT_PLUGIN_PATH", KVRT_PLUGIN_DIR, 1);
-    sets.insert(sets.begin(), {"device.memory=\"64MiB\"", "kv.store=\"kv_f32_paged\""});
-    Result<config::Config> c = config::load_string("", "<test>", sets);
-    EXPECT_TRUE(c.ok()) << c.status().message();
-    if (!c.ok()) return;
-    cfg = *c;
-    runtime = runtime::build_runtime(cfg, registry);
-  }
-};
-
 TEST(WeightQuantizationTp, TwoRanksGiveOneRanksIdsWhereShardsHoldWholeGroups) {
   for (const char* precision : {"highest", "medium"}) {
     SCOPED_TRACE(precision);
     std::vector<std::vector<int32_t>> ids;
     for (int tp : {1, 2}) {
-      PresetRun run({"model.preset=\"synth-tiny\"", "model.quantization=\"int4\"",
-                     std::string("model.matmul_precision=\"") + precision + "\"",
-                     "tp.size=" + std::to_string(tp)});
+      e2e::ModelRun run("", "kv_f32_paged", tp, 16,
+                        {"model.preset=\"synth-tiny\"", "model.quantization=\"int4\"",
+                         std::string("model.matmul_precision=\"") + precision + "\""});
       ASSERT_TRUE(run.runtime.ok()) << run.runtime.status().message();
       exec::GenerateOptions o;
       o.max_new_tokens = 16;

@@ -120,6 +120,33 @@ std::vector<float> as_multiplied(const std::vector<float>& x, size_t k, size_t g
   return r;
 }
 
+// One packed product against its reference at every row count and mode of `s`: product(x, ldx,
+// m, y, ldy, mode) runs the kernel, reference(xr, m, want) the dequantize-first reference on x as
+// the mode multiplies it; w (the dequantized weights) bounds the sums. x and y are strided
+// (`pad` more than k and n) and nothing may be written past n.
+template <typename Product, typename Reference>
+void check_every_mode(const Shape& s, size_t group, size_t pad, const std::vector<float>& w,
+                      std::mt19937& rng, const std::string& what, Product product,
+                      Reference reference) {
+  for (size_t m : rows_for(s)) {
+    const size_t ldx = s.k + pad, ldy = s.n + pad + 1;
+    const std::vector<float> x = random_x(m, s.k, ldx, rng), xc = compact(x, m, s.k, ldx);
+    for (const Mode run : kModes) {
+      const std::vector<float> xr = as_multiplied(xc, s.k, group, run.activations);
+      std::vector<float> want(m * s.n);
+      reference(xr, m, want.data());
+      const std::vector<float> bound = abs_bound(xr, m, s.k, w, s.n);
+      std::vector<float> y(m * ldy, -7.0f);
+      product(x.data(), ldx, m, y.data(), ldy, run);
+      expect_close(y, ldy, want, bound, m, s.n,
+                   what + " " + name(run.activations) + " n " + std::to_string(s.n) + " k " +
+                       std::to_string(s.k) + " m " + std::to_string(m));
+      for (size_t r = 0; r < m; ++r)
+        for (size_t j = s.n; j < ldy; ++j) ASSERT_EQ(y[r * ldy + j], -7.0f);
+    }
+  }
+}
+
 struct Int4Case {
   size_t group;
   bool bf16_scales, zero_points;
@@ -155,27 +182,16 @@ TEST_P(QuantGemmInt4, MatchesTheDequantizedReference) {
         w[j * s.k + i] =
             (float(codes[j * s.k + i]) - (zeros.empty() ? 8.0f : float(zeros[g]))) * scales[g];
       }
-    for (size_t m : rows_for(s)) {
-      const size_t ldx = s.k + 3, ldy = s.n + 5;
-      const std::vector<float> x = random_x(m, s.k, ldx, rng), xc = compact(x, m, s.k, ldx);
-      for (const Mode run : kModes) {
-        const std::vector<float> xr = as_multiplied(xc, s.k, c.group, run.activations);
-        std::vector<float> want(m * s.n);
-        reference::matmul_int4(xr.data(), m, s.k, codes.data(), scales.data(),
-                               zeros.empty() ? nullptr : zeros.data(), s.n, c.group, want.data());
-        const std::vector<float> bound = abs_bound(xr, m, s.k, w, s.n);
-        std::vector<float> y(m * ldy, -7.0f);
-        matmul_packed_int4(x.data(), ldx, m, s.k, packed.data(), s.n, f, y.data(), ldy,
-                           run.threads, isa, run.activations);
-        expect_close(y, ldy, want, bound, m, s.n,
-                     std::string(gemm_isa_name(isa)) + " " + name(run.activations) + " n " +
-                         std::to_string(s.n) + " k " + std::to_string(s.k) + " m " +
-                         std::to_string(m));
-        // Nothing written past n in a row.
-        for (size_t r = 0; r < m; ++r)
-          for (size_t j = s.n; j < ldy; ++j) ASSERT_EQ(y[r * ldy + j], -7.0f);
-      }
-    }
+    check_every_mode(
+        s, c.group, 3, w, rng, gemm_isa_name(isa),
+        [&](const float* x, size_t ldx, size_t m, float* y, size_t ldy, const Mode& run) {
+          matmul_packed_int4(x, ldx, m, s.k, packed.data(), s.n, f, y, ldy, run.threads, isa,
+                             run.activations);
+        },
+        [&](const std::vector<float>& xr, size_t m, float* want) {
+          reference::matmul_int4(xr.data(), m, s.k, codes.data(), scales.data(),
+                                 zeros.empty() ? nullptr : zeros.data(), s.n, c.group, want);
+        });
   }
 }
 
@@ -217,27 +233,17 @@ TEST_P(QuantGemmFp8, MatchesTheDequantizedReference) {
         for (size_t i = 0; i < s.k; ++i)
           w[j * s.k + i] =
               e4m3_decode(codes[j * s.k + i]) * scales[(j / f.block_n) * kb + i / f.block_k];
-      for (size_t m : rows_for(s)) {
-        const size_t ldx = s.k + 1, ldy = s.n + 2;
-        const std::vector<float> x = random_x(m, s.k, ldx, rng), xc = compact(x, m, s.k, ldx);
-        for (const Mode run : kModes) {
-          const std::vector<float> xr = as_multiplied(xc, s.k, f.block_k, run.activations);
-          std::vector<float> want(m * s.n);
-          reference::matmul_fp8(xr.data(), m, s.k, codes.data(), scales.data(), s.n, f,
-                                want.data());
-          const std::vector<float> bound = abs_bound(xr, m, s.k, w, s.n);
-          std::vector<float> y(m * ldy, -7.0f);
-          matmul_packed_fp8(x.data(), ldx, m, s.k, packed.data(), s.n, f, y.data(), ldy,
-                            run.threads, isa, run.activations);
-          expect_close(y, ldy, want, bound, m, s.n,
-                       std::string(gemm_isa_name(isa)) + " " + name(run.activations) +
-                           " block " + std::to_string(f.block_n) +
-                           "x" + std::to_string(f.block_k) + " n " + std::to_string(s.n) +
-                           " k " + std::to_string(s.k) + " m " + std::to_string(m));
-          for (size_t r = 0; r < m; ++r)
-            for (size_t j = s.n; j < ldy; ++j) ASSERT_EQ(y[r * ldy + j], -7.0f);
-        }
-      }
+      check_every_mode(
+          s, f.block_k, 1, w, rng,
+          std::string(gemm_isa_name(isa)) + " block " + std::to_string(f.block_n) + "x" +
+              std::to_string(f.block_k),
+          [&](const float* x, size_t ldx, size_t m, float* y, size_t ldy, const Mode& run) {
+            matmul_packed_fp8(x, ldx, m, s.k, packed.data(), s.n, f, y, ldy, run.threads, isa,
+                              run.activations);
+          },
+          [&](const std::vector<float>& xr, size_t m, float* want) {
+            reference::matmul_fp8(xr.data(), m, s.k, codes.data(), scales.data(), s.n, f, want);
+          });
     }
   }
 }
