@@ -3,8 +3,8 @@
 // architectures' loaders name tensors and shapes and never see the format.
 //
 // Served (dequantized at load into f32 or bf16 matrices, except where a caller asks for a block
-// as stored -- the DeepSeek-V3 family's projections but kv_b, int4 in groups of a multiple of 8
-// and fp8 blocks of a multiple of 4 columns (keeps_as_stored) -- which the CPU then keeps packed):
+// as stored -- both families' projections but MLA's kv_b, int4 in groups of a multiple of 8 and
+// fp8 blocks of a multiple of 4 columns (keeps_as_stored) -- which the CPU then keeps packed):
 //  - dense: no quantization_config (F32, BF16, F16 tensors);
 //  - fp8 blocks (DeepSeek-V3 / R1, Kimi-K2-Instruct, Qwen3-*-FP8): quant_method "fp8", fmt
 //    "e4m3", weight_block_size [rows, cols]; each quantized Linear weight is F8_E4M3 beside a

@@ -28,8 +28,8 @@ ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
   auto stored = [](const ProjectionRows& p) {
     return p.quantized != nullptr && !p.quantized->empty();
   };
-  const backend::QuantizedMatrix* first = parts.begin()->quantized;
-  bool alike = true;
+  const backend::QuantizedMatrix* first = parts.size() > 0 ? parts.begin()->quantized : nullptr;
+  bool alike = first != nullptr;
   for (const ProjectionRows& p : parts) {
     alike = alike && stored(p) && p.quantized->kind == first->kind &&
             p.quantized->group == first->group &&
