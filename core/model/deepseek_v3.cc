@@ -184,7 +184,7 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       backend::QuantizedMatrix q_b;
       for (const Range& r : q_order) q_b.append_rows(lw.q_b_q, r.begin, r.end);
       // (Empty on a rank without heads: then by its values, none.)
-      l.q_b = ColumnParallelLinear(be, {{&lw.q_b, &q_b, Range{0, q_b.rows}}}, q_in);
+      l.q_b = ColumnParallelLinear(be, {{&lw.q_b, Range{0, q_b.rows}, &q_b}}, q_in);
     } else {
       std::vector<float> q_b;
       q_b.reserve(nh_ * (N_ + R_) * q_in);
@@ -206,7 +206,7 @@ DeepseekV3::DeepseekV3(const DeepseekV3Weights& w, const DeepseekV3Shard& shard,
       l.uv.push_back(be.upload_matrix(std::vector<float>(v_part, v_part + V_ * L_), V_, L_));
     }
     const Range o_keep{first_head * V_, (first_head + nh_) * V_};
-    l.o = RowParallelLinear(be, lw.o, lw.o_q, H, held_heads * V_, o_keep);
+    l.o = RowParallelLinear(be, lw.o, H, held_heads * V_, o_keep, &lw.o_q);
     l.moe = c.moe_layer(static_cast<int64_t>(li));
     if (l.moe) {
       l.router = be.upload_matrix(lw.router, c.moe.n_routed_experts, H);
@@ -238,9 +238,9 @@ DeepseekV3::Mlp DeepseekV3::upload_mlp(backend::Backend& be, const MlpWeights& w
   m.width = keep.size();
   // A checkpoint's quantized projections as stored, else f32 (one of gate and up kept as stored
   // and the other not -- a config that leaves one dense -- goes by both's values).
-  m.gate_up = ColumnParallelLinear(be, {{&w.gate, &w.gate_q, cols}, {&w.up, &w.up_q, cols}}, H);
+  m.gate_up = ColumnParallelLinear(be, {{&w.gate, cols, &w.gate_q}, {&w.up, cols, &w.up_q}}, H);
   const int64_t held = H == 0 ? 0 : static_cast<int64_t>(w.down.size()) / H;
-  m.down = RowParallelLinear(be, w.down, w.down_q, H, held, cols);
+  m.down = RowParallelLinear(be, w.down, H, held, cols, &w.down_q);
   return m;
 }
 

@@ -78,17 +78,17 @@ Llama::Llama(const Weights& weights, const LlamaShard& shard, backend::Backend& 
     const std::initializer_list<RowsOf> qkv_bias{
         {&lw.q_bias, q_rows}, {&lw.k_bias, kv_rows}, {&lw.v_bias, kv_rows}};
     l.qkv = ColumnParallelLinear(
-        backend, {{&lw.q, &lw.q_q, q_rows}, {&lw.k, &lw.k_q, kv_rows}, {&lw.v, &lw.v_q, kv_rows}},
+        backend, {{&lw.q, q_rows, &lw.q_q}, {&lw.k, kv_rows, &lw.k_q}, {&lw.v, kv_rows, &lw.v_q}},
         hidden, lw.q_bias.empty() ? no_bias : qkv_bias);
     if (!lw.q_norm.empty()) {
       l.q_norm = backend.upload(lw.q_norm);
       l.k_norm = backend.upload(lw.k_norm);
     }
-    l.o = RowParallelLinear(backend, lw.o, lw.o_q, hidden, o_cols, q_rows);
+    l.o = RowParallelLinear(backend, lw.o, hidden, o_cols, q_rows, &lw.o_q);
     // The MLP: column-parallel gate and up fused, row-parallel down.
     l.gate_up = ColumnParallelLinear(
-        backend, {{&lw.gate, &lw.gate_q, mlp}, {&lw.up, &lw.up_q, mlp}}, hidden);
-    l.down = RowParallelLinear(backend, lw.down, lw.down_q, hidden, down_cols, mlp);
+        backend, {{&lw.gate, mlp, &lw.gate_q}, {&lw.up, mlp, &lw.up_q}}, hidden);
+    l.down = RowParallelLinear(backend, lw.down, hidden, down_cols, mlp, &lw.down_q);
     layers_.push_back(std::move(l));
   }
   std::vector<float> embed, lm_head;

@@ -11,41 +11,23 @@ ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be, std::vector<flo
 ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
                                            std::initializer_list<RowsOf> parts, int64_t in,
                                            std::initializer_list<RowsOf> bias_parts) {
-  std::vector<float> rows, bias;
-  int64_t out = 0;
-  for (const RowsOf& p : parts) {
-    append_rows(*p.matrix, in, p.rows, &rows);
-    out += p.rows.size();
-  }
-  weight_ = be.upload_projection(std::move(rows), out, in);
-  for (const RowsOf& p : bias_parts) append_rows(*p.matrix, 1, p.rows, &bias);
-  if (!bias.empty()) bias_ = be.upload(bias);
-}
-
-ColumnParallelLinear::ColumnParallelLinear(backend::Backend& be,
-                                           std::initializer_list<ProjectionRows> parts, int64_t in,
-                                           std::initializer_list<RowsOf> bias_parts) {
-  auto stored = [](const ProjectionRows& p) {
-    return p.quantized != nullptr && !p.quantized->empty();
-  };
+  auto stored = [](const RowsOf& p) { return p.quantized != nullptr && !p.quantized->empty(); };
   const backend::QuantizedMatrix* first = parts.size() > 0 ? parts.begin()->quantized : nullptr;
   bool alike = first != nullptr;
-  for (const ProjectionRows& p : parts) {
+  for (const RowsOf& p : parts) {
     alike = alike && stored(p) && p.quantized->kind == first->kind &&
             p.quantized->group == first->group &&
             p.quantized->zeros.empty() == first->zeros.empty();
   }
   if (alike) {
     backend::QuantizedMatrix rows;
-    for (const ProjectionRows& p : parts) {
-      rows.append_rows(*p.quantized, p.rows.begin, p.rows.end);
-    }
+    for (const RowsOf& p : parts) rows.append_rows(*p.quantized, p.rows.begin, p.rows.end);
     weight_ = be.upload_quantized(rows);
   } else {
     std::vector<float> rows;
     int64_t out = 0;
-    for (const ProjectionRows& p : parts) {
-      append_rows(stored(p) ? p.quantized->dequantized() : *p.values, in, p.rows, &rows);
+    for (const RowsOf& p : parts) {
+      append_rows(stored(p) ? p.quantized->dequantized() : *p.matrix, in, p.rows, &rows);
       out += p.rows.size();
     }
     weight_ = be.upload_projection(std::move(rows), out, in);
@@ -61,21 +43,18 @@ void ColumnParallelLinear::forward(backend::Backend& be, const float* x, int64_t
   if (bias_.size() > 0) be.add_bias(y, m, weight_->rows, bias_);
 }
 
-RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& w,
-                                     int64_t out, int64_t cols, Range keep)
-    : weight_(be.upload_projection(columns_of(w, cols, keep), out, keep.size())) {}
-
-RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& values,
-                                     const backend::QuantizedMatrix& w, int64_t out, int64_t cols,
-                                     Range keep) {
-  if (w.empty()) {
-    weight_ = be.upload_projection(columns_of(values, cols, keep), out, keep.size());
-  } else if (keep.begin == 0 && keep.end == w.cols) {
-    weight_ = be.upload_quantized(w);
-  } else if (keep.begin % w.group == 0) {
-    weight_ = be.upload_quantized(w.columns(keep.begin, keep.end));
+RowParallelLinear::RowParallelLinear(backend::Backend& be, const std::vector<float>& w, int64_t out,
+                                     int64_t cols, Range keep,
+                                     const backend::QuantizedMatrix* quantized) {
+  if (quantized == nullptr || quantized->empty()) {
+    weight_ = be.upload_projection(columns_of(w, cols, keep), out, keep.size());
+  } else if (keep.begin == 0 && keep.end == quantized->cols) {
+    weight_ = be.upload_quantized(*quantized);
+  } else if (keep.begin % quantized->group == 0) {
+    weight_ = be.upload_quantized(quantized->columns(keep.begin, keep.end));
   } else {
-    weight_ = be.upload_projection(columns_of(w.dequantized(), w.cols, keep), w.rows, keep.size());
+    weight_ = be.upload_projection(columns_of(quantized->dequantized(), quantized->cols, keep),
+                                   quantized->rows, keep.size());
   }
 }
 

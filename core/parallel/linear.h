@@ -18,18 +18,12 @@
 namespace kvrt::parallel {
 
 // Rows `rows` of a row-major matrix with `cols` columns ([out][in], as checkpoints store it):
-// one part of a layer's shard.
+// one part of a layer's shard. A projection a checkpoint stores quantized gives its codes in
+// `quantized` (when not null and not empty; `matrix` is then not read).
 struct RowsOf {
   const std::vector<float>* matrix;
   Range rows;
-};
-
-// Rows `rows` of one projection as a checkpoint gives it: stored quantized where `quantized` is
-// given and not empty, else its f32 values `values` ([out][in], as RowsOf).
-struct ProjectionRows {
-  const std::vector<float>* values;
-  const backend::QuantizedMatrix* quantized;
-  Range rows;
+  const backend::QuantizedMatrix* quantized = nullptr;
 };
 
 // Y = X W^T for this rank's output rows of W: Y's columns are this rank's slice.
@@ -40,14 +34,10 @@ class ColumnParallelLinear {
   ColumnParallelLinear(backend::Backend& be, std::vector<float> shard, int64_t out, int64_t in);
   // The concatenation of `parts` (fused projections: q, k and v rows; gate rows, then up rows),
   // each a matrix of `in` columns, with the matching rows of `bias_parts` (vectors) as the bias
-  // when they are given.
+  // when they are given. Kept as stored (Backend::upload_quantized) when every part is stored
+  // quantized alike (one format, group and zero-point scheme), else by their values.
   ColumnParallelLinear(backend::Backend& be, std::initializer_list<RowsOf> parts, int64_t in,
                        std::initializer_list<RowsOf> bias_parts = {});
-  // The same of parts as a checkpoint gives them: kept as stored (Backend::upload_quantized)
-  // when every part is stored quantized alike (one format, group and zero-point scheme), else by
-  // their values.
-  ColumnParallelLinear(backend::Backend& be, std::initializer_list<ProjectionRows> parts,
-                       int64_t in, std::initializer_list<RowsOf> bias_parts = {});
 
   // y[m][out] = x[m][in] * W^T (+ bias).
   void forward(backend::Backend& be, const float* x, int64_t m, float* y) const;
@@ -64,15 +54,11 @@ class ColumnParallelLinear {
 class RowParallelLinear {
  public:
   RowParallelLinear() = default;
-  // Columns `keep` of W ([out][cols], the whole matrix or the part a rank holds).
+  // Columns `keep` of W ([out][cols], the whole matrix or the part a rank holds). A W stored
+  // quantized gives its codes in `quantized` (when not null and not empty; `w` is then not read):
+  // kept as stored when `keep` starts on a group, else by its values.
   RowParallelLinear(backend::Backend& be, const std::vector<float>& w, int64_t out, int64_t cols,
-                    Range keep);
-  // Columns `keep` of W as a checkpoint gives it: stored quantized where `quantized` is not
-  // empty -- kept as stored when `keep` starts on a group, else by its values -- else its f32
-  // values `values` ([out][cols]).
-  RowParallelLinear(backend::Backend& be, const std::vector<float>& values,
-                    const backend::QuantizedMatrix& quantized, int64_t out, int64_t cols,
-                    Range keep);
+                    Range keep, const backend::QuantizedMatrix* quantized = nullptr);
 
   // y[m][out] = x[m][in] * W^T summed over the group, on every rank. x null: this rank adds
   // nothing (zeros: no heads here, or its attention failed) and still takes part in the sum.
