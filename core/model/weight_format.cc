@@ -309,7 +309,7 @@ Status load_packed(const SafetensorsCheckpoint& ck, const WeightFormat& f,
                                          shape_string(shape));
     }
   }
-  const int64_t group = f.group_size > 0 ? f.group_size : in;
+  const int64_t group = f.group_of(in);
   const int64_t groups = (in + group - 1) / group;
   // A part must hold whole groups and whole words (both are cut only at their edges).
   auto whole = [&](int64_t c) { return c == in || (c % group == 0 && c % per_word == 0); };
@@ -524,7 +524,7 @@ Result<uint64_t> stored_quantized_bytes(const SafetensorsCheckpoint& ck, const W
 bool keeps_as_stored(const WeightFormat& format, int64_t in, parallel::Range cols) {
   switch (format.kind) {
     case WeightFormat::Kind::kPackedInt:
-      return format.bits == 4 && (format.group_size > 0 ? format.group_size : in) % 8 == 0;
+      return format.bits == 4 && format.group_of(in) % 8 == 0;
     case WeightFormat::Kind::kFp8Block:
       return format.block_cols % 4 == 0 && cols.begin % format.block_cols == 0;
     default:
@@ -545,9 +545,8 @@ Result<uint64_t> packed_quantized_bytes(const SafetensorsCheckpoint& ck, const W
   const std::string module = module_of(name);
   Result<TensorView> scale = ck.get(module + ".weight_scale");
   if (!scale.ok()) return scale.status();
-  const kernels::Int4Format f{
-      static_cast<size_t>(format.group_size > 0 ? format.group_size : shape[1]),
-      scale->dtype == DType::kBF16, !format.symmetric};
+  const kernels::Int4Format f{static_cast<size_t>(format.group_of(shape[1])),
+                              scale->dtype == DType::kBF16, !format.symmetric};
   return kernels::packed_int4_bytes(n, k, f);
 }
 

@@ -56,6 +56,8 @@ struct WeightFormat {
   std::vector<std::string> not_converted;
 
   bool quantized() const { return kind != Kind::kDense; }
+  // kPackedInt: the inputs a scale covers in a weight of `in` columns (group_size, or the row).
+  int64_t group_of(int64_t in) const { return group_size > 0 ? group_size : in; }
   // "fp8 e4m3, 128 x 128 blocks" or "dense", for logs and the capacity report.
   std::string describe() const;
   // quantization_config of config.json (`source`, for messages), or null: dense.

@@ -271,16 +271,13 @@ Result<uint64_t> stored_bytes(const SafetensorsCheckpoint& ck, const WeightForma
           stored_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols, counted);
       if (!q.ok() && !q.status().IsNotFound()) return q.status();
       if (q.ok()) {
-        if (dense_element_bytes > 0) {  // as held: packed, or dequantized at load
-          Result<uint64_t> packed =
-              keep_packed && b.packed != nullptr
-                  ? packed_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols)
-                  : Result<uint64_t>(Status::NotFound("dequantized at load"));
-          if (!packed.ok() && !packed.status().IsNotFound()) return packed.status();
-          q = packed.ok()
-                  ? *packed
-                  : static_cast<uint64_t>(b.rows.size()) * static_cast<uint64_t>(b.cols.size()) *
-                        static_cast<uint64_t>(dense_element_bytes);
+        if (dense_element_bytes > 0 && keep_packed && b.packed != nullptr &&
+            keeps_as_stored(format, b.shape[1], b.cols)) {  // held packed
+          q = packed_quantized_bytes(ck, format, stored, b.shape, b.rows, b.cols);
+          if (!q.ok()) return q.status();
+        } else if (dense_element_bytes > 0) {  // dequantized at load
+          q = static_cast<uint64_t>(b.rows.size()) * static_cast<uint64_t>(b.cols.size()) *
+              static_cast<uint64_t>(dense_element_bytes);
         }
         total += *q;
         continue;
