@@ -9,6 +9,7 @@
 // used by that rank's thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,18 +68,22 @@ struct QuantizedMatrix {
   std::vector<uint8_t> zeros;  // int4 with zero points: [rows][groups()]; empty: 8 (symmetric)
   bool empty() const { return kind == Kind::kNone; }
   int64_t groups() const { return group == 0 ? 0 : (cols + group - 1) / group; }
-  // (u - z) * s, or e4m3(code) * s: what the dense path would have loaded.
-  float value(int64_t r, int64_t c) const {
-    const size_t g = static_cast<size_t>(r * groups() + c / group);
-    const uint8_t code = codes[static_cast<size_t>(r * cols + c)];
-    if (kind == Kind::kFp8) return kernels::shared::e4m3_decode(code) * scales[g];
-    const float z = zeros.empty() ? 8.0f : static_cast<float>(zeros[g]);
-    return (static_cast<float>(code) - z) * scales[g];
-  }
+  // Each weight's (u - z) * s, or e4m3(code) * s: what the dense path would have loaded.
   std::vector<float> dequantized() const {
     std::vector<float> out(static_cast<size_t>(rows * cols));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[static_cast<size_t>(r * cols + c)] = value(r, c);
+    const int64_t n_groups = groups();
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t g = 0; g < n_groups; ++g) {
+        const auto at = static_cast<size_t>(r * n_groups + g);
+        const float s = scales[at];
+        const float z = zeros.empty() ? 8.0f : static_cast<float>(zeros[at]);
+        for (int64_t c = g * group; c < std::min(cols, (g + 1) * group); ++c) {
+          const auto i = static_cast<size_t>(r * cols + c);
+          out[i] = kind == Kind::kFp8 ? kernels::shared::e4m3_decode(codes[i]) * s
+                                      : (static_cast<float>(codes[i]) - z) * s;
+        }
+      }
+    }
     return out;
   }
   // Rows [begin, end) of this, and those of `other` after them (a fused projection's parts).
