@@ -7,6 +7,7 @@
 // element of any length is produced by identical arithmetic and matches the scalar reference.
 #include "kernels/cpu/convert.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
 
@@ -242,6 +243,39 @@ HWY_INLINE void QuantizeRows(const TIn* in, int64_t in_row_stride, size_t rows, 
   }
 }
 
+// One group of n (<= a few vectors' worth, any n) as int8 codes: Round is nearest-even, as
+// std::nearbyint; NaN gives 0 (x * 0 with an infinite amax is NaN too).
+HWY_INLINE int32_t QuantizeGroupInt8(const float* in, size_t n, float inv, float scale, int8_t* q,
+                                     float* values) {
+  const DF df;
+  const DI di;
+  const hn::Rebind<int8_t, DF> d8;
+  const VF vinv = hn::Set(df, inv), vscale = hn::Set(df, scale);
+  const VF hi = hn::Set(df, 127.0f), lo = hn::Set(df, -127.0f);
+  VI sum = hn::Zero(di);
+  auto one = [&](const float* p, int8_t* out, float* value) HWY_ATTR {
+    const VF r = hn::Round(hn::Mul(hn::LoadU(df, p), vinv));
+    const VF c = hn::Min(hn::Max(hn::IfThenZeroElse(hn::IsNaN(r), r), lo), hi);
+    const VI code = hn::ConvertTo(di, c);
+    sum = hn::Add(sum, code);
+    hn::StoreU(hn::DemoteTo(d8, code), d8, out);
+    // From the integer code, so that a code of 0 stands for +0 as in the reference (c may be -0).
+    if (value != nullptr) hn::StoreU(hn::Mul(hn::ConvertTo(df, code), vscale), df, value);
+  };
+  const size_t lanes = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) one(in + i, q + i, values != nullptr ? values + i : nullptr);
+  if (i < n) {
+    float in_tail[kMaxLanes] = {}, value_tail[kMaxLanes];
+    int8_t q_tail[kMaxLanes];
+    std::memcpy(in_tail, in + i, (n - i) * sizeof(float));
+    one(in_tail, q_tail, value_tail);
+    std::memcpy(q + i, q_tail, n - i);
+    if (values != nullptr) std::memcpy(values + i, value_tail, (n - i) * sizeof(float));
+  }
+  return hn::GetLane(hn::SumOfLanes(di, sum));
+}
+
 }  // namespace
 
 // Per-target entry points, exported to the dispatch tables below.
@@ -300,6 +334,20 @@ void QuantizeRowsBf16(const uint16_t* in, int64_t in_row_stride, size_t rows, si
   QuantizeRows(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
 }
 
+void QuantizeGroupsInt8(const float* in, size_t n, size_t group, int8_t* q, float* scales,
+                        int32_t* sums, float* values) {
+  for (size_t g = 0, begin = 0; begin < n; ++g, begin += group) {
+    const size_t len = std::min(group, n - begin);
+    const float amax = AbsMax(in + begin, len);
+    const bool usable = amax > 0.0f && amax <= FLT_MAX;
+    const float scale = usable ? amax / 127.0f : 0.0f;
+    const int32_t sum = QuantizeGroupInt8(in + begin, len, usable ? 127.0f / amax : 0.0f, scale,
+                                          q + begin, values != nullptr ? values + begin : nullptr);
+    scales[g] = scale;
+    if (sums != nullptr) sums[g] = sum;
+  }
+}
+
 const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace HWY_NAMESPACE
@@ -318,6 +366,7 @@ HWY_EXPORT(AbsMaxF32);
 HWY_EXPORT(AbsMaxBf16);
 HWY_EXPORT(QuantizeRowsF32);
 HWY_EXPORT(QuantizeRowsBf16);
+HWY_EXPORT(QuantizeGroupsInt8);
 HWY_EXPORT(SimdTargetName);
 
 void f32_to_bf16(const float* in, uint16_t* out, size_t n) {
@@ -356,6 +405,11 @@ void quantize_rows_e4m3_bf16(const uint16_t* in, int64_t in_row_stride, size_t r
                              int64_t scale_stride) {
   const auto quantize = HWY_DYNAMIC_DISPATCH(QuantizeRowsBf16);
   quantize(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride);
+}
+
+void quantize_groups_int8(const float* in, size_t n, size_t group, int8_t* q, float* scales,
+                          int32_t* sums, float* values) {
+  HWY_DYNAMIC_DISPATCH(QuantizeGroupsInt8)(in, n, group, q, scales, sums, values);
 }
 
 const char* simd_target() { return HWY_DYNAMIC_DISPATCH(SimdTargetName)(); }

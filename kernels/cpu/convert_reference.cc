@@ -2,6 +2,7 @@
 // of a code from its fields, nearest representable value by search) and deliberately share no
 // bit-level rounding tricks with the SIMD kernels in convert.cc, so that agreement between the two
 // is evidence that both are right.
+#include <algorithm>
 #include <array>
 #include <cfloat>
 #include <cmath>
@@ -182,6 +183,25 @@ void quantize_rows_e4m3_bf16(const uint16_t* in, int64_t in_row_stride, size_t r
                              int64_t scale_stride) {
   QuantizeRows(in, in_row_stride, rows, dim, out, out_row_stride, scales, scale_stride,
                abs_max_bf16, bf16_to_e4m3);
+}
+
+void quantize_groups_int8(const float* in, size_t n, size_t group, int8_t* q, float* scales,
+                          int32_t* sums, float* values) {
+  for (size_t g = 0; g * group < n; ++g) {
+    const size_t begin = g * group, end = std::min(n, begin + group);
+    const float amax = abs_max_f32(in + begin, end - begin);
+    const float scale = amax > 0 && std::isfinite(amax) ? amax / 127.0f : 0.0f;
+    const float inv = scale > 0 ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const float v = std::nearbyint(in[i] * inv);
+      q[i] = static_cast<int8_t>(std::clamp(std::isnan(v) ? 0.0f : v, -127.0f, 127.0f));
+      sum += q[i];
+      if (values != nullptr) values[i] = static_cast<float>(q[i]) * scale;
+    }
+    scales[g] = scale;
+    if (sums != nullptr) sums[g] = sum;
+  }
 }
 
 }  // namespace kvrt::kernels::reference

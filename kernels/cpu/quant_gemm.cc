@@ -385,20 +385,25 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
     }
     const uint8_t* codes = p + int4_header(f);
     const int8_t* xg = a.xq + g * a.group;
-    for (size_t t = 0; t < steps; ++t) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes + t * 64 + kPrefetch), _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(codes + t * 64);
-      const __m512i lo = _mm512_and_si512(v, low4);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+    // Step t0 + c into chain c, c a constant once unrolled: sums indexed by the step's parity
+    // would live in memory, each step waiting on the store of the one before.
+    for (size_t t0 = 0; t0 < steps; t0 += CH) {
       KVRT_UNROLL
-      for (int r = 0; r < MR; ++r) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xg + r * a.ldx + 8 * t, 4);
-        std::memcpy(&x1, xg + r * a.ldx + 8 * t + 4, 4);
-        __m512i& s0 = sum[t % CH][0][r];
-        __m512i& s1 = sum[t % CH][1][r];
-        s0 = _mm512_dpbusd_epi32(s0, lo, _mm512_set1_epi32(x0));
-        s1 = _mm512_dpbusd_epi32(s1, hi, _mm512_set1_epi32(x1));
+      for (int c = 0; c < CH; ++c) {
+        const size_t t = t0 + c;
+        if (t == steps) break;
+        _mm_prefetch(reinterpret_cast<const char*>(codes + t * 64 + kPrefetch), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(codes + t * 64);
+        const __m512i lo = _mm512_and_si512(v, low4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(v, 4), low4);
+        KVRT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+          int32_t x0, x1;
+          std::memcpy(&x0, xg + r * a.ldx + 8 * t, 4);
+          std::memcpy(&x1, xg + r * a.ldx + 8 * t + 4, 4);
+          sum[c][0][r] = _mm512_dpbusd_epi32(sum[c][0][r], lo, _mm512_set1_epi32(x0));
+          sum[c][1][r] = _mm512_dpbusd_epi32(sum[c][1][r], hi, _mm512_set1_epi32(x1));
+        }
       }
     }
     const __m512 z = ZP ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
@@ -667,17 +672,9 @@ PreparedX prepare_x(const float* x, size_t ldx, size_t m, size_t k, size_t group
     xscale.resize(m * groups);
     qsum.resize(m * groups);
     for (size_t r = 0; r < m; ++r) {
-      quantize_activations_int8(padded.data() + r * kp, kp, group, xq.data() + r * kp,
-                                xscale.data() + r * groups);
-      for (size_t g = 0; g < groups; ++g) {
-        int32_t q = 0;
-        const float sc = xscale[r * groups + g];
-        for (size_t i = g * group; i < (g + 1) * group; ++i) {
-          q += xq[r * kp + i];
-          padded[r * kp + i] = static_cast<float>(xq[r * kp + i]) * sc;
-        }
-        qsum[r * groups + g] = q;
-      }
+      float* row = padded.data() + r * kp;
+      quantize_groups_int8(row, kp, group, xq.data() + r * kp, xscale.data() + r * groups,
+                           qsum.data() + r * groups, row);
     }
     out.xq = xq.data();
     out.xscale = xscale.data();
@@ -805,22 +802,6 @@ const char* int4_int8_kernel() {
   if (best == GemmIsa::kAvx512 && has_vnni()) return "avx512vnni";
   if (best == GemmIsa::kAvx512 || best == GemmIsa::kAvx2) return "avx2";
   return "scalar";
-}
-
-void quantize_activations_int8(const float* x, size_t k, size_t group, int8_t* q,
-                               float* scales) {
-  for (size_t g = 0; g * group < k; ++g) {
-    const size_t begin = g * group, end = std::min(k, begin + group);
-    float amax = 0;
-    for (size_t i = begin; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
-    const float scale = amax > 0 && std::isfinite(amax) ? amax / 127.0f : 0.0f;
-    const float inv = scale > 0 ? 127.0f / amax : 0.0f;
-    for (size_t i = begin; i < end; ++i) {
-      const float v = std::nearbyint(x[i] * inv);
-      q[i] = static_cast<int8_t>(std::clamp(v == v ? v : 0.0f, -127.0f, 127.0f));
-    }
-    scales[g] = scale;
-  }
 }
 
 void matmul_packed_int4(const float* x, size_t ldx, size_t m, size_t k, const uint8_t* packed,

@@ -43,10 +43,6 @@ enum class Activations { kF32, kBf16, kInt8 };
 // integer products too) or "scalar" (f32 products of the same values).
 const char* int4_int8_kernel();
 
-// x[0, k) quantized per group of `group`: q[i] = nearest(x[i] * 127 / amax) in -127..127,
-// scales[g] = amax / 127 (0 for a group of zeros; a non-finite amax gives 0 codes).
-void quantize_activations_int8(const float* x, size_t k, size_t group, int8_t* q, float* scales);
-
 struct Int4Format {
   size_t group = 32;        // inputs per scale: a multiple of 8
   bool bf16_scales = true;  // the header's scales as bf16 (each must be exactly one)

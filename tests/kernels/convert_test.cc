@@ -557,6 +557,66 @@ TEST(QuantizeRows, SpecialRowsGiveUsableScalesAndNoNaNCodes) {
   });
 }
 
+// Each output of quantize_groups_int8 on every target equals the reference's, bit for bit.
+void ExpectInt8GroupsMatchReference(const std::vector<float>& in, size_t group) {
+  const size_t n = in.size(), groups = (n + group - 1) / group;
+  std::vector<int8_t> want_q(n);
+  std::vector<float> want_scales(groups), want_values(n);
+  std::vector<int32_t> want_sums(groups);
+  reference::quantize_groups_int8(in.data(), n, group, want_q.data(), want_scales.data(),
+                                  want_sums.data(), want_values.data());
+  ForEachTarget([&] {
+    std::vector<int8_t> q(n, 99);
+    std::vector<float> scales(groups, -1.0f), values(in);  // values in place, as prepare_x
+    std::vector<int32_t> sums(groups, -1);
+    quantize_groups_int8(values.data(), n, group, q.data(), scales.data(), sums.data(),
+                         values.data());
+    EXPECT_EQ(q, want_q) << "n " << n << ", group " << group;
+    EXPECT_EQ(sums, want_sums) << "n " << n << ", group " << group;
+    for (size_t g = 0; g < groups; ++g) EXPECT_EQ(Bits(scales[g]), Bits(want_scales[g])) << g;
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(Bits(values[i]), Bits(want_values[i])) << i;
+  });
+}
+
+TEST(QuantizeGroupsInt8, SimdMatchesReferenceBitExact) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (const size_t n : kLengths) {
+    for (const size_t group : {size_t{1}, size_t{5}, size_t{8}, size_t{32}, size_t{128}}) {
+      std::vector<float> gaussian(n);
+      for (float& v : gaussian) v = normal(rng);
+      ExpectInt8GroupsMatchReference(gaussian, group);
+      ExpectInt8GroupsMatchReference(RandomFloats(n, 17 + static_cast<uint32_t>(n)), group);
+    }
+  }
+}
+
+TEST(QuantizeGroupsInt8, RoundsTiesToEvenAndZeroesWhatCannotBeScaled) {
+  // Group 0: amax 127, so codes are the values rounded (ties to even); group 1: a NaN among
+  // values; group 2: an inf (scale 0, every code 0); group 3: zeros.
+  const std::vector<float> in = {127.0f, 2.5f, 3.5f,  -2.5f, -0.5f, 1.49f, -126.6f, 0.0f,
+                                 1.0f,   kNaN, -2.0f, 0.25f, 4.0f,  0.0f,  0.0f,    0.0f,
+                                 1.0f,   kInf, 3.0f,  -1.0f, 0.0f,  0.0f,  0.0f,    0.0f,
+                                 0.0f,   0.0f, 0.0f,  0.0f,  0.0f,  0.0f,  0.0f,    0.0f};
+  ForEachTarget([&] {
+    std::vector<int8_t> q(in.size());
+    std::vector<float> scales(4);
+    std::vector<int32_t> sums(4);
+    quantize_groups_int8(in.data(), in.size(), 8, q.data(), scales.data(), sums.data(), nullptr);
+    EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 8),
+              (std::vector<int8_t>{127, 2, 4, -2, 0, 1, -127, 0}));
+    EXPECT_EQ(sums[0], 127 + 2 + 4 - 2 + 1 - 127);
+    EXPECT_EQ(scales[0], 1.0f);
+    EXPECT_EQ(scales[1], 4.0f / 127.0f);
+    EXPECT_EQ(q[9], 0);     // NaN
+    EXPECT_EQ(q[12], 127);  // the group's amax
+    EXPECT_EQ(scales[2], 0.0f);
+    EXPECT_EQ(scales[3], 0.0f);
+    for (size_t i = 16; i < in.size(); ++i) EXPECT_EQ(q[i], 0) << i;
+    EXPECT_EQ(sums[2], 0);
+  });
+}
+
 TEST(Dispatch, PicksBestSupportedTarget) {
   const std::vector<int64_t> targets = hwy::SupportedAndGeneratedTargets();
   ASSERT_FALSE(targets.empty());

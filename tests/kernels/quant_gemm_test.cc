@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/convert.h"
 #include "kernels/shared/fp8_e4m3.h"
 
 namespace kvrt::kernels {
@@ -109,12 +110,11 @@ std::vector<float> as_multiplied(const std::vector<float>& x, size_t k, size_t g
   if (a == Activations::kBf16) {
     for (float& v : r) v = bf16_round(v);
   } else if (a == Activations::kInt8) {
-    const size_t groups = (k + group - 1) / group;
     std::vector<int8_t> q(k);
-    std::vector<float> scales(groups);
+    std::vector<float> scales((k + group - 1) / group);
     for (size_t row = 0; row < x.size() / k; ++row) {
-      quantize_activations_int8(x.data() + row * k, k, group, q.data(), scales.data());
-      for (size_t i = 0; i < k; ++i) r[row * k + i] = float(q[i]) * scales[i / group];
+      reference::quantize_groups_int8(x.data() + row * k, k, group, q.data(), scales.data(),
+                                      nullptr, r.data() + row * k);
     }
   }
   return r;
