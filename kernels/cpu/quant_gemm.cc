@@ -382,6 +382,8 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
     KVRT_UNROLL
     for (int r = 0; r < MR; ++r) {
       for (int c = 0; c < CH; ++c) sum[c][0][r] = sum[c][1][r] = _mm512_setzero_si512();
+      // Symmetric: the sums start at -8 times x's sum, so they end as sum (u - 8) xq.
+      if constexpr (!ZP) sum[0][0][r] = _mm512_set1_epi32(-8 * a.qsum[r * a.groups + g]);
     }
     const uint8_t* codes = p + int4_header(f);
     const int8_t* xg = a.xq + g * a.group;
@@ -406,9 +408,6 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
         }
       }
     }
-    const __m512 z = ZP ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-                              reinterpret_cast<const __m128i*>(p + int4_scale_bytes(f)))))
-                        : _mm512_set1_ps(8.0f);
     KVRT_UNROLL
     for (int r = 0; r < MR; ++r) {
       __m512i total = _mm512_add_epi32(sum[0][0][r], sum[0][1][r]);
@@ -416,9 +415,12 @@ KVRT_QVNNI void int4_vnni(const Args& a) {
         total = _mm512_add_epi32(total, _mm512_add_epi32(sum[c][0][r], sum[c][1][r]));
       }
       const size_t rg = r * a.groups + g;
-      // sum (u - z) xq = sum u xq - z sum xq, exact in f32 (|.| < 2^24).
-      const __m512 dot = _mm512_fnmadd_ps(z, _mm512_set1_ps(static_cast<float>(a.qsum[rg])),
-                                          _mm512_cvtepi32_ps(total));
+      __m512 dot = _mm512_cvtepi32_ps(total);
+      if constexpr (ZP) {  // sum (u - z) xq = sum u xq - z sum xq, exact in f32 (|.| < 2^24)
+        const __m512 z = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + int4_scale_bytes(f)))));
+        dot = _mm512_fnmadd_ps(z, _mm512_set1_ps(static_cast<float>(a.qsum[rg])), dot);
+      }
       acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(s, _mm512_set1_ps(a.xscale[rg])), acc[r]);
     }
   }
@@ -440,7 +442,11 @@ KVRT_QAVX2 void int4_avx2_int8(const Args& a) {
   for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
     __m256i sum[2][MR];
     KVRT_UNROLL
-    for (int r = 0; r < MR; ++r) sum[0][r] = sum[1][r] = _mm256_setzero_si256();
+    for (int r = 0; r < MR; ++r) {
+      // Symmetric: the sums start at -8 times x's sum, so they end as sum (u - 8) xq.
+      sum[0][r] = sum[1][r] =
+          ZP ? _mm256_setzero_si256() : _mm256_set1_epi32(-8 * a.qsum[r * a.groups + g]);
+    }
     const uint8_t* codes = p + int4_header(f);
     const int8_t* xg = a.xq + g * a.group;
     for (size_t t = 0; t < steps; ++t) {
@@ -465,15 +471,15 @@ KVRT_QAVX2 void int4_avx2_int8(const Args& a) {
     KVRT_UNROLL
     for (int h = 0; h < 2; ++h) {
       const __m256 s = avx2_scales(p, BF16S, h);
-      const __m256 z =
-          ZP ? _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                   reinterpret_cast<const __m128i*>(p + int4_scale_bytes(f) + 8 * h))))
-             : _mm256_set1_ps(8.0f);
       KVRT_UNROLL
       for (int r = 0; r < MR; ++r) {
         const size_t rg = r * a.groups + g;
-        const __m256 dot = _mm256_fnmadd_ps(z, _mm256_set1_ps(static_cast<float>(a.qsum[rg])),
-                                            _mm256_cvtepi32_ps(sum[h][r]));
+        __m256 dot = _mm256_cvtepi32_ps(sum[h][r]);
+        if constexpr (ZP) {
+          const __m256 z = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + int4_scale_bytes(f) + 8 * h))));
+          dot = _mm256_fnmadd_ps(z, _mm256_set1_ps(static_cast<float>(a.qsum[rg])), dot);
+        }
         acc[h][r] = _mm256_fmadd_ps(dot, _mm256_mul_ps(s, _mm256_set1_ps(a.xscale[rg])), acc[h][r]);
       }
     }
