@@ -72,7 +72,8 @@ plugin::Registry& registry() {
 }
 
 // The projections' format: bf16, or quantized at load (model.quantization) with the activations
-// "auto" gives them (int4: int8 on a CPU with AVX-512 VNNI, else f32; fp8: f32).
+// "auto" gives them (int4: int8 on a CPU with AVX-512 VNNI or AVX2, else f32; fp8: bf16 on a
+// CPU with the AVX-512 BF16 dot product, else f32).
 enum class Format { kBf16, kInt4, kFp8 };
 
 std::string suffix_of(Format f) {

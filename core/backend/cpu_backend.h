@@ -27,7 +27,8 @@ struct CpuQuantization {
   double bytes_per_weight() const;
   // What model.matmul_precision ("auto", "medium", "highest") gives the products of weights held
   // packed as `held`: int8 for int4 under "medium", and under "auto" where the CPU multiplies
-  // them as integers; bf16 for fp8 under "medium"; f32 otherwise.
+  // them as integers; bf16 for fp8 under "medium", and under "auto" where the CPU has the AVX-512
+  // BF16 dot product (as for bf16 weights); f32 otherwise.
   static kernels::Activations activations_for(Format held, const std::string& precision);
 };
 

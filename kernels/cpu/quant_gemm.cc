@@ -12,6 +12,7 @@
 #include "kernels/cpu/quant_gemm.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -27,6 +28,7 @@
 #define KVRT_QAVX512 __attribute__((target("avx512f")))
 #define KVRT_QAVX512BW __attribute__((target("avx512f,avx512bw")))
 #define KVRT_QVNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define KVRT_QBF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 #endif
 
 namespace kvrt::kernels {
@@ -88,6 +90,18 @@ void read_scales(const uint8_t* p, bool bf16, float* s) {
 // E4M3 code / 256, as the high byte of a half reads it (the packed kernels' decoding).
 float e4m3_over_256(uint8_t code) { return e4m3_decode(code) * (1.0f / 256.0f); }
 
+// The bf16 bits of E4M3 codes 0-7 (exponent 0: zero and the subnormals m * 2^-9) / 256, that is
+// of m * 2^-17 = (m / 2^p) * 2^(p - 17) with p the top bit of m; the rest unused. fp8_bf16 looks
+// a code up here where its exponent trick cannot decode it.
+constexpr std::array<uint16_t, 32> kSubnormalBf16 = [] {
+  std::array<uint16_t, 32> bits{};
+  for (int m = 1; m < 8; ++m) {
+    const int p = m >= 4 ? 2 : m >= 2 ? 1 : 0;
+    bits[m] = static_cast<uint16_t>(((127 - 17 + p) << 7) | ((m - (1 << p)) << (7 - p)));
+  }
+  return bits;
+}();
+
 // One micro-kernel: `rows` (<= MR) rows of x (padded to whole groups, ldx floats apart) times
 // one panel, into y's first `cols` columns. xsum: each row's sum of x per group (int4 with zero
 // points only), `groups` per row.
@@ -98,6 +112,7 @@ struct Args {
   const float* xscale;  // and their scale, `groups` a row
   const int32_t* qsum;  // and the sum of each group's codes
   const float* xsum;
+  const uint16_t* xb;  // Activations::kBf16's x as bf16 bits (ldx apart), for the bf16 dot
   size_t groups;
   size_t group;  // inputs per group
   const uint8_t* panel;
@@ -538,6 +553,61 @@ KVRT_QAVX512BW void fp8_avx512(const Args& a) {
   }
   avx512_store<MR>(acc, a);
 }
+
+// AVX-512 BF16, for x rounded to bf16 (Activations::kBf16): a code widened to 16 bits (sign
+// extended) and shifted up 4 is, masked, a bf16 of exponent e and the code's 3 mantissa bits;
+// adding 112 to the exponent makes it the code's value / 256 (as the other kernels decode). A
+// code of exponent 0 (zero, subnormal) takes its value from a table instead, by a masked vpermw
+// on its low bits, the sign restored after. vdpbf16ps then multiplies a step's two pairs of
+// inputs into 16 columns: 32 products an instruction. A NaN code reads as a finite value (the
+// loader refuses checkpoints holding one).
+template <int MR>
+KVRT_QBF16 void fp8_bf16(const Args& a) {
+  constexpr int S = MR <= 4 ? 2 : 1;  // sums a row (the step's two halves apart for few rows)
+  __m512 acc[MR];
+  KVRT_UNROLL
+  for (int r = 0; r < MR; ++r) acc[r] = _mm512_setzero_ps();
+  const size_t quads = a.group / 4, group_bytes = kFp8Header + a.group * kNr;
+  const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87F0));
+  const __m512i bias = _mm512_set1_epi16(112 << 7), exponent = _mm512_set1_epi16(0x78);
+  const __m512i sign = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
+  const __m512i subnormals = _mm512_loadu_si512(kSubnormalBf16.data());
+  const uint8_t* p = a.panel;
+  for (size_t g = 0; g < a.groups; ++g, p += group_bytes) {
+    const __m512 s = _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+    __m512 sum[S][MR];
+    KVRT_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      for (int h = 0; h < S; ++h) sum[h][r] = _mm512_setzero_ps();
+    }
+    const uint8_t* codes = p + kFp8Header;
+    const uint16_t* xg = a.xb + g * a.group;
+    for (size_t t = 0; t < quads; ++t) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + t * 64 + kPrefetch), _MM_HINT_T0);
+      KVRT_UNROLL
+      for (int h = 0; h < 2; ++h) {  // inputs 4t + 2h and 4t + 2h + 1 of the 16 columns
+        const __m512i v = _mm512_cvtepi8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + t * 64 + 32 * h)));
+        __m512i w = _mm512_add_epi16(_mm512_and_si512(_mm512_slli_epi16(v, 4), keep), bias);
+        w = _mm512_mask_permutexvar_epi16(w, _mm512_testn_epi16_mask(v, exponent), v, subnormals);
+        w = _mm512_ternarylogic_epi32(w, v, sign, 0xF8);  // w | (v & sign)
+        KVRT_UNROLL
+        for (int r = 0; r < MR; ++r) {
+          int32_t pair;
+          std::memcpy(&pair, xg + r * a.ldx + 4 * t + 2 * h, 4);
+          __m512& sum_h = sum[h % S][r];
+          sum_h = _mm512_dpbf16_ps(sum_h, (__m512bh)w, (__m512bh)_mm512_set1_epi32(pair));
+        }
+      }
+    }
+    KVRT_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const __m512 total = S == 2 ? _mm512_add_ps(sum[0][r], sum[S - 1][r]) : sum[0][r];
+      acc[r] = _mm512_fmadd_ps(total, s, acc[r]);
+    }
+  }
+  avx512_store<MR>(acc, a);
+}
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -576,6 +646,7 @@ KVRT_INT4_KERNELS(Int4Avx512, int4_avx512, 8)
 KVRT_INT4_KERNELS(Int4Vnni, int4_vnni, 8)
 KVRT_INT4_KERNELS(Int4Avx2Int8, int4_avx2_int8, 4)
 KVRT_QKERNELS(Fp8Avx512, (&fp8_avx512<R>), 8)
+KVRT_QKERNELS(Fp8Bf16, (&fp8_bf16<R>), 8)
 #endif
 #undef KVRT_INT4_KERNELS
 #undef KVRT_QKERNELS
@@ -631,6 +702,14 @@ const Kernels& int4_kernels(GemmIsa isa, bool integer, const Int4Format& f) {
 }
 #undef KVRT_PICK_INT4
 
+const Kernels& fp8_bf16_kernels() {
+#ifdef KVRT_QGEMM_X86
+  return Fp8Bf16_set;
+#else
+  return Fp8Scalar_set;
+#endif
+}
+
 const Kernels& fp8_kernels(GemmIsa isa) {
   switch (isa) {
 #ifdef KVRT_QGEMM_X86
@@ -654,6 +733,7 @@ struct PreparedX {
   const float* xscale = nullptr;
   const int32_t* qsum = nullptr;
   const float* xsum = nullptr;
+  const uint16_t* xb = nullptr;
 };
 
 PreparedX prepare_x(const float* x, size_t ldx, size_t m, size_t k, size_t group,
@@ -671,6 +751,7 @@ PreparedX prepare_x(const float* x, size_t ldx, size_t m, size_t k, size_t group
     rounded.resize(m * kp);
     f32_to_bf16(padded.data(), rounded.data(), m * kp);
     bf16_to_f32(rounded.data(), padded.data(), m * kp);
+    out.xb = rounded.data();
   } else if (mode == Activations::kInt8) {
     xq.resize(m * kp);
     xscale.resize(m * groups);
@@ -723,6 +804,7 @@ void run_panels(const PreparedX& px, size_t m, size_t k, size_t group, const uin
                      px.xscale != nullptr ? px.xscale + rg : nullptr,
                      px.qsum != nullptr ? px.qsum + rg : nullptr,
                      px.xsum != nullptr ? px.xsum + rg : nullptr,
+                     px.xb != nullptr ? px.xb + r * px.ldx : nullptr,
                      groups,
                      group,
                      packed + p * panel_bytes,
@@ -862,9 +944,14 @@ void matmul_packed_fp8(const float* x, size_t ldx, size_t m, size_t k, const uin
 #ifdef KVRT_QGEMM_X86
   if (run == GemmIsa::kAvx512 && !__builtin_cpu_supports("avx512bw")) run = resolve(GemmIsa::kAvx2);
 #endif
+  // x rounded to bf16 meets the codes in the bf16 dot product where the CPU has it (kAuto, or
+  // kAvx512Bf16 named; kAvx512 named keeps the f32 kernel).
+  const bool dot = activations == Activations::kBf16 &&
+                   (isa == GemmIsa::kAuto || isa == GemmIsa::kAvx512Bf16) &&
+                   gemm_isa_supported(GemmIsa::kAvx512Bf16);
   const PreparedX px = prepare_x(x, ldx, m, k, f.block_k, activations, /*sums=*/false);
-  run_panels(px, m, k, f.block_k, packed, fp8_panel_bytes(k, f), n, fp8_kernels(run), y, ldy,
-             threads);
+  run_panels(px, m, k, f.block_k, packed, fp8_panel_bytes(k, f), n,
+             dot ? fp8_bf16_kernels() : fp8_kernels(run), y, ldy, threads);
 }
 
 }  // namespace kvrt::kernels

@@ -263,10 +263,14 @@ TEST_P(QuantGemmFp8, EveryFiniteCodeDecodesExactly) {
   // Row i of x picks input i.
   std::vector<float> x(k * k, 0.0f), y(k * n);
   for (size_t i = 0; i < k; ++i) x[i * k + i] = 1.0f;
-  matmul_packed_fp8(x.data(), k, k, k, packed.data(), n, f, y.data(), n, 1, isa);
-  for (size_t j = 0; j < n; ++j) {
-    if ((j & 0x7F) == 0x7F) continue;  // NaN
-    EXPECT_EQ(y[(j % k) * n + j], e4m3_decode(static_cast<uint8_t>(j))) << "code " << j;
+  // Also with x in bf16 (1 is exact), which the bf16 dot product takes where the CPU has it.
+  for (const Activations a : {Activations::kF32, Activations::kBf16}) {
+    matmul_packed_fp8(x.data(), k, k, k, packed.data(), n, f, y.data(), n, 1, isa, a);
+    for (size_t j = 0; j < n; ++j) {
+      if ((j & 0x7F) == 0x7F) continue;  // NaN
+      EXPECT_EQ(y[(j % k) * n + j], e4m3_decode(static_cast<uint8_t>(j)))
+          << "code " << j << ", x " << name(a);
+    }
   }
 }
 
@@ -308,7 +312,10 @@ TEST(QuantizeWeights, Int4AndFp8ReproduceTheWeightsWithinHalfAStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, QuantGemmFp8, ::testing::ValuesIn(kIsas),
+// kAvx512Bf16: x in bf16 meets the codes in the bf16 dot product (fp8_bf16); other x as kAvx512.
+INSTANTIATE_TEST_SUITE_P(Isas, QuantGemmFp8,
+                         ::testing::Values(GemmIsa::kScalar, GemmIsa::kAvx2, GemmIsa::kAvx512,
+                                           GemmIsa::kAvx512Bf16),
                          [](const auto& info) { return std::string(gemm_isa_name(info.param)); });
 
 }  // namespace
