@@ -559,8 +559,8 @@ KVRT_QAVX512BW void fp8_avx512(const Args& a) {
 // adding 112 to the exponent makes it the code's value / 256 (as the other kernels decode). A
 // code of exponent 0 (zero, subnormal) takes its value from a table instead, by a masked vpermw
 // on its low bits, the sign restored after. vdpbf16ps then multiplies a step's two pairs of
-// inputs into 16 columns: 32 products an instruction. A NaN code reads as a finite value (the
-// loader refuses checkpoints holding one).
+// inputs into 16 columns: 32 products an instruction. A NaN code reads as a finite value
+// (quant_gemm.h).
 template <int MR>
 KVRT_QBF16 void fp8_bf16(const Args& a) {
   constexpr int S = MR <= 4 ? 2 : 1;  // sums a row (the step's two halves apart for few rows)

@@ -22,7 +22,8 @@
 //         read as the high byte of an IEEE half (sign, then exponent and mantissa shifted one
 //         place) is its E4M3 value / 256, subnormals included, which F16C converts exactly.
 // Every instruction set reads the same layout; a run-time dispatch picks AVX-512 VNNI or AVX2's
-// vpmaddubsw (int4 with int8 x), AVX-512F, AVX2 + F16C or plain C++ (GemmIsa, gemm.h).
+// vpmaddubsw (int4 with int8 x), AVX-512 BF16's dot product (fp8 with bf16 x), AVX-512F,
+// AVX2 + F16C or plain C++ (GemmIsa, gemm.h).
 #pragma once
 
 #include <cstddef>
@@ -71,6 +72,9 @@ size_t packed_fp8_bytes(size_t n, size_t k, const Fp8Format& f);
 // codes[n][k] E4M3 bytes; scales[ceil(n / block_n)][ceil(k / block_k)].
 void pack_fp8(const uint8_t* codes, const float* scales, size_t n, size_t k, const Fp8Format& f,
               uint8_t* packed);
+// As matmul_packed_int4. kBf16 runs in the AVX-512 BF16 dot product for kAuto and kAvx512Bf16
+// where the CPU has it (kAvx512 named keeps the f32 kernel); there a NaN code reads as a finite
+// value (the loader refuses a checkpoint's NaN codes; quantize_fp8 makes one of a NaN weight only).
 void matmul_packed_fp8(const float* x, size_t ldx, size_t m, size_t k, const uint8_t* packed,
                        size_t n, const Fp8Format& f, float* y, size_t ldy, int threads,
                        GemmIsa isa = GemmIsa::kAuto,
