@@ -17,9 +17,10 @@
 // the path products above 16 rows took before the packed kernel). matmul_bf16_x is
 // model.matmul_precision = "medium" (x rounded to bf16: the AVX-512 BF16 dot product where the
 // CPU has it, else the rounding pass before the same FMA kernel) on the up-projection.
-// matmul_int4 / matmul_int4_x / matmul_fp8: the same product with the weights quantized and
-// packed (kernels/cpu/quant_gemm.h; int4_x multiplies int8 activations, AVX-512 VNNI where the
-// CPU has it); their bandwidth_fraction counts the packed bytes. On an AVX-512 CPU, the
+// matmul_int4 / matmul_int4_x / matmul_fp8 / matmul_fp8_x: the same product with the weights
+// quantized and packed (kernels/cpu/quant_gemm.h; int4_x multiplies int8 activations, AVX-512
+// VNNI where the CPU has it; fp8_x bf16 ones, the AVX-512 BF16 dot product where the CPU has
+// it); their bandwidth_fraction counts the packed bytes. On an AVX-512 CPU, the
 // *_avx2 cases run the AVX2 class's kernels for bf16, int4 and fp8 side by side.
 //   ./build/bin/gemm_bench --benchmark_counters_tabular=true
 #include <benchmark/benchmark.h>
@@ -82,7 +83,8 @@ enum class Mode {
   kMemoryBf16X,   // kMemory with x rounded to bf16 (model.matmul_precision = "medium")
   kMemoryInt4,    // kMemory with int4 weights (group 32, bf16 scales: quant_gemm.h), f32 x
   kMemoryInt4X,   // the same with x quantized to int8 (AVX-512 VNNI where the CPU has it)
-  kMemoryFp8      // kMemory with fp8 E4M3 weights (128 x 128 blocks), f32 x
+  kMemoryFp8,     // kMemory with fp8 E4M3 weights (128 x 128 blocks), f32 x
+  kMemoryFp8X     // the same with x rounded to bf16 (the AVX-512 BF16 dot where the CPU has it)
 };
 
 // One copy of quantized weights, packed (random codes: the speed does not depend on them).
@@ -117,9 +119,9 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa
                               /*bf16_activations=*/mode == Mode::kMemoryBf16X);
   // Enough copies that cycling through them reads 64 MiB of weights, whatever their format.
   const bool int4 = mode == Mode::kMemoryInt4 || mode == Mode::kMemoryInt4X;
-  const int64_t copy_bytes = int4                       ? n * k / 2
-                             : mode == Mode::kMemoryFp8 ? n * k
-                                                        : 2 * n * k;
+  const int64_t copy_bytes = int4                                                    ? n * k / 2
+                             : mode == Mode::kMemoryFp8 || mode == Mode::kMemoryFp8X ? n * k
+                                                                                     : 2 * n * k;
   const int64_t copies =
       mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / copy_bytes);
   std::mt19937 rng(1);
@@ -127,7 +129,8 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa
   std::vector<std::unique_ptr<backend::Matrix>> w;
   std::vector<std::vector<uint16_t>> rows;  // row-major bf16 (the baseline), or packed (isa)
   std::vector<std::vector<uint8_t>> quantized;
-  const bool quant = int4 || mode == Mode::kMemoryFp8;
+  const bool fp8 = mode == Mode::kMemoryFp8 || mode == Mode::kMemoryFp8X;
+  const bool quant = int4 || fp8;
   for (int64_t c = 0; c < copies; ++c) {
     if (quant) {
       quantized.push_back(packed_quantized(int4, n, k, rng));
@@ -180,9 +183,10 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa
                                   y.data(), n, threads, isa,
                                   mode == Mode::kMemoryInt4X ? kernels::Activations::kInt8
                                                              : kernels::Activations::kF32);
-    } else if (mode == Mode::kMemoryFp8) {
-      kernels::matmul_packed_fp8(x.data(), k, m, k, quantized[products % copies].data(), n, {},
-                                 y.data(), n, threads, isa);
+    } else if (fp8) {
+      kernels::matmul_packed_fp8(
+          x.data(), k, m, k, quantized[products % copies].data(), n, {}, y.data(), n, threads, isa,
+          mode == Mode::kMemoryFp8X ? kernels::Activations::kBf16 : kernels::Activations::kF32);
     } else {
       backend.matmul(x.data(), m, *w[products % copies], y.data());
     }
@@ -222,6 +226,7 @@ int main(int argc, char** argv) {
   add("matmul_int4/", Mode::kMemoryInt4, up, {1, 8, 64, 512});
   add("matmul_int4_x/", Mode::kMemoryInt4X, up, {1, 8, 64, 512});
   add("matmul_fp8/", Mode::kMemoryFp8, up, {1, 8, 64, 512});
+  add("matmul_fp8_x/", Mode::kMemoryFp8X, up, {1, 8, 64, 512});
   // The AVX2 class's kernels, where this CPU has more: bf16, int4 and fp8 side by side.
   if (kernels::gemm_isa_supported(kernels::GemmIsa::kAvx512)) {
     const kernels::GemmIsa avx2 = kernels::GemmIsa::kAvx2;
