@@ -339,10 +339,11 @@ void QuantizeGroupsInt8(const float* in, size_t n, size_t group, int8_t* q, floa
   for (size_t g = 0, begin = 0; begin < n; ++g, begin += group) {
     const size_t len = std::min(group, n - begin);
     const float amax = AbsMax(in + begin, len);
-    const bool usable = amax > 0.0f && amax <= FLT_MAX;
-    const float scale = usable ? amax / 127.0f : 0.0f;
-    const int32_t sum = QuantizeGroupInt8(in + begin, len, usable ? 127.0f / amax : 0.0f, scale,
-                                          q + begin, values != nullptr ? values + begin : nullptr);
+    const float scale = amax > 0.0f && amax <= FLT_MAX ? amax / 127.0f : 0.0f;
+    // Scale 0 (amax 0, inf, or so small that amax / 127 underflows): every code 0.
+    const int32_t sum =
+        QuantizeGroupInt8(in + begin, len, scale > 0.0f ? 127.0f / amax : 0.0f, scale, q + begin,
+                          values != nullptr ? values + begin : nullptr);
     scales[g] = scale;
     if (sums != nullptr) sums[g] = sum;
   }

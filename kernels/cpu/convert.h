@@ -47,10 +47,10 @@ void quantize_rows_e4m3_bf16(const uint16_t* in, int64_t in_row_stride, size_t r
 
 // Per-group int8 quantization (activations for the int4 x int8 products). For each group of
 // `group` (>= 1) elements of in[0, n) (the last may be shorter): amax = abs_max(group); scales[g] =
-// amax / 127, or 0 when amax is 0 or inf; q[i] = nearest-even(in[i] * (127 / amax)) clamped to
-// -127..127, 0 for NaN and for every element of a group scaled 0. Where not null, sums[g] = the
-// group's sum of codes and values[i] = q[i] * scales[g] (what the codes stand for; values may
-// be `in` itself).
+// amax / 127, or 0 when amax is 0 or inf (or amax / 127 underflows); q[i] = nearest-even(in[i] *
+// (127 / amax)) clamped to -127..127, 0 for NaN and for every element of a group scaled 0. Where
+// not null, sums[g] = the group's sum of codes and values[i] = q[i] * scales[g] (what the codes
+// stand for; values may be `in` itself).
 void quantize_groups_int8(const float* in, size_t n, size_t group, int8_t* q, float* scales,
                           int32_t* sums, float* values);
 

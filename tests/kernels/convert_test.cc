@@ -593,15 +593,17 @@ TEST(QuantizeGroupsInt8, SimdMatchesReferenceBitExact) {
 
 TEST(QuantizeGroupsInt8, RoundsTiesToEvenAndZeroesWhatCannotBeScaled) {
   // Group 0: amax 127, so codes are the values rounded (ties to even); group 1: a NaN among
-  // values; group 2: an inf (scale 0, every code 0); group 3: zeros.
-  const std::vector<float> in = {127.0f, 2.5f, 3.5f,  -2.5f, -0.5f, 1.49f, -126.6f, 0.0f,
-                                 1.0f,   kNaN, -2.0f, 0.25f, 4.0f,  0.0f,  0.0f,    0.0f,
-                                 1.0f,   kInf, 3.0f,  -1.0f, 0.0f,  0.0f,  0.0f,    0.0f,
-                                 0.0f,   0.0f, 0.0f,  0.0f,  0.0f,  0.0f,  0.0f,    0.0f};
+  // values; group 2: an inf (scale 0, every code 0); group 3: zeros; group 4: amax the smallest
+  // subnormal, whose amax / 127 underflows (scale 0, every code 0).
+  const float tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> in = {
+      127.0f, 2.5f, 3.5f, -2.5f, -0.5f, 1.49f, -126.6f, 0.0f, 1.0f, kNaN, -2.0f, 0.25f, 4.0f, 0.0f,
+      0.0f,   0.0f, 1.0f, kInf,  3.0f,  -1.0f, 0.0f,    0.0f, 0.0f, 0.0f, 0.0f,  0.0f,  0.0f, 0.0f,
+      0.0f,   0.0f, 0.0f, 0.0f,  tiny,  -tiny, 0.0f,    tiny, 0.0f, 0.0f, 0.0f,  0.0f};
   ForEachTarget([&] {
     std::vector<int8_t> q(in.size());
-    std::vector<float> scales(4);
-    std::vector<int32_t> sums(4);
+    std::vector<float> scales(5);
+    std::vector<int32_t> sums(5);
     quantize_groups_int8(in.data(), in.size(), 8, q.data(), scales.data(), sums.data(), nullptr);
     EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 8),
               (std::vector<int8_t>{127, 2, 4, -2, 0, 1, -127, 0}));
@@ -614,6 +616,8 @@ TEST(QuantizeGroupsInt8, RoundsTiesToEvenAndZeroesWhatCannotBeScaled) {
     EXPECT_EQ(scales[3], 0.0f);
     for (size_t i = 16; i < in.size(); ++i) EXPECT_EQ(q[i], 0) << i;
     EXPECT_EQ(sums[2], 0);
+    EXPECT_EQ(scales[4], 0.0f);
+    EXPECT_EQ(sums[4], 0);
   });
 }
 
