@@ -119,9 +119,8 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa
                               /*bf16_activations=*/mode == Mode::kMemoryBf16X);
   // Enough copies that cycling through them reads 64 MiB of weights, whatever their format.
   const bool int4 = mode == Mode::kMemoryInt4 || mode == Mode::kMemoryInt4X;
-  const int64_t copy_bytes = int4                                                    ? n * k / 2
-                             : mode == Mode::kMemoryFp8 || mode == Mode::kMemoryFp8X ? n * k
-                                                                                     : 2 * n * k;
+  const bool fp8 = mode == Mode::kMemoryFp8 || mode == Mode::kMemoryFp8X;
+  const int64_t copy_bytes = int4 ? n * k / 2 : fp8 ? n * k : 2 * n * k;
   const int64_t copies =
       mode == Mode::kCache ? 1 : std::max<int64_t>(1, (int64_t{64} << 20) / copy_bytes);
   std::mt19937 rng(1);
@@ -129,7 +128,6 @@ void BM_Matmul(benchmark::State& state, Shape shape, Mode mode, kernels::GemmIsa
   std::vector<std::unique_ptr<backend::Matrix>> w;
   std::vector<std::vector<uint16_t>> rows;  // row-major bf16 (the baseline), or packed (isa)
   std::vector<std::vector<uint8_t>> quantized;
-  const bool fp8 = mode == Mode::kMemoryFp8 || mode == Mode::kMemoryFp8X;
   const bool quant = int4 || fp8;
   for (int64_t c = 0; c < copies; ++c) {
     if (quant) {
